@@ -1,0 +1,15 @@
+"""aotriton-rocm: ahead-of-time compiled FlashAttention for ROCm, plugged into PyTorch SDPA.
+
+Importing registers the implementation with torch (>= 2.10) under
+``"AOTRITON_ROCM"``; nothing is activated until you call :func:`enable` or
+``torch.nn.attention.activate_flash_attention_impl("AOTRITON_ROCM")``.
+"""
+
+from ._version import ABI_VERSION, __version__
+from .backends import launch_counts, reset_launch_counts
+from .torch_integration import IMPL_NAME, disable, enable, is_enabled, register
+
+register()
+
+__all__ = ["ABI_VERSION", "IMPL_NAME", "__version__", "disable", "enable", "is_enabled",
+           "launch_counts", "reset_launch_counts"]

@@ -1,0 +1,158 @@
+"""FlashAttention forward and backward on (B, H, S, D) tensors, through our kernels.
+
+This is the one implementation every route into torch ends in. It checks that
+the request is covered (returning the reason when it is not, so the caller can
+fall back to torch's own kernel), prepares tensors so they meet the
+specialization assumptions the kernels were compiled with, allocates outputs,
+and hands each kernel launch to the backend of the tensors' device: the AOT
+archive on a GPU, Triton's interpreter on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .backends import Backend, backend_for
+
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+# y and z grid dimensions are limited to 65535 on both CUDA and HIP.
+MAX_GRID_Y = 65535
+INT32_MAX = 2**31 - 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                       dropout_p: float = 0.0, is_causal: bool = False,
+                       attn_mask=None, return_debug_mask: bool = False) -> str | None:
+    """Why our kernels cannot compute this attention, or None if they can."""
+    if attn_mask is not None:
+        return "an attn_mask is not supported yet"
+    if dropout_p != 0.0:
+        return "dropout is not supported yet"
+    if return_debug_mask:
+        return "return_debug_mask is not supported yet"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "query/key/value must be 4-D (batch, heads, seqlen, head_dim)"
+    if not (q.dtype == k.dtype == v.dtype):
+        return "query, key and value must share a dtype"
+    if q.dtype not in DTYPE_NAMES:
+        return f"dtype {q.dtype} is not covered (fp16 and bf16 are)"
+    if not (q.device == k.device == v.device):
+        return "query, key and value must be on one device"
+    b, h, sq, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
+        return "key/value shapes must match query in batch, heads and head_dim (no GQA yet)"
+    sk = k.shape[2]
+    if is_causal and sq != sk:
+        return "causal attention with seqlen_q != seqlen_k is not supported yet"
+    if b * h == 0 or sq == 0 or sk == 0:
+        return "empty inputs"
+    if b * h > MAX_GRID_Y:
+        return f"batch*heads = {b * h} exceeds the grid limit {MAX_GRID_Y}"
+    for t in (q, k, v):
+        if max(t.stride()) * max(t.shape) > INT32_MAX or t.numel() > INT32_MAX:
+            return "tensors too large for 32-bit strides"
+    backend = backend_for(q.device)
+    if backend is None:
+        return f"no backend for device {q.device}"
+    return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
+                                      causal=bool(is_causal), work=b * h * sq * sk * d)
+
+
+def _meets_assumptions(t: torch.Tensor) -> bool:
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(s % 16 == 0 for s in t.stride()[:-1])
+
+
+def _prepared(t: torch.Tensor) -> torch.Tensor:
+    """t itself if the kernels can read it in place, else a dense copy.
+
+    Kernels are compiled assuming unit last-dim stride, 16-byte-aligned base
+    addresses and row strides divisible by 16; a fresh contiguous tensor of a
+    covered head dim always meets them.
+    """
+    return t if _meets_assumptions(t) else t.contiguous()
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    s = t.stride()
+    return s[0], s[1], s[2]
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+            scale: float | None = None, out: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output (like ``out`` or ``empty_like(q)``) and the fp32 logsumexp (B, H, Sq).
+
+    The caller has checked :func:`unsupported_reason`.
+    """
+    backend: Backend = backend_for(q.device)
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    sm_scale = default_scale(d) if scale is None else float(scale)
+    qp, kp, vp = _prepared(q), _prepared(k), _prepared(v)
+    if out is None:
+        out = torch.empty_like(q)
+    o = out if _meets_assumptions(out) else torch.empty_like(qp)
+    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
+                            causal=bool(is_causal), seqlen_q=sq, seqlen_k=sk)
+    grid = (_cdiv(sq, kernel.config["BLOCK_M"]), b * h, 1)
+    kernel.launch(grid, q.device, (
+        qp, kp, vp, o, lse,
+        *_strides(qp), *_strides(kp), *_strides(vp), *_strides(o),
+        h, sq, sk, sm_scale))
+    if o is not out:
+        out.copy_(o)
+    return out, lse
+
+
+def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             out: torch.Tensor, lse: torch.Tensor, *, is_causal: bool = False,
+             scale: float | None = None,
+             grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV (written into ``grads`` if given, else like q, k, v)."""
+    backend: Backend = backend_for(q.device)
+    b, h, sq, d = q.shape
+    sk = k.shape[2]
+    sm_scale = default_scale(d) if scale is None else float(scale)
+    dtype = DTYPE_NAMES[q.dtype]
+    qp, kp, vp, op, dop = (_prepared(t) for t in (q, k, v, out, grad_out))
+    lse = lse.contiguous()
+    delta = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    if grads is None:
+        grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    dq, dk, dv = (g if _meets_assumptions(g) else torch.empty_like(src)
+                  for g, src in zip(grads, (qp, kp, vp)))
+
+    pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d,
+                         seqlen_q=sq, seqlen_k=sk)
+    pre.launch((_cdiv(sq, pre.config["BLOCK_M"]), b * h, 1), q.device, (
+        op, dop, delta, *_strides(op), *_strides(dop), h, sq))
+
+    common = (qp, kp, vp, dop, lse, delta)
+    common_strides = (*_strides(qp), *_strides(kp), *_strides(vp), *_strides(dop))
+    dkdv = backend.kernel("attn_bwd_dkdv", dtype=dtype, head_dim=d, causal=bool(is_causal),
+                          seqlen_q=sq, seqlen_k=sk)
+    dkdv.launch((_cdiv(sk, dkdv.config["BLOCK_N"]), b * h, 1), q.device, (
+        *common, dk, dv, *common_strides, *_strides(dk), *_strides(dv), h, sq, sk, sm_scale))
+    dqk = backend.kernel("attn_bwd_dq", dtype=dtype, head_dim=d, causal=bool(is_causal),
+                         seqlen_q=sq, seqlen_k=sk)
+    dqk.launch((_cdiv(sq, dqk.config["BLOCK_M"]), b * h, 1), q.device, (
+        *common, dq, *common_strides, *_strides(dq), h, sq, sk, sm_scale))
+
+    for written, wanted in zip((dq, dk, dv), grads):
+        if written is not wanted:
+            wanted.copy_(written)
+    return grads

@@ -1,0 +1,212 @@
+"""Where kernels run: the AOT archive on a GPU, Triton's interpreter on the CPU.
+
+Both backends serve the same kernels (names, argument lists and functional
+values from kernels/variants.toml) to :mod:`aotriton_rocm.attention`, and count
+every launch, so a caller can prove that our kernels ran rather than torch's.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import threading
+from typing import Iterable
+
+import torch
+
+from . import device as _device
+from ._version import ABI_VERSION
+
+KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
+# (backend name, kernel name) -> launches since import (or the last reset).
+_LAUNCHES: collections.Counter = collections.Counter()
+# The interpreter executes every block op in numpy: keep CPU work bounded.
+INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
+
+
+def launch_counts() -> dict[tuple[str, str], int]:
+    return dict(_LAUNCHES)
+
+
+def reset_launch_counts() -> None:
+    _LAUNCHES.clear()
+
+
+def _functional_key(kernel: str, dtype: str, head_dim: int, causal: bool | None) -> tuple:
+    # The preprocess kernel has no causal variant.
+    return (kernel, dtype, int(head_dim), None if kernel == "attn_bwd_preprocess" else bool(causal))
+
+
+class KernelHandle:
+    """One selected variant, ready to launch with the arguments in spec order."""
+
+    __slots__ = ("config", "_launch")
+
+    def __init__(self, config: dict, launch):
+        self.config = config
+        self._launch = launch
+
+    def launch(self, grid: tuple[int, int, int], device: torch.device, args: tuple) -> None:
+        self._launch(grid, device, args)
+
+
+class Backend:
+    name = "?"
+
+    def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int, causal: bool,
+                           work: int = 0) -> str | None:
+        raise NotImplementedError
+
+    def kernel(self, kernel: str, *, dtype: str, head_dim: int, causal: bool | None = None,
+               seqlen_q: int = 0, seqlen_k: int = 0) -> KernelHandle:
+        raise NotImplementedError
+
+
+class AOTBackend(Backend):
+    """Precompiled code objects from the installed archive for one GPU."""
+
+    def __init__(self, device_index: int):
+        from .archive import Archive
+        from .images import find_archives
+
+        self.device_index = device_index
+        self.arch = _device.arch_of(device_index)
+        self.name = f"aot:{self.arch}"
+        self.problem: str | None = None
+        self._records: dict[tuple, list] = {}
+        self._handles: dict[tuple, KernelHandle] = {}
+        self._lock = threading.Lock()
+        path = find_archives().get(self.arch)
+        if path is None:
+            self.problem = (f"no kernel image is installed for {self.arch}: "
+                            f"pip install 'aotriton-rocm[{self.arch.replace('_', '')}]'")
+            return
+        self.archive = Archive.open(path)
+        abi = self.archive.manifest.get("abi_version")
+        if abi != ABI_VERSION:
+            self.problem = (f"the kernel image for {self.arch} ({path}) is for ABI {abi}, the "
+                            f"runtime is ABI {ABI_VERSION}: install matching versions")
+            return
+        for rec in self.archive.kernels:
+            f = rec.functional
+            key = _functional_key(rec.kernel, f["dtype"], f["head_dim"], f.get("causal"))
+            self._records.setdefault(key, []).append(rec)
+
+    def unsupported_reason(self, kernel, *, dtype, head_dim, causal, work=0):
+        if self.problem:
+            return self.problem
+        needed = (kernel,) if kernel != "attn_fwd" else KERNELS
+        for name in needed:
+            if _functional_key(name, dtype, head_dim, causal) not in self._records:
+                return (f"the {self.arch} image has no {name} kernel for dtype={dtype}, "
+                        f"head_dim={head_dim}, causal={causal}")
+        return None
+
+    def kernel(self, kernel, *, dtype, head_dim, causal=None, seqlen_q=0, seqlen_k=0):
+        key = _functional_key(kernel, dtype, head_dim, causal)
+        handle = self._handles.get(key)
+        if handle is None:
+            with self._lock:
+                handle = self._handles.get(key) or self._make_handle(key)
+                self._handles[key] = handle
+        return handle
+
+    def _make_handle(self, key: tuple) -> KernelHandle:
+        from .driver.launcher import Kernel
+
+        # Variants of one functional key differ only in tuning; the first is
+        # the spec's default for this arch.
+        rec = self._records[key][0]
+        backend = self.archive.manifest["backend"]
+        compiled = Kernel(backend, self.archive.code_object(rec), rec.symbol, rec.num_warps,
+                          rec.warp_size, rec.shared, [t for _, t in rec.args])
+        names = [n for n, _ in rec.args]
+        divisible = [names.index(n) for n in rec.divisible_16]
+        pointer = [t.startswith("*") for _, t in rec.args]
+        counter_key = (self.name, rec.kernel)
+        index = self.device_index
+        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw_stream is None:
+            def raw_stream(i):
+                return torch.cuda.current_stream(i).cuda_stream
+
+        def launch(grid, device, args):
+            values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+            for i in divisible:
+                if values[i] % 16:
+                    what = "address" if pointer[i] else "value"
+                    raise ValueError(f"{rec.kernel}: argument {names[i]} {what} {values[i]} breaks "
+                                     "the divisible-by-16 assumption it was compiled with")
+            compiled.launch(grid, raw_stream(index), index, *values)
+            _LAUNCHES[counter_key] += 1
+
+        return KernelHandle(dict(rec.config), launch)
+
+
+class InterpreterBackend(Backend):
+    """The kernel sources, run on CPU tensors by Triton's interpreter."""
+
+    name = "interpreter:cpu"
+
+    def __init__(self):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        from . import kernel_spec
+
+        self.spec = kernel_spec.load()
+        self._functions = {}
+        for name in KERNELS:
+            jit_fn = kernel_spec.function(self.spec, name)
+            self._functions[name] = InterpretedFunction(jit_fn.fn)
+
+    def unsupported_reason(self, kernel, *, dtype, head_dim, causal, work=0):
+        functional = self.spec["kernels"]["attn_fwd"]["functional"]
+        if dtype not in functional["dtype"] or head_dim not in functional["head_dim"]:
+            return (f"the kernels cover dtype in {functional['dtype']} and head_dim in "
+                    f"{functional['head_dim']}, not {dtype}/{head_dim}")
+        if work > INTERPRETER_MAX_WORK:
+            return "too large for the CPU interpreter backend"
+        return None
+
+    def kernel(self, kernel, *, dtype, head_dim, causal=None, seqlen_q=0, seqlen_k=0):
+        from . import kernel_spec
+
+        entry = self.spec["kernels"][kernel]
+        config = kernel_spec.config_for(entry, family="cuda", head_dim=head_dim)
+        constexprs = kernel_spec.constexprs_for(entry, config, head_dim=head_dim, causal=causal,
+                                                upcast_dot=True)
+        fn = self._functions[kernel]
+        counter_key = (self.name, kernel)
+
+        def launch(grid, device, args):
+            fn[grid](*args, **constexprs)
+            _LAUNCHES[counter_key] += 1
+
+        return KernelHandle(config, launch)
+
+
+@functools.lru_cache(maxsize=None)
+def _aot_backend(index: int) -> AOTBackend:
+    return AOTBackend(index)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_backend() -> InterpreterBackend | None:
+    try:
+        return InterpreterBackend()
+    except ImportError:
+        return None
+
+
+def backend_for(device: torch.device) -> Backend | None:
+    if device.type == "cuda":
+        return _aot_backend(device.index if device.index is not None
+                            else torch.cuda.current_device())
+    if device.type == "cpu":
+        return _interpreter_backend()
+    return None
+
+
+def clear_backend_caches(backends: Iterable = (_aot_backend, _interpreter_backend)) -> None:
+    for b in backends:
+        b.cache_clear()
