@@ -1,0 +1,231 @@
+"""Post-install smoke test: ``aotriton-rocm smoke`` / ``python -m aotriton_rocm.smoke``.
+
+1. Checks every installed kernel archive (file hash against its manifest, every
+   kernel's sha256) and that the GPU's arch is covered.
+2. Runs ``F.scaled_dot_product_attention`` forward and backward with our
+   implementation active, and judges it the way PyTorch judges a flash kernel:
+   golden = math backend in float32, lp_ref = math backend in the input dtype,
+   fail if max|golden - ours| > max(1e-5, fudge * max|golden - lp_ref|).
+3. Proves our kernels ran by their launch counters (not torch's).
+
+On a GPU it runs the precompiled kernels; without one it runs the same kernel
+sources through Triton's interpreter on small shapes and says so. Exits
+non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from . import backends, device, images
+from ._version import __version__
+from .archive import Archive, verify_against_manifest
+
+# Fudge factors of PyTorch's test_transformers for ROCm's AOTriton flash kernels.
+FUDGE = {"out": 6.0, "dq": 360.0, "dk": 45.0, "dv": 6.0}
+ABS_FLOOR = 1e-5
+
+
+@dataclasses.dataclass
+class Case:
+    dtype: torch.dtype
+    head_dim: int
+    causal: bool
+    seqlen: int
+    batch: int = 2
+    heads: int = 4
+    scale: float | None = None
+
+    def label(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        return (f"{dt} d{self.head_dim} {'causal' if self.causal else 'full'} "
+                f"B{self.batch} H{self.heads} S{self.seqlen}")
+
+
+@dataclasses.dataclass
+class Result:
+    case: str
+    backend: str
+    errors: dict
+    tolerances: dict
+    our_launches: int
+    passed: bool
+    note: str = ""
+
+
+def _sdpa(q, k, v, causal, scale, backend):
+    with sdpa_kernel(backend):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+def _forward_backward(q, k, v, grad, causal, scale, backend):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = _sdpa(q, k, v, causal, scale, backend)
+    out.backward(grad)
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def run_case(case: Case, dev: torch.device, generator: torch.Generator) -> Result:
+    shape = (case.batch, case.heads, case.seqlen, case.head_dim)
+
+    def rand():
+        return torch.randn(shape, generator=generator, device=dev, dtype=torch.float32)
+
+    q, k, v, grad = rand(), rand(), rand(), rand()
+    low = [t.to(case.dtype) for t in (q, k, v, grad)]
+    golden = _forward_backward(*(t.to(case.dtype).float() for t in (q, k, v, grad)),
+                               case.causal, case.scale, SDPBackend.MATH)
+    lp_ref = _forward_backward(*low, case.causal, case.scale, SDPBackend.MATH)
+    backends.reset_launch_counts()
+    ours = _forward_backward(*low, case.causal, case.scale, SDPBackend.FLASH_ATTENTION)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    counts = backends.launch_counts()
+    ran = {kernel for (_, kernel), n in counts.items() if n > 0}
+    backend_names = sorted({name for (name, _), n in counts.items() if n > 0})
+
+    errors, tols, passed = {}, {}, True
+    for name in ("out", "dq", "dk", "dv"):
+        g = golden[name]
+        test = ours[name].float()
+        ref_err = (g - lp_ref[name].float()).abs().max().item()
+        err = (g - test).abs().max().item()
+        tol = max(ABS_FLOOR, FUDGE[name] * ref_err)
+        nan_bad = bool(torch.isnan(test).any() and not torch.isnan(g).any())
+        errors[name], tols[name] = err, tol
+        passed &= (err <= tol) and not nan_bad
+    note = ""
+    missing = set(backends.KERNELS) - ran
+    if missing:
+        passed = False
+        note = f"torch's kernel ran, not ours (no launches of {', '.join(sorted(missing))})"
+    return Result(case.label(), ",".join(backend_names) or "torch", errors, tols,
+                  sum(counts.values()), passed, note)
+
+
+def gpu_cases(quick: bool = False) -> list[Case]:
+    seqlens = (1, 127, 1024) if quick else (1, 127, 1024, 4096)
+    return [Case(dtype, d, causal, s)
+            for dtype in (torch.float16, torch.bfloat16)
+            for d in (64, 128)
+            for causal in (False, True)
+            for s in seqlens]
+
+
+def cpu_cases(quick: bool = False) -> list[Case]:
+    cases = [Case(torch.float16, 64, False, 17, batch=1, heads=2),
+             Case(torch.bfloat16, 64, True, 33, batch=1, heads=2),
+             Case(torch.float16, 128, True, 1, batch=1, heads=1),
+             Case(torch.bfloat16, 128, False, 70, batch=1, heads=1, scale=0.05)]
+    return cases[:2] if quick else cases
+
+
+def check_archives(require_arch: str | None) -> list[tuple[str, bool, str]]:
+    rows = []
+    found = images.find_archives()
+    for arch, path in sorted(found.items()):
+        problems = Archive.open(path).verify()
+        sidecar = path.with_name(f"{arch}.manifest.json")
+        if sidecar.exists():
+            problems += verify_against_manifest(path, sidecar)
+        else:
+            problems.append(f"manifest {sidecar.name} is missing")
+        rows.append((f"archive {arch}", not problems, "; ".join(problems) or str(path)))
+    if require_arch is not None and require_arch not in found:
+        rows.append((f"arch {require_arch}", False,
+                     f"no kernel image installed for this GPU ({require_arch}); installed: "
+                     f"{', '.join(sorted(found)) or 'none'}. "
+                     f"Install it: pip install 'aotriton-rocm[{require_arch.replace('_', '')}]'"))
+    elif require_arch is not None:
+        rows.append((f"arch {require_arch}", True, "covered by the installed images"))
+    return rows
+
+
+def _print_row(cols, widths):
+    print("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="aotriton-rocm smoke", description=__doc__.split("\n")[0])
+    add_smoke_arguments(parser)
+    return run_smoke_command(parser.parse_args(argv))
+
+
+def add_smoke_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                        help="gpu: precompiled kernels; cpu: kernel sources in Triton's "
+                             "interpreter; auto: gpu if one is visible")
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+
+def run_smoke_command(args) -> int:
+    from . import torch_integration
+
+    use_gpu = args.device == "gpu" or (args.device == "auto" and device.gpu_available())
+    if use_gpu and not device.gpu_available():
+        print("smoke: --device gpu but torch sees no GPU", file=sys.stderr)
+        return 2
+    arch = device.arch_of(torch.cuda.current_device()) if use_gpu else None
+    print(f"aotriton-rocm {__version__} smoke | torch {torch.__version__} | "
+          + (f"GPU {torch.cuda.get_device_name()} ({arch}): precompiled kernels" if use_gpu else
+             "no GPU: kernel sources run by Triton's interpreter on the CPU "
+             "(no code object is executed)"), flush=True)
+
+    failures = 0
+    archive_rows = check_archives(arch)
+    for what, ok, detail in archive_rows:
+        print(f"{'PASS' if ok else 'FAIL'}  {what}: {detail}", flush=True)
+        failures += not ok
+    if use_gpu and failures:
+        print("smoke: FAILED before running attention (fix the installation first)")
+        return 1
+
+    torch_integration.enable(cpu_interpreter=not use_gpu)
+    dev = torch.device("cuda" if use_gpu else "cpu")
+    cases = gpu_cases(args.quick) if use_gpu else cpu_cases(args.quick)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    widths = (34, 16, 22, 22, 22, 22, 7)
+    _print_row(("case", "backend", "out err/tol", "dq err/tol", "dk err/tol", "dv err/tol",
+                "verdict"), widths)
+    results = []
+    start = time.time()
+    try:
+        for case in cases:
+            try:
+                r = run_case(case, dev, gen)
+            except Exception as exc:  # noqa: BLE001 - a crash is a failed case, reported
+                r = Result(case.label(), "?", {}, {}, 0, False, f"error: {exc!r}")
+            results.append(r)
+            cols = [r.case, r.backend]
+            for name in ("out", "dq", "dk", "dv"):
+                cols.append(f"{r.errors[name]:.2e}/{r.tolerances[name]:.2e}"
+                            if name in r.errors else "-")
+            cols.append("PASS" if r.passed else "FAIL")
+            _print_row(cols, widths)
+            if r.note:
+                print(f"    {r.note}", flush=True)
+            failures += not r.passed
+    finally:
+        torch_integration.disable()
+    print(f"{len(results) - sum(not r.passed for r in results)} passed, "
+          f"{sum(not r.passed for r in results)} failed "
+          f"({time.time() - start:.1f} s, {'gpu' if use_gpu else 'cpu interpreter'})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"version": __version__, "arch": arch, "gpu": use_gpu,
+                       "archives": archive_rows,
+                       "cases": [dataclasses.asdict(r) for r in results]}, f, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
