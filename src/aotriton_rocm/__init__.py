@@ -6,10 +6,16 @@ Importing registers the implementation with torch (>= 2.10) under
 """
 
 from ._version import ABI_VERSION, __version__
-from .backends import launch_counts, reset_launch_counts
-from .torch_integration import IMPL_NAME, disable, enable, is_enabled, register
 
-register()
+try:
+    import torch  # noqa: F401
+except ImportError:  # the build tooling runs without torch; the runtime cannot
+    pass
+else:
+    from .backends import launch_counts, reset_launch_counts
+    from .torch_integration import IMPL_NAME, disable, enable, is_enabled, register
+
+    register()
 
 __all__ = ["ABI_VERSION", "IMPL_NAME", "__version__", "disable", "enable", "is_enabled",
            "launch_counts", "reset_launch_counts"]

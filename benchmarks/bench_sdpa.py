@@ -1,0 +1,189 @@
+"""SDPA speed, side by side in one run: aotriton-rocm's precompiled kernels
+against torch's FLASH_ATTENTION and CUDNN_ATTENTION backends, and the same
+kernel sources through the Triton JIT where triton is installed.
+
+    python benchmarks/bench_sdpa.py [--json FILE] [--quick]
+
+Prints fwd and fwd+bwd TFLOP/s for B=4, H=16, S in {1024, 4096, 8192},
+D in {64, 128}, causal and not (fp16), then the wall time of one tiny SDPA
+call per backend (launch overhead). A benchmark, not a test: numbers are
+measured on whatever GPU runs it, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import aotriton_rocm
+from aotriton_rocm import attention
+
+PEERS = ("aotriton-rocm", "torch FLASH", "torch CUDNN")
+
+
+def _run(peer: str, fn):
+    """Run fn with the given peer's attention active."""
+    if peer == "aotriton-rocm":
+        aotriton_rocm.enable()
+        try:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return fn()
+        finally:
+            aotriton_rocm.disable()
+    backend = SDPBackend.FLASH_ATTENTION if peer == "torch FLASH" else SDPBackend.CUDNN_ATTENTION
+    with sdpa_kernel(backend):
+        return fn()
+
+
+def _median_ms(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _flops(b, h, s, d, causal):
+    f = 4.0 * b * h * s * s * d
+    return f / 2 if causal else f
+
+
+def _triton_jit_forward():
+    """Our fwd kernel source compiled by the Triton JIT (None without triton)."""
+    try:
+        from triton.runtime.jit import JITFunction  # noqa: F401
+
+        from aotriton_rocm import kernel_spec
+    except ImportError:
+        return None
+    spec = kernel_spec.load()
+    entry = spec["kernels"]["attn_fwd"]
+    fn = kernel_spec.function(spec, "attn_fwd")
+
+    def forward(q, k, v, causal):
+        b, h, s, d = q.shape
+        config = kernel_spec.config_for(entry, family="cuda", head_dim=d)
+        consts = kernel_spec.constexprs_for(entry, config, head_dim=d, causal=causal)
+        o = torch.empty_like(q)
+        lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
+        grid = (-(-s // config["BLOCK_M"]), b * h, 1)
+        fn[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                 *o.stride()[:3], h, s, s, attention.default_scale(d),
+                 num_warps=config["num_warps"], num_stages=config["num_stages"], **consts)
+        return o
+
+    return forward
+
+
+def bench_throughput(quick: bool) -> list[dict]:
+    rows = []
+    b, h = 4, 16
+    jit_fwd = _triton_jit_forward()
+    for d in (64, 128):
+        for causal in (False, True):
+            for s in ((1024, 4096) if quick else (1024, 4096, 8192)):
+                q, k, v, g = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16)
+                              for _ in range(4))
+                qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+                flops = _flops(b, h, s, d, causal)
+                row = {"B": b, "H": h, "S": s, "D": d, "causal": causal}
+                reps = 10 if s >= 8192 else 20
+                for peer in PEERS:
+                    def fwd():
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    def fwd_bwd():
+                        out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                        out.backward(g)
+
+                    try:
+                        ms = _run(peer, lambda: _median_ms(fwd, reps))
+                        ms_fb = _run(peer, lambda: _median_ms(fwd_bwd, reps))
+                        row[f"{peer} fwd"] = flops / ms / 1e9
+                        row[f"{peer} fwd+bwd"] = 3.5 * flops / ms_fb / 1e9
+                    except RuntimeError as exc:  # e.g. a backend that refuses this shape
+                        row[f"{peer} fwd"] = row[f"{peer} fwd+bwd"] = None
+                        row[f"{peer} error"] = str(exc).splitlines()[0]
+                if jit_fwd is not None:
+                    ms = _median_ms(lambda: jit_fwd(q, k, v, causal), reps)
+                    row["triton JIT fwd"] = flops / ms / 1e9
+                rows.append(row)
+                print(_fmt_row(row), flush=True)
+    return rows
+
+
+def _fmt_row(row: dict) -> str:
+    cells = [f"D{row['D']:<4}{'causal' if row['causal'] else 'full':<7}S{row['S']:<6}"]
+    for key in [f"{p} {w}" for w in ("fwd", "fwd+bwd") for p in PEERS] + ["triton JIT fwd"]:
+        if key in row:
+            val = row[key]
+            cells.append(f"{key}={'n/a' if val is None else f'{val:.0f}'}")
+    return "  ".join(cells)
+
+
+def bench_tiny_call(calls: int = 2000) -> dict:
+    """Host wall time per SDPA call at a tiny shape: the launch-overhead floor."""
+    q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.float16)
+    result = {}
+    for peer in PEERS:
+        def loop():
+            for _ in range(50):
+                F.scaled_dot_product_attention(q, q, q)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                F.scaled_dot_product_attention(q, q, q)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) / calls * 1e6
+
+        try:
+            result[peer] = _run(peer, loop)
+        except RuntimeError as exc:
+            result[peer] = f"error: {str(exc).splitlines()[0]}"
+    jit_fwd = _triton_jit_forward()
+    if jit_fwd is not None:
+        for _ in range(50):
+            jit_fwd(q, q, q, False)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            jit_fwd(q, q, q, False)
+        torch.cuda.synchronize()
+        result["triton JIT (fwd kernel only)"] = (time.perf_counter() - start) / calls * 1e6
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write all numbers here")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_sdpa needs a GPU")
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"aotriton-rocm {aotriton_rocm.__version__}; TFLOP/s, fp16, median of repeated runs")
+    rows = bench_throughput(args.quick)
+    tiny = bench_tiny_call()
+    print("tiny SDPA call (B=1 H=1 S=16 D=64), host us per call:")
+    for peer, us in tiny.items():
+        print(f"  {peer:<30} {us if isinstance(us, str) else f'{us:.1f}'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows, "tiny_us": tiny}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

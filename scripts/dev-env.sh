@@ -1,0 +1,24 @@
+# Sourced by the other scripts: creates (once) and activates the project's
+# development environment .venv with the pinned compiler, torch (CPU) and the
+# test and packaging tools, and installs this checkout into it (editable).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+py="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== creating $venv"
+  "$py" -m venv "$venv"
+fi
+# Reinstall when the dependencies or the native launcher's source change.
+stamp="$venv/.deps-$(cat "$root/pyproject.toml" "$root/scripts/dev-env.sh" \
+  "$root"/src/aotriton_rocm/driver/*.c 2>/dev/null | sha256sum | cut -c1-16)"
+if [ ! -e "$stamp" ]; then
+  echo "== installing dependencies into $venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q "torch==2.13.0" pytest hypothesis
+  "$venv/bin/python" -m pip install -q -e "$root[build]"
+  rm -f "$venv"/.deps-*
+  touch "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+export TRITON_DEFAULT_FP_FUSION=1

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test suite (CPU only; GPU tests skip without a GPU). Extra args go to pytest.
+set -euo pipefail
+source "$(dirname "$0")/dev-env.sh"
+cd "$root"
+python -m pytest -q -ra "$@"
