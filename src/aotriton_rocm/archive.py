@@ -1,0 +1,529 @@
+"""Kernel archive: one file per arch holding precompiled code objects.
+
+Runtime module: standard library only (no triton, no torch).
+
+File layout (all integers little-endian)::
+
+    offset  size  field
+    0       8     MAGIC  b"AOTRKA\\r\\n"
+    8       4     format version (u32), FORMAT_VERSION
+    12      4     header size (u32), HEADER_SIZE: bytes before the index
+    16      8     index size (u64): UTF-8 JSON, starts at HEADER_SIZE
+    24      8     blob region offset (u64), from the start of the file
+    32      8     blob region size (u64)
+    40      32    sha256 of the index bytes
+    72      8     reserved (zero)
+    80      ...   index JSON: {"manifest": {...}, "kernels": [{...}, ...]}
+    ...     ...   blob region: one lzma (xz) stream per kernel, back to back
+
+Each kernel record gives its blob's ``offset`` (relative to the blob region),
+``compressed_size``, the uncompressed ``size`` and the ``sha256`` of the
+uncompressed code object. ``manifest["blob_sha256"]`` is the sha256 of the
+whole blob region. Opening an archive reads the header and the index only;
+code objects are read, decompressed and checked on first use.
+
+Next to each ``<arch>.aotr`` the builder writes ``<arch>.manifest.json``: the
+manifest, the kernel records and the archive file's sha256 and size, so an
+archive can be checked against what was built (:func:`verify_against_manifest`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import lzma
+import os
+import struct
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "MAGIC",
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "ARCHIVE_SUFFIX",
+    "MANIFEST_SUFFIX",
+    "ArchiveError",
+    "KernelRecord",
+    "Archive",
+    "write_archive",
+    "write_manifest_sidecar",
+    "manifest_path_for",
+    "verify_against_manifest",
+    "file_sha256",
+]
+
+MAGIC = b"AOTRKA\r\n"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sIIQQQ32s8x")
+HEADER_SIZE = _HEADER.size  # 80
+ARCHIVE_SUFFIX = ".aotr"
+MANIFEST_SUFFIX = ".manifest.json"
+
+# Keys every manifest carries (the builder fills them; the reader checks them).
+MANIFEST_KEYS = (
+    "format_version",
+    "package_version",
+    "abi_version",
+    "rocm_profile",
+    "arch",
+    "backend",
+    "warp_size",
+    "compiler",
+    "compiler_version",
+    "build_inputs_hash",
+    "blob_sha256",
+)
+
+_FIX_HINT = (
+    "Reinstall the kernel image wheel for this arch "
+    "(pip install --force-reinstall --no-deps aotriton-rocm-<arch>) or the conda "
+    "package, or rebuild the archive with `aotriton-rocm build`."
+)
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class ArchiveError(Exception):
+    """A kernel archive is missing, unreadable, corrupted or incompatible."""
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One precompiled kernel variant and everything needed to launch it."""
+
+    key: str
+    kernel: str
+    functional: Dict[str, Any]
+    config: Dict[str, Any]
+    constexprs: Dict[str, Any]
+    symbol: str
+    num_warps: int
+    num_stages: int
+    warp_size: int
+    shared: int
+    global_scratch_size: int
+    profile_scratch_size: int
+    # Full ordered kernel argument list, including the two trailing scratch
+    # pointers ("global_scratch", "*i8") and ("profile_scratch", "*i8").
+    args: Tuple[Tuple[str, str], ...]
+    divisible_16: Tuple[str, ...]
+    grid: Tuple[str, ...]
+    offset: int = 0
+    compressed_size: int = 0
+    size: int = 0
+    sha256: str = ""
+    # Static facts read from the code object at build time (AMD: VGPR/SGPR
+    # counts and spills, scratch, code object version); may be empty.
+    stats: Dict[str, Any] = field(default_factory=dict)
+
+    def __hash__(self) -> int:  # dict fields make the generated hash unusable
+        return hash((self.key, self.sha256))
+
+    def to_dict(self, *, with_location: bool = True) -> Dict[str, Any]:
+        d = {
+            "key": self.key,
+            "kernel": self.kernel,
+            "functional": dict(self.functional),
+            "config": dict(self.config),
+            "constexprs": dict(self.constexprs),
+            "symbol": self.symbol,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "warp_size": self.warp_size,
+            "shared": self.shared,
+            "global_scratch_size": self.global_scratch_size,
+            "profile_scratch_size": self.profile_scratch_size,
+            "args": [list(a) for a in self.args],
+            "divisible_16": list(self.divisible_16),
+            "grid": list(self.grid),
+            "offset": self.offset,
+            "compressed_size": self.compressed_size,
+            "size": self.size,
+            "sha256": self.sha256,
+            "stats": dict(self.stats),
+        }
+        if not with_location:
+            del d["offset"], d["compressed_size"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelRecord":
+        try:
+            return cls(
+                key=str(d["key"]),
+                kernel=str(d["kernel"]),
+                functional=dict(d["functional"]),
+                config=dict(d["config"]),
+                constexprs=dict(d["constexprs"]),
+                symbol=str(d["symbol"]),
+                num_warps=int(d["num_warps"]),
+                num_stages=int(d["num_stages"]),
+                warp_size=int(d["warp_size"]),
+                shared=int(d["shared"]),
+                global_scratch_size=int(d["global_scratch_size"]),
+                profile_scratch_size=int(d["profile_scratch_size"]),
+                args=tuple((str(n), str(t)) for n, t in d["args"]),
+                divisible_16=tuple(str(x) for x in d["divisible_16"]),
+                grid=tuple(str(x) for x in d["grid"]),
+                offset=int(d.get("offset", 0)),
+                compressed_size=int(d.get("compressed_size", 0)),
+                size=int(d["size"]),
+                sha256=str(d["sha256"]),
+                stats=dict(d.get("stats") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArchiveError(f"malformed kernel record {d.get('key', '?')!r}: {e!r}") from None
+
+    def replace(self, **changes: Any) -> "KernelRecord":
+        return dataclasses.replace(self, **changes)
+
+
+def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def manifest_path_for(archive_path: PathLike) -> Path:
+    """``<dir>/<arch>.aotr`` -> ``<dir>/<arch>.manifest.json``."""
+    p = Path(archive_path)
+    name = p.name[: -len(ARCHIVE_SUFFIX)] if p.name.endswith(ARCHIVE_SUFFIX) else p.stem
+    return p.with_name(name + MANIFEST_SUFFIX)
+
+
+class Archive:
+    """A read-only view of one ``<arch>.aotr`` file.
+
+    ``Archive.open(path)`` reads the header and the index only. Code objects
+    are decompressed and checked on first use and then cached in memory.
+    """
+
+    def __init__(self, path: Path, manifest: Dict[str, Any], kernels: List[KernelRecord],
+                 blob_offset: int, blob_size: int, file_size: int):
+        self.path = path
+        self.manifest = manifest
+        self.kernels = kernels
+        self._blob_offset = blob_offset
+        self._blob_size = blob_size
+        self._file_size = file_size
+        self._by_key = {r.key: r for r in kernels}
+        self._cache: Dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    # -- opening ---------------------------------------------------------
+    @classmethod
+    def open(cls, path: PathLike) -> "Archive":
+        p = Path(path)
+        try:
+            with open(p, "rb") as f:
+                file_size = os.fstat(f.fileno()).st_size
+                head = f.read(HEADER_SIZE)
+                if len(head) < HEADER_SIZE:
+                    raise ArchiveError(
+                        f"{p}: truncated kernel archive ({file_size} bytes, shorter than its "
+                        f"{HEADER_SIZE}-byte header). {_FIX_HINT}")
+                magic, version, header_size, index_size, blob_offset, blob_size, index_sha = \
+                    _HEADER.unpack(head)
+                if magic != MAGIC:
+                    raise ArchiveError(
+                        f"{p}: not an aotriton-rocm kernel archive (bad magic bytes {magic!r}). "
+                        f"{_FIX_HINT}")
+                if version > FORMAT_VERSION:
+                    raise ArchiveError(
+                        f"{p}: archive format version {version} is newer than this aotriton-rocm "
+                        f"understands (format {FORMAT_VERSION}). Upgrade aotriton-rocm to the "
+                        f"release the kernel image wheel was built for, or install the image "
+                        f"wheel that matches this runtime.")
+                if version < 1 or header_size != HEADER_SIZE:
+                    raise ArchiveError(
+                        f"{p}: unsupported archive header (format {version}, header "
+                        f"{header_size} bytes). {_FIX_HINT}")
+                if (header_size + index_size > blob_offset
+                        or blob_offset + blob_size > file_size):
+                    raise ArchiveError(
+                        f"{p}: truncated or corrupted kernel archive (file is {file_size} bytes, "
+                        f"header says index ends at {header_size + index_size} and blobs end at "
+                        f"{blob_offset + blob_size}). {_FIX_HINT}")
+                f.seek(header_size)
+                index_bytes = f.read(index_size)
+        except OSError as e:
+            raise ArchiveError(f"{p}: cannot read kernel archive: {e}. {_FIX_HINT}") from None
+        if hashlib.sha256(index_bytes).digest() != index_sha:
+            raise ArchiveError(f"{p}: kernel archive index is corrupted (sha256 mismatch). {_FIX_HINT}")
+        try:
+            index = json.loads(index_bytes.decode("utf-8"))
+            manifest = dict(index["manifest"])
+            raw_kernels = list(index["kernels"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ArchiveError(f"{p}: kernel archive index is unreadable: {e!r}. {_FIX_HINT}") from None
+        missing = [k for k in MANIFEST_KEYS if k not in manifest]
+        if missing:
+            raise ArchiveError(f"{p}: manifest lacks {', '.join(missing)}. {_FIX_HINT}")
+        kernels = [KernelRecord.from_dict(d) for d in raw_kernels]
+        for r in kernels:
+            if r.offset < 0 or r.offset + r.compressed_size > blob_size:
+                raise ArchiveError(
+                    f"{p}: kernel {r.key!r} points outside the blob region. {_FIX_HINT}")
+        return cls(p, manifest, kernels, blob_offset, blob_size, file_size)
+
+    # -- queries ---------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        return str(self.manifest["arch"])
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def __repr__(self) -> str:
+        return f"Archive({str(self.path)!r}, arch={self.manifest.get('arch')!r}, kernels={len(self.kernels)})"
+
+    def get(self, key: str) -> Optional[KernelRecord]:
+        return self._by_key.get(key)
+
+    def find(self, kernel: str, **functional: Any) -> List[KernelRecord]:
+        """Records of ``kernel`` whose functional values equal all those given.
+
+        ``find("attn_fwd", dtype="fp16", head_dim=128, causal=True)``; records
+        are returned in archive order (the default config first).
+        """
+        out = []
+        for r in self.kernels:
+            if r.kernel != kernel:
+                continue
+            if all(k in r.functional and r.functional[k] == v for k, v in functional.items()):
+                out.append(r)
+        return out
+
+    # -- code objects ----------------------------------------------------
+    def _read_blob(self, f, r: KernelRecord) -> bytes:
+        f.seek(self._blob_offset + r.offset)
+        blob = f.read(r.compressed_size)
+        if len(blob) != r.compressed_size:
+            raise ArchiveError(f"{self.path}: kernel {r.key!r} is truncated. {_FIX_HINT}")
+        return blob
+
+    def _decode(self, r: KernelRecord, blob: bytes) -> bytes:
+        try:
+            code = lzma.decompress(blob, format=lzma.FORMAT_XZ)
+        except lzma.LZMAError as e:
+            raise ArchiveError(
+                f"{self.path}: kernel {r.key!r} is corrupted (cannot decompress: {e}). {_FIX_HINT}"
+            ) from None
+        if len(code) != r.size or hashlib.sha256(code).hexdigest() != r.sha256:
+            raise ArchiveError(
+                f"{self.path}: kernel {r.key!r} is corrupted (sha256 of its code object does not "
+                f"match the index). {_FIX_HINT}")
+        return code
+
+    def code_object(self, record: Union[KernelRecord, str]) -> bytes:
+        """The uncompressed, sha256-checked code object (HSACO or cubin) of a record."""
+        key = record if isinstance(record, str) else record.key
+        with self._lock:
+            code = self._cache.get(key)
+            if code is not None:
+                return code
+            r = self._by_key.get(key)
+            if r is None:
+                raise ArchiveError(f"{self.path}: no kernel {key!r} in this archive")
+            try:
+                with open(self.path, "rb") as f:
+                    blob = self._read_blob(f, r)
+            except OSError as e:
+                raise ArchiveError(f"{self.path}: cannot read kernel {key!r}: {e}. {_FIX_HINT}") from None
+            code = self._decode(r, blob)
+            self._cache[key] = code
+            return code
+
+    def verify(self) -> List[str]:
+        """Check the blob region hash and every kernel; returns problems (empty = OK)."""
+        problems: List[str] = []
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != self._file_size:
+                    problems.append(f"{self.path}: file size changed since it was opened")
+                f.seek(self._blob_offset)
+                h = hashlib.sha256()
+                left = self._blob_size
+                while left > 0:
+                    b = f.read(min(left, 1 << 20))
+                    if not b:
+                        break
+                    h.update(b)
+                    left -= len(b)
+                if left:
+                    problems.append(f"{self.path}: blob region is truncated")
+                elif h.hexdigest() != self.manifest.get("blob_sha256"):
+                    problems.append(f"{self.path}: blob region sha256 does not match the manifest")
+                for r in self.kernels:
+                    try:
+                        self._decode(r, self._read_blob(f, r))
+                    except ArchiveError as e:
+                        problems.append(str(e).replace(" " + _FIX_HINT, ""))
+        except OSError as e:
+            problems.append(f"{self.path}: cannot read: {e}")
+        return problems
+
+
+# -- writing ---------------------------------------------------------------
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _json_bytes(obj: Any) -> bytes:
+    """Compact JSON (the archive index)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=True).encode("utf-8")
+
+
+def _sidecar_bytes(doc: Dict[str, Any]) -> bytes:
+    """Readable JSON: top-level keys indented, one kernel record per line."""
+    lines = ["{"]
+    items = list(doc.items())
+    for i, (k, v) in enumerate(items):
+        comma = "," if i < len(items) - 1 else ""
+        if k == "kernels":
+            lines.append(f' "{k}": [')
+            for j, rec in enumerate(v):
+                sep = "," if j < len(v) - 1 else ""
+                lines.append("  " + json.dumps(rec, ensure_ascii=True) + sep)
+            lines.append(" ]" + comma)
+        else:
+            body = json.dumps(v, indent=1, ensure_ascii=True).replace("\n", "\n ")
+            lines.append(f' "{k}": {body}{comma}')
+    lines.append("}")
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def write_archive(path: PathLike, manifest: Mapping[str, Any],
+                  kernels: Sequence[Tuple[KernelRecord, bytes]], *,
+                  preset: int = 9) -> Tuple[Dict[str, Any], List[KernelRecord]]:
+    """Write ``<arch>.aotr`` atomically (temp file + rename).
+
+    ``kernels`` pairs a record (offset/sizes/sha256 are filled here) with its
+    uncompressed code object. ``manifest`` must hold every key of
+    MANIFEST_KEYS except ``blob_sha256`` and ``format_version`` (filled here).
+    Returns the final manifest and records. Output is deterministic: the same
+    inputs give byte-identical files.
+    """
+    p = Path(path)
+    seen = set()
+    records: List[KernelRecord] = []
+    blobs: List[bytes] = []
+    offset = 0
+    for rec, code in kernels:
+        if rec.key in seen:
+            raise ValueError(f"duplicate kernel key {rec.key!r}")
+        seen.add(rec.key)
+        blob = lzma.compress(bytes(code), format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64,
+                             preset=preset)
+        records.append(rec.replace(offset=offset, compressed_size=len(blob), size=len(code),
+                                   sha256=hashlib.sha256(code).hexdigest()))
+        blobs.append(blob)
+        offset += len(blob)
+    blob_hash = hashlib.sha256()
+    for b in blobs:
+        blob_hash.update(b)
+    man = dict(manifest)
+    man["format_version"] = FORMAT_VERSION
+    man["blob_sha256"] = blob_hash.hexdigest()
+    missing = [k for k in MANIFEST_KEYS if k not in man]
+    if missing:
+        raise ValueError(f"manifest lacks {', '.join(missing)}")
+    index_bytes = _json_bytes({"manifest": man, "kernels": [r.to_dict() for r in records]})
+    blob_offset = HEADER_SIZE + len(index_bytes)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, HEADER_SIZE, len(index_bytes), blob_offset,
+                          offset, hashlib.sha256(index_bytes).digest())
+
+    def write(f):
+        f.write(header)
+        f.write(index_bytes)
+        for b in blobs:
+            f.write(b)
+
+    _atomic_write(p, write)
+    return man, records
+
+
+def write_manifest_sidecar(archive_path: PathLike, manifest_path: Optional[PathLike] = None) -> Path:
+    """Write ``<arch>.manifest.json`` for an existing archive (atomically)."""
+    ap = Path(archive_path)
+    mp = Path(manifest_path) if manifest_path is not None else manifest_path_for(ap)
+    a = Archive.open(ap)
+    doc = {
+        "manifest": a.manifest,
+        "archive": {"file": ap.name, "sha256": file_sha256(ap), "size": ap.stat().st_size},
+        "kernels": [r.to_dict(with_location=False) for r in a.kernels],
+    }
+    _atomic_write(mp, lambda f: f.write(_sidecar_bytes(doc)))
+    return mp
+
+
+def verify_against_manifest(archive_path: PathLike, manifest_path: Optional[PathLike] = None) -> List[str]:
+    """Compare an archive with its sidecar manifest and verify its contents.
+
+    Returns a list of problems; an empty list means the archive is exactly the
+    one the sidecar describes and every code object checks out.
+    """
+    ap = Path(archive_path)
+    mp = Path(manifest_path) if manifest_path is not None else manifest_path_for(ap)
+    problems: List[str] = []
+    try:
+        doc = json.loads(mp.read_text(encoding="utf-8"))
+        side_manifest = doc["manifest"]
+        side_archive = doc["archive"]
+        side_kernels = doc["kernels"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [f"{mp}: cannot read manifest sidecar: {e!r}"]
+    try:
+        size = ap.stat().st_size
+        digest = file_sha256(ap)
+    except OSError as e:
+        return [f"{ap}: cannot read archive: {e}"]
+    if size != side_archive.get("size"):
+        problems.append(f"{ap}: size {size} differs from the manifest's {side_archive.get('size')}")
+    if digest != side_archive.get("sha256"):
+        problems.append(f"{ap}: sha256 differs from the manifest sidecar {mp.name}")
+    try:
+        a = Archive.open(ap)
+    except ArchiveError as e:
+        problems.append(str(e))
+        return problems
+    if a.manifest != side_manifest:
+        diff = sorted(k for k in set(a.manifest) | set(side_manifest)
+                      if a.manifest.get(k) != side_manifest.get(k))
+        problems.append(f"{ap}: embedded manifest differs from {mp.name} in {', '.join(diff)}")
+    ours = {r.key: r.to_dict(with_location=False) for r in a.kernels}
+    theirs = {d.get("key"): d for d in side_kernels}
+    for k in sorted(set(theirs) - set(ours)):
+        problems.append(f"{ap}: kernel {k!r} listed in {mp.name} is missing from the archive")
+    for k in sorted(set(ours) - set(theirs)):
+        problems.append(f"{ap}: kernel {k!r} is not listed in {mp.name}")
+    for k in sorted(set(ours) & set(theirs)):
+        if ours[k] != theirs[k]:
+            problems.append(f"{ap}: kernel {k!r} record differs from {mp.name}")
+    problems.extend(a.verify())
+    return problems
