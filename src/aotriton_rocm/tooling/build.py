@@ -1,0 +1,411 @@
+"""``aotriton-rocm build``: compile every variant for a ROCm profile x arch set.
+
+Build-time only. Pipeline: resolve targets (ci/targets.toml) -> enumerate
+variants (kernels/variants.toml) -> content-addressed cache lookup -> compile
+the misses in parallel worker processes (triton.compile, CPU only) -> static
+validation of every code object -> one archive per arch + manifest sidecar.
+
+Output layout::
+
+    OUT/archives/<arch>.aotr
+    OUT/archives/<arch>.manifest.json
+    OUT/cache/                 compiled code objects by content hash
+    OUT/build-report.json      per arch: kernels, compiled vs cached, seconds, bytes
+
+Archives are only written when every variant of the build compiled and
+validated; each file is written atomically (temp file + rename), so a failed
+build leaves no partial archive and previous archives untouched.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import hashlib
+import importlib.metadata
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+
+from .. import _version
+from ..archive import KernelRecord, write_archive, write_manifest_sidecar
+from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
+from .compile import COMPILE_ENV, CompileOutput, CompileTask, compile_variant, validate_output, worker_init
+from .progress import Progress, format_seconds
+from .targets import ArchSpec, TargetError, find_source_root, load_targets
+from .variants import SCRATCH_ARGS, Variant, VariantSpecError, load_variants
+
+__all__ = [
+    "BuildError",
+    "ArchResult",
+    "BuildResult",
+    "build",
+    "build_inputs_hash",
+    "add_build_arguments",
+    "run_build_command",
+]
+
+REPORT_NAME = "build-report.json"
+MAX_ERRORS_SHOWN = 10
+
+
+class BuildError(RuntimeError):
+    """Compilation or validation failed; ``errors`` lists one line per problem."""
+
+    def __init__(self, message: str, errors: Sequence[str] = (), report_path: Optional[Path] = None):
+        super().__init__(message)
+        self.errors = list(errors)
+        self.report_path = report_path
+
+
+@dataclass
+class ArchResult:
+    arch: str
+    archive: Path
+    manifest: Path
+    kernels: int
+    compiled: int
+    cached: int
+    seconds: float
+    archive_bytes: int
+
+
+@dataclass
+class BuildResult:
+    out_dir: Path
+    profile: str
+    archs: List[str]
+    per_arch: Dict[str, ArchResult]
+    report_path: Path
+    report: Dict[str, Any]
+    compiled: int
+    cached: int
+    seconds: float
+
+    @property
+    def archives(self) -> Dict[str, Path]:
+        return {a: r.archive for a, r in self.per_arch.items()}
+
+    @property
+    def manifests(self) -> Dict[str, Path]:
+        return {a: r.manifest for a, r in self.per_arch.items()}
+
+
+def _default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _triton_version() -> str:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        raise BuildError(f"triton is not installed; the build needs the pinned compiler: "
+                         f"pip install triton=={_version.TRITON_VERSION} "
+                         f"(or pip install 'aotriton-rocm[build]')") from None
+
+
+def build_inputs_hash(kernels_dir: Path, variants_bytes: bytes, targets_bytes: bytes,
+                      compiler_version: str) -> str:
+    """sha256 over the kernel sources, variants.toml, targets.toml and the compiler version."""
+    h = hashlib.sha256()
+    for part in (kernel_sources_hash(kernels_dir).encode(), variants_bytes, targets_bytes,
+                 f"triton=={compiler_version}".encode()):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def _task_for(v: Variant, params: List[str], arch: ArchSpec, kernels_dir: Path, sources_hash: str,
+              triton_version: str) -> CompileTask:
+    arg_types = dict(v.args)
+    signature = tuple((p, "constexpr" if p in v.constexprs else arg_types[p]) for p in params)
+    div_indices = tuple(params.index(n) for n in v.divisible_16)
+    target = arch.gpu_target_args()
+    options = tuple(sorted(v.options.items()))
+    key = cache_key(sources_hash=sources_hash, module=v.module, function=v.function,
+                    signature=signature, constexprs=v.constexprs, div_indices=div_indices,
+                    target=target, options=dict(options), triton_version=triton_version,
+                    env=COMPILE_ENV)
+    return CompileTask(cache_key=key, variant_key=v.key, arch=arch.name, kernels_dir=str(kernels_dir),
+                       module=v.module, function=v.function, signature=signature,
+                       constexprs=tuple(v.constexprs.items()), div_indices=div_indices,
+                       target=target, options=options)
+
+
+def _record(v: Variant, meta: Dict[str, Any]) -> KernelRecord:
+    return KernelRecord(
+        key=v.key, kernel=v.kernel, functional=dict(v.functional), config=dict(v.config),
+        constexprs=dict(v.constexprs), symbol=str(meta["symbol"]), num_warps=int(meta["num_warps"]),
+        num_stages=int(meta["num_stages"]), warp_size=int(meta["warp_size"]), shared=int(meta["shared"]),
+        global_scratch_size=int(meta["global_scratch_size"]),
+        profile_scratch_size=int(meta["profile_scratch_size"]),
+        args=tuple(v.args) + SCRATCH_ARGS, divisible_16=tuple(v.divisible_16), grid=tuple(v.grid),
+        stats=dict(meta.get("stats") or {}))
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, source_root=None,
+          jobs: Optional[int] = None, *, kernels_dir=None, targets_path=None,
+          progress: bool = True, stream: Optional[TextIO] = None) -> BuildResult:
+    """Build one archive per arch for ROCm ``profile`` into ``out_dir``.
+
+    ``archs``: arch names / families / "default" / "all" (comma lists allowed);
+    None means targets.toml's default_archs. ``source_root``: the checkout
+    (default: found by walking up from the cwd); ``kernels_dir`` and
+    ``targets_path`` override ``<source_root>/kernels`` and
+    ``<source_root>/ci/targets.toml``. ``jobs``: worker processes (default:
+    all cores). Raises TargetError / VariantSpecError for bad requests or
+    specs (before compiling anything) and BuildError if any variant fails to
+    compile or validate (no archive is written then).
+    """
+    t_start = time.monotonic()
+    stream = stream if stream is not None else sys.stderr
+    if kernels_dir is None or targets_path is None:
+        root = Path(source_root) if source_root is not None else find_source_root()
+        kernels_dir = Path(kernels_dir) if kernels_dir is not None else root / "kernels"
+        targets_path = Path(targets_path) if targets_path is not None else root / "ci" / "targets.toml"
+    kernels_dir = Path(kernels_dir).resolve()
+    out = Path(out_dir).resolve()
+
+    targets = load_targets(targets_path)
+    prof, arch_specs = targets.resolve(profile, archs)
+    spec = load_variants(kernels_dir)
+    params_of = spec.check_sources()
+
+    triton_version = _triton_version()
+    if triton_version != _version.TRITON_VERSION:
+        raise BuildError(f"installed triton is {triton_version}, aotriton-rocm {_version.__version__} "
+                         f"ships code compiled by triton {_version.TRITON_VERSION} exactly: "
+                         f"pip install triton=={_version.TRITON_VERSION}")
+    sources_hash = kernel_sources_hash(kernels_dir)
+    inputs_hash = build_inputs_hash(kernels_dir, spec.raw_bytes, targets.raw_bytes, triton_version)
+
+    # Enumerate (fails at once if an arch has nothing to compile).
+    plan: Dict[str, List[Tuple[Variant, CompileTask]]] = {}
+    warnings: Dict[str, List[str]] = {}
+    for a in arch_specs:
+        vs = spec.variants_for(a)
+        if not vs:
+            raise VariantSpecError(
+                f"{spec.path}: no config matches {a.name} (family {a.family}); add "
+                f"[[kernels.*.configs]] with archs = [\"{a.family}\"] or [\"{a.name}\"], or drop {a.name}")
+        warnings[a.name] = [f"kernel {k} has no config for {a.name}" for k in spec.kernels_without_variants(a)]
+        plan[a.name] = [(v, _task_for(v, params_of[v.kernel], a, kernels_dir, sources_hash, triton_version))
+                        for v in vs]
+
+    cache = CompileCache(out / "cache")
+    results: Dict[str, Tuple[Dict[str, Any], bytes]] = {}  # cache key -> (meta, code)
+    compiled_keys = set()
+    compile_seconds: Dict[str, float] = {a.name: 0.0 for a in arch_specs}
+    misses: List[CompileTask] = []
+    seen = set()
+    for arch, items in plan.items():
+        for v, task in items:
+            if task.cache_key in seen:
+                continue
+            seen.add(task.cache_key)
+            hit = cache.get(task.cache_key)
+            if hit is not None:
+                results[task.cache_key] = hit
+            else:
+                misses.append(task)
+
+    prog = Progress(len(misses), desc="compile", stream=stream, enabled=progress)
+    for arch, items in plan.items():
+        n_miss = sum(1 for _, t in items if t.cache_key not in results)
+        prog.write(f"{arch}: {len(items)} variants, {len(items) - n_miss} cached, {n_miss} to compile")
+
+    errors: List[str] = []
+    n_jobs = max(1, int(jobs) if jobs else _default_jobs())
+    if misses:
+        tmp_root = out / ".tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        triton_cache = tempfile.mkdtemp(prefix="triton-cache-", dir=tmp_root)
+        ctx = multiprocessing.get_context("spawn")
+        pool = cf.ProcessPoolExecutor(max_workers=min(n_jobs, len(misses)), mp_context=ctx,
+                                      initializer=worker_init, initargs=(triton_cache,))
+        try:
+            futs = {pool.submit(compile_variant, t): t for t in misses}
+            for fut in cf.as_completed(futs):
+                t = futs[fut]
+                try:
+                    res: CompileOutput = fut.result()
+                except Exception as e:  # worker died (e.g. killed for memory)
+                    res = CompileOutput(t.cache_key, t.variant_key, t.arch, error=f"worker failed: {e!r}")
+                compile_seconds[t.arch] += res.seconds
+                if res.error:
+                    first = res.error.strip().splitlines()[0]
+                    errors.append(f"{t.arch} {t.variant_key}: compile failed: {first}")
+                    prog.write(f"error: {t.arch} {t.variant_key}: compile failed:\n{res.error.rstrip()}")
+                else:
+                    cache.put(t.cache_key, res.meta, res.code)
+                    results[t.cache_key] = (res.meta, res.code)
+                    compiled_keys.add(t.cache_key)
+                prog.update(1, label=f"{t.arch} {t.variant_key}")
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            prog.close()
+            shutil.rmtree(triton_cache, ignore_errors=True)
+            try:
+                tmp_root.rmdir()
+            except OSError:
+                pass
+
+    # Static validation of every code object (cached ones too).
+    for arch_spec in arch_specs:
+        for v, t in plan[arch_spec.name]:
+            if t.cache_key not in results:
+                continue
+            meta, code = results[t.cache_key]
+            for p in validate_output(meta, code, backend=arch_spec.backend, arch=arch_spec.name,
+                                     max_shared=arch_spec.max_shared_bytes,
+                                     triton_version=_version.TRITON_VERSION):
+                errors.append(f"{arch_spec.name} {v.key}: {p}")
+
+    report: Dict[str, Any] = {
+        "status": "failed" if errors else "ok",
+        "profile": prof.name,
+        "archs": [a.name for a in arch_specs],
+        "package_version": _version.__version__,
+        "compiler": "triton",
+        "compiler_version": triton_version,
+        "build_inputs_hash": inputs_hash,
+        "jobs": n_jobs,
+        "kernels_dir": str(kernels_dir),
+        "per_arch": {},
+        "errors": errors,
+    }
+    report_path = out / REPORT_NAME
+    arch_dir = out / "archives"
+
+    per_arch: Dict[str, ArchResult] = {}
+    if not errors:
+        for a in arch_specs:
+            t0 = time.monotonic()
+            items = plan[a.name]
+            pairs = [(_record(v, results[t.cache_key][0]), results[t.cache_key][1]) for v, t in items]
+            manifest = {
+                "format_version": None,  # filled by write_archive
+                "package_version": _version.__version__,
+                "abi_version": _version.ABI_VERSION,
+                "rocm_profile": prof.name,
+                "arch": a.name,
+                "backend": a.backend,
+                "family": a.family,
+                "warp_size": a.warp_size,
+                "compiler": "triton",
+                "compiler_version": triton_version,
+                "build_inputs_hash": inputs_hash,
+                "blob_sha256": None,  # filled by write_archive
+            }
+            ap = arch_dir / f"{a.name}.aotr"
+            write_archive(ap, manifest, pairs)
+            mp = write_manifest_sidecar(ap)
+            write_s = time.monotonic() - t0
+            n_comp = sum(1 for _, t in items if t.cache_key in compiled_keys)
+            ar = ArchResult(arch=a.name, archive=ap, manifest=mp, kernels=len(items), compiled=n_comp,
+                            cached=len(items) - n_comp, seconds=round(compile_seconds[a.name] + write_s, 3),
+                            archive_bytes=ap.stat().st_size)
+            per_arch[a.name] = ar
+            report["per_arch"][a.name] = {
+                "kernels": ar.kernels, "compiled": ar.compiled, "cached": ar.cached,
+                "seconds": ar.seconds, "compile_cpu_seconds": round(compile_seconds[a.name], 3),
+                "write_seconds": round(write_s, 3), "archive": str(ap.relative_to(out)),
+                "manifest": str(mp.relative_to(out)), "archive_bytes": ar.archive_bytes,
+                "code_bytes": sum(len(c) for _, c in pairs), "warnings": warnings[a.name],
+            }
+    else:
+        for a in arch_specs:
+            items = plan[a.name]
+            report["per_arch"][a.name] = {
+                "kernels": len(items),
+                "compiled": sum(1 for _, t in items if t.cache_key in compiled_keys),
+                "failed": sum(1 for _, t in items if t.cache_key not in results),
+                "compile_cpu_seconds": round(compile_seconds[a.name], 3),
+                "warnings": warnings[a.name],
+            }
+
+    total_s = time.monotonic() - t_start
+    report["seconds"] = round(total_s, 3)
+    report["compiled"] = len(compiled_keys)
+    report["cached"] = sum(len(items) for items in plan.values()) - len(compiled_keys)
+    _write_json(report_path, report)
+
+    if errors:
+        shown = "\n  ".join(errors[:MAX_ERRORS_SHOWN])
+        more = f"\n  ... and {len(errors) - MAX_ERRORS_SHOWN} more" if len(errors) > MAX_ERRORS_SHOWN else ""
+        raise BuildError(f"build failed: {len(errors)} problem(s); no archive written "
+                         f"(report: {report_path}):\n  {shown}{more}", errors, report_path)
+
+    return BuildResult(out_dir=out, profile=prof.name, archs=[a.name for a in arch_specs],
+                       per_arch=per_arch, report_path=report_path, report=report,
+                       compiled=report["compiled"], cached=report["cached"], seconds=total_s)
+
+
+# -- CLI wiring -----------------------------------------------------------
+
+def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``build`` subcommand's options to ``parser``."""
+    parser.add_argument("--rocm", "--profile", dest="rocm", default=None, metavar="X.Y",
+                        help="ROCm profile from ci/targets.toml (default: its default_profile)")
+    parser.add_argument("--arch", dest="arch", action="append", default=None, metavar="ARCHS",
+                        help="comma-separated archs (gfx942,gfx908,sm_90), families (cdna, rdna, "
+                             "cuda), 'default' or 'all'; repeatable (default: default_archs)")
+    parser.add_argument("--out", "-o", dest="out", default="build", metavar="DIR",
+                        help="output directory: archives/, cache/, build-report.json (default: build)")
+    parser.add_argument("--jobs", "-j", dest="jobs", type=int, default=None, metavar="N",
+                        help="parallel compile processes (default: all cores)")
+    parser.add_argument("--source-root", dest="source_root", default=None, metavar="DIR",
+                        help="aotriton-rocm checkout (default: found from the current directory)")
+    parser.add_argument("--kernels-dir", dest="kernels_dir", default=None, metavar="DIR",
+                        help="kernel sources + variants.toml (default: SOURCE_ROOT/kernels)")
+    parser.add_argument("--targets", dest="targets", default=None, metavar="FILE",
+                        help="targets file (default: SOURCE_ROOT/ci/targets.toml)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="no progress bar")
+    return parser
+
+
+def run_build_command(args: argparse.Namespace) -> int:
+    """Run ``build`` from parsed arguments; returns the process exit code
+    (0 ok, 1 compile/validation failure, 2 bad request or spec)."""
+    try:
+        res = build(getattr(args, "rocm", None), getattr(args, "arch", None),
+                    getattr(args, "out", "build"), source_root=getattr(args, "source_root", None),
+                    jobs=getattr(args, "jobs", None), kernels_dir=getattr(args, "kernels_dir", None),
+                    targets_path=getattr(args, "targets", None),
+                    progress=getattr(args, "progress", True))
+    except (TargetError, VariantSpecError) as e:
+        print(f"aotriton-rocm build: error: {e}", file=sys.stderr)
+        return 2
+    except BuildError as e:
+        print(f"aotriton-rocm build: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("aotriton-rocm build: interrupted; no archive written", file=sys.stderr)
+        return 130
+    rows = [("arch", "kernels", "compiled", "cached", "bytes", "archive")]
+    for a, r in res.per_arch.items():
+        rows.append((a, str(r.kernels), str(r.compiled), str(r.cached), str(r.archive_bytes),
+                     os.path.relpath(r.archive)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+    print(f"ROCm {res.profile}: {res.compiled} compiled, {res.cached} cached in "
+          f"{format_seconds(res.seconds)}; report: {os.path.relpath(res.report_path)}")
+    return 0

@@ -1,0 +1,195 @@
+"""Compile one variant with ``triton.compile`` (runs in worker processes).
+
+Build-time only. triton is imported lazily, inside the worker, after the
+compile environment is set (``TRITON_CACHE_DIR``, ``TRITON_DEFAULT_FP_FUSION``).
+AMD code objects produced here cannot be executed on this host: validation is
+static (metadata + the amdgcn text).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import traceback
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = [
+    "COMPILE_ENV",
+    "CompileTask",
+    "CompileOutput",
+    "worker_init",
+    "compile_variant",
+    "load_kernel_function",
+    "parse_amdgcn_stats",
+    "validate_output",
+]
+
+# Environment every compile runs under (part of the cache key).
+COMPILE_ENV = {"TRITON_DEFAULT_FP_FUSION": "1"}
+ELF_MAGIC = b"\x7fELF"
+
+
+@dataclass(frozen=True)
+class CompileTask:
+    """Everything a worker needs; picklable."""
+
+    cache_key: str
+    variant_key: str
+    arch: str
+    kernels_dir: str
+    module: str
+    function: str
+    signature: Tuple[Tuple[str, str], ...]  # function params in order; constexprs as "constexpr"
+    constexprs: Tuple[Tuple[str, Any], ...]
+    div_indices: Tuple[int, ...]  # param indices compiled with tt.divisibility=16
+    target: Tuple[Any, ...]  # GPUTarget(backend, arch, warp_size)
+    options: Tuple[Tuple[str, Any], ...]
+
+
+@dataclass
+class CompileOutput:
+    cache_key: str
+    variant_key: str
+    arch: str
+    meta: Dict[str, Any] = field(default_factory=dict)
+    code: bytes = b""
+    error: Optional[str] = None
+    seconds: float = 0.0
+
+
+def worker_init(triton_cache_dir: str) -> None:
+    os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
+    os.environ.update(COMPILE_ENV)
+
+
+_pkg_names: Dict[str, str] = {}
+
+
+def _kernels_package(kernels_dir: str) -> str:
+    """A synthetic package whose __path__ is kernels_dir (relative imports work)."""
+    kd = str(Path(kernels_dir).resolve())
+    name = _pkg_names.get(kd)
+    if name is None:
+        name = "_aotriton_rocm_kernels_" + hashlib.sha256(kd.encode()).hexdigest()[:12]
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [kd]  # type: ignore[attr-defined]
+        pkg.__package__ = name
+        pkg.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        pkg.__spec__.submodule_search_locations = [kd]
+        sys.modules[name] = pkg
+        _pkg_names[kd] = name
+    return name
+
+
+def load_kernel_function(kernels_dir: str, module: str, function: str):
+    pkg = _kernels_package(kernels_dir)
+    mod = importlib.import_module(f"{pkg}.{module}")
+    try:
+        return getattr(mod, function)
+    except AttributeError:
+        raise RuntimeError(f"{Path(kernels_dir) / module.replace('.', '/')}.py has no {function!r}") from None
+
+
+_STAT_PATTERNS = {
+    "vgpr_count": re.compile(r"^\s*\.vgpr_count:\s*(\d+)", re.M),
+    "vgpr_spill_count": re.compile(r"^\s*\.vgpr_spill_count:\s*(\d+)", re.M),
+    "sgpr_count": re.compile(r"^\s*\.sgpr_count:\s*(\d+)", re.M),
+    "sgpr_spill_count": re.compile(r"^\s*\.sgpr_spill_count:\s*(\d+)", re.M),
+    "agpr_count": re.compile(r"^\s*\.agpr_count:\s*(\d+)", re.M),
+    "private_segment_fixed_size": re.compile(r"^\s*\.private_segment_fixed_size:\s*(\d+)", re.M),
+    "group_segment_fixed_size": re.compile(r"^\s*\.group_segment_fixed_size:\s*(\d+)", re.M),
+    "code_object_version": re.compile(r"^\s*\.amdhsa_code_object_version\s+(\d+)", re.M),
+}
+_TARGET_RE = re.compile(r'^\s*\.amdgcn_target\s+"([^"]+)"', re.M)
+_MFMA_RE = re.compile(r"^\s*v_mfma_", re.M)
+
+
+def parse_amdgcn_stats(text: str) -> Dict[str, Any]:
+    """Static facts from triton's amdgcn assembly text (single-kernel module)."""
+    stats: Dict[str, Any] = {}
+    for name, rx in _STAT_PATTERNS.items():
+        m = rx.search(text)
+        if m:
+            stats[name] = int(m.group(1))
+    m = _TARGET_RE.search(text)
+    if m:
+        stats["amdgcn_target"] = m.group(1)
+    stats["mfma"] = bool(_MFMA_RE.search(text))
+    return stats
+
+
+def compile_variant(task: CompileTask) -> CompileOutput:
+    import time
+
+    t0 = time.perf_counter()
+    out = CompileOutput(cache_key=task.cache_key, variant_key=task.variant_key, arch=task.arch)
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        fn = load_kernel_function(task.kernels_dir, task.module, task.function)
+        names = [n for n, _ in task.signature]
+        if list(getattr(fn, "arg_names", names)) != names:
+            raise RuntimeError(f"{task.module}:{task.function} takes {list(fn.arg_names)}, "
+                               f"the build expected {names}")
+        src = ASTSource(fn=fn, signature=dict(task.signature), constexprs=dict(task.constexprs),
+                        attrs={(i,): [["tt.divisibility", 16]] for i in task.div_indices})
+        k = triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
+        backend = task.target[0]
+        code = k.asm["hsaco" if backend == "hip" else "cubin"]
+        md = k.metadata
+        stats = parse_amdgcn_stats(k.asm.get("amdgcn", "")) if backend == "hip" else {}
+        out.code = bytes(code)
+        out.meta = {
+            "symbol": md.name,
+            "num_warps": int(md.num_warps),
+            "num_stages": int(md.num_stages),
+            "warp_size": int(md.warp_size),
+            "shared": int(md.shared),
+            "global_scratch_size": int(md.global_scratch_size),
+            "profile_scratch_size": int(md.profile_scratch_size),
+            "triton_version": str(md.triton_version),
+            "triton_hash": str(md.hash),
+            "target": [md.target.backend, md.target.arch, md.target.warp_size],
+            "stats": stats,
+        }
+    except BaseException as e:  # report, never crash the pool
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        tb = traceback.format_exc(limit=-6)
+        out.error = f"{type(e).__name__}: {e}\n{tb}"
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def validate_output(meta: Dict[str, Any], code: bytes, *, backend: str, arch: str,
+                    max_shared: Optional[int], triton_version: str) -> List[str]:
+    """Static checks of one compiled variant; returns problems (empty = OK)."""
+    problems = []
+    if not code or not code.startswith(ELF_MAGIC):
+        problems.append("code object is not an ELF file")
+    if meta.get("global_scratch_size", 0) > 0:
+        problems.append(f"needs {meta['global_scratch_size']} bytes of global scratch "
+                        f"(the launcher passes none); change the config")
+    if max_shared is not None and meta.get("shared", 0) > max_shared:
+        problems.append(f"uses {meta['shared']} bytes of shared memory/LDS, {arch} has {max_shared}")
+    if meta.get("triton_version") != triton_version:
+        problems.append(f"compiled by triton {meta.get('triton_version')}, expected {triton_version}")
+    stats = meta.get("stats") or {}
+    if backend == "hip":
+        if stats.get("vgpr_spill_count", 0) > 0:
+            problems.append(f"spills {stats['vgpr_spill_count']} VGPRs to scratch; pick a smaller config")
+        if stats.get("private_segment_fixed_size", 0) > 0:
+            problems.append(f"uses {stats['private_segment_fixed_size']} bytes of private scratch "
+                            f"per lane; pick a smaller config")
+        tgt = stats.get("amdgcn_target", "")
+        if tgt and not (tgt.endswith("-" + arch) or ("-" + arch + ":") in tgt):
+            problems.append(f"code object targets {tgt!r}, not {arch}")
+    return problems

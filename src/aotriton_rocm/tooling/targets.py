@@ -1,0 +1,231 @@
+"""ROCm profiles x archs: load ``ci/targets.toml`` and resolve build targets.
+
+Build-time only.
+"""
+from __future__ import annotations
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+__all__ = [
+    "TargetError",
+    "ArchSpec",
+    "Profile",
+    "Targets",
+    "load_targets",
+    "find_source_root",
+    "PROJECT_NAME",
+]
+
+PROJECT_NAME = "aotriton-rocm"
+# Archs accepted with any ROCm profile (NVIDIA test target).
+ANY_PROFILE_BACKENDS = ("cuda",)
+
+
+class TargetError(ValueError):
+    """A bad profile/arch request or a malformed targets file."""
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    name: str
+    backend: str  # "hip" | "cuda"
+    warp_size: int
+    family: str  # "cdna" | "rdna" | "cuda"
+    lds_bytes: Optional[int] = None  # hip: LDS per workgroup
+    capability: Optional[int] = None  # cuda: compute capability, e.g. 90
+
+    def gpu_target_args(self) -> Tuple[str, Any, int]:
+        """Arguments for ``triton.backends.compiler.GPUTarget``."""
+        if self.backend == "cuda":
+            return ("cuda", int(self.capability), self.warp_size)
+        return ("hip", self.name, self.warp_size)
+
+    @property
+    def max_shared_bytes(self) -> Optional[int]:
+        if self.lds_bytes is not None:
+            return self.lds_bytes
+        if self.backend == "cuda" and self.capability is not None:
+            # Opt-in dynamic shared memory per block.
+            return {90: 232448, 80: 166912, 89: 101376, 86: 101376}.get(self.capability)
+        return None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    archs: Tuple[str, ...]
+    hip_soname: str = ""
+    code_object_version: Optional[int] = None
+
+
+@dataclass
+class Targets:
+    path: Path
+    archs: Dict[str, ArchSpec]
+    profiles: Dict[str, Profile]
+    default_profile: str
+    default_archs: Tuple[str, ...]
+    raw_bytes: bytes = field(repr=False, default=b"")
+
+    # -- resolution ------------------------------------------------------
+    def profile(self, name: Optional[str]) -> Profile:
+        if name is None or str(name).strip() == "":
+            name = self.default_profile
+        key = str(name).strip()
+        low = key.lower()
+        if low.startswith("rocm"):
+            key = key[4:].lstrip("-_ ")
+        if key not in self.profiles:
+            raise TargetError(
+                f"unknown ROCm profile {name!r}; valid profiles: {', '.join(self.profiles)} "
+                f"(defined in {self.path})")
+        return self.profiles[key]
+
+    def families(self) -> Dict[str, List[str]]:
+        fams: Dict[str, List[str]] = {}
+        for a in self.archs.values():
+            fams.setdefault(a.family, []).append(a.name)
+        return fams
+
+    def valid_archs(self, profile: Profile) -> List[str]:
+        extra = [a.name for a in self.archs.values()
+                 if a.backend in ANY_PROFILE_BACKENDS and a.name not in profile.archs]
+        return list(profile.archs) + extra
+
+    def resolve(self, profile: Optional[str], archs: Optional[Iterable[str]]) -> Tuple[Profile, List[ArchSpec]]:
+        """Validate a profile and an arch request; returns (profile, [ArchSpec]).
+
+        ``archs`` items may be comma-separated strings; each token is an arch
+        name, a family ("cdna", "rdna", "cuda": the profile's archs of that
+        family), "default" (targets.toml default_archs) or "all" (every arch
+        of the profile). None or empty means "default". Unknown archs, and
+        archs the profile does not support, fail at once.
+        """
+        prof = self.profile(profile)
+        tokens: List[str] = []
+        for item in (archs or ()):
+            tokens.extend(t.strip() for t in str(item).split(",") if t.strip())
+        if not tokens:
+            tokens = ["default"]
+        valid = self.valid_archs(prof)
+        fams = self.families()
+        out: List[str] = []
+        unknown: List[str] = []
+        unsupported: List[str] = []
+        for t in tokens:
+            low = t.lower()
+            if low == "sm90":
+                low = "sm_90"
+            if low == "default":
+                names = list(self.default_archs)
+            elif low == "all":
+                names = list(prof.archs)
+            elif low in fams and low not in self.archs:
+                names = [a for a in fams[low] if a in valid]
+                if not names:
+                    unsupported.append(f"{t} (no {low} arch in profile {prof.name})")
+                    continue
+            elif low in self.archs:
+                names = [low]
+            else:
+                unknown.append(t)
+                continue
+            for n in names:
+                if n not in valid:
+                    unsupported.append(n)
+                elif n not in out:
+                    out.append(n)
+        if unknown:
+            raise TargetError(
+                f"unknown arch {', '.join(unknown)}; valid archs for ROCm {prof.name}: "
+                f"{', '.join(valid)} (or a family: {', '.join(sorted(fams))}; 'default'; 'all')")
+        if unsupported:
+            others = [p.name for p in self.profiles.values()
+                      if all(u.split(' ')[0] in self.valid_archs(p) for u in unsupported)]
+            hint = f"; profiles that support it: {', '.join(others)}" if others else ""
+            raise TargetError(
+                f"arch {', '.join(unsupported)} not supported by ROCm profile {prof.name}; "
+                f"valid archs for ROCm {prof.name}: {', '.join(valid)}{hint}")
+        return prof, [self.archs[n] for n in out]
+
+
+def _req(table: Dict[str, Any], key: str, where: str, path: Path):
+    if key not in table:
+        raise TargetError(f"{path}: {where} lacks {key!r}")
+    return table[key]
+
+
+def load_targets(path) -> Targets:
+    """Load and check ``ci/targets.toml``."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise TargetError(f"cannot read targets file {p}: {e}") from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TargetError(f"{p}: invalid TOML: {e}") from None
+    archs: Dict[str, ArchSpec] = {}
+    for name, t in (doc.get("archs") or {}).items():
+        backend = _req(t, "backend", f"[archs.{name}]", p)
+        if backend not in ("hip", "cuda"):
+            raise TargetError(f"{p}: [archs.{name}] backend must be 'hip' or 'cuda', not {backend!r}")
+        if backend == "cuda" and "capability" not in t:
+            raise TargetError(f"{p}: [archs.{name}] (cuda) lacks 'capability'")
+        archs[name] = ArchSpec(
+            name=name, backend=backend, warp_size=int(_req(t, "warp_size", f"[archs.{name}]", p)),
+            family=str(_req(t, "family", f"[archs.{name}]", p)),
+            lds_bytes=int(t["lds_bytes"]) if "lds_bytes" in t else None,
+            capability=int(t["capability"]) if "capability" in t else None)
+    if not archs:
+        raise TargetError(f"{p}: no [archs] defined")
+    profiles: Dict[str, Profile] = {}
+    for name, t in (doc.get("profiles") or {}).items():
+        plist = [str(a) for a in _req(t, "archs", f"[profiles.{name!r}]", p)]
+        bad = [a for a in plist if a not in archs]
+        if bad:
+            raise TargetError(f"{p}: profile {name} lists archs not in [archs]: {', '.join(bad)}")
+        profiles[name] = Profile(name=name, archs=tuple(plist), hip_soname=str(t.get("hip_soname", "")),
+                                 code_object_version=t.get("code_object_version"))
+    if not profiles:
+        raise TargetError(f"{p}: no [profiles] defined")
+    default_profile = str(doc.get("default_profile") or next(iter(profiles)))
+    if default_profile not in profiles:
+        raise TargetError(f"{p}: default_profile {default_profile!r} is not a profile")
+    default_archs = tuple(str(a) for a in doc.get("default_archs") or profiles[default_profile].archs)
+    bad = [a for a in default_archs if a not in archs]
+    if bad:
+        raise TargetError(f"{p}: default_archs lists unknown archs: {', '.join(bad)}")
+    return Targets(path=p, archs=archs, profiles=profiles, default_profile=default_profile,
+                   default_archs=default_archs, raw_bytes=raw)
+
+
+def _is_project_root(d: Path) -> bool:
+    pp = d / "pyproject.toml"
+    if not pp.is_file():
+        return False
+    try:
+        doc = tomllib.loads(pp.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+    return (doc.get("project") or {}).get("name") == PROJECT_NAME
+
+
+def find_source_root(start=None) -> Path:
+    """The checkout root: walk up from ``start`` (default: cwd) to the directory
+    whose pyproject.toml has ``name = "aotriton-rocm"``."""
+    here = Path(start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if _is_project_root(d):
+            return d
+    raise TargetError(
+        f"cannot find the aotriton-rocm source tree: no pyproject.toml with "
+        f'name = "{PROJECT_NAME}" in {here} or any parent. Run from a checkout of '
+        f"aotriton-rocm, or pass --source-root /path/to/checkout")
