@@ -250,8 +250,11 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                     errors.append(f"{t.arch} {t.variant_key}: compile failed: {first}")
                     prog.write(f"error: {t.arch} {t.variant_key}: compile failed:\n{res.error.rstrip()}")
                 else:
-                    cache.put(t.cache_key, res.meta, res.code)
-                    results[t.cache_key] = (res.meta, res.code)
+                    # Same key order as a cache hit, so archives are byte-identical
+                    # whether their kernels were compiled or cached.
+                    meta = json.loads(json.dumps(res.meta, sort_keys=True))
+                    cache.put(t.cache_key, meta, res.code)
+                    results[t.cache_key] = (meta, res.code)
                     compiled_keys.add(t.cache_key)
                 prog.update(1, label=f"{t.arch} {t.variant_key}")
         except BaseException:
@@ -399,13 +402,18 @@ def run_build_command(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("aotriton-rocm build: interrupted; no archive written", file=sys.stderr)
         return 130
+    def show(p: Path) -> str:
+        rel = os.path.relpath(p)
+        return str(p) if rel.startswith("..") else rel
+
     rows = [("arch", "kernels", "compiled", "cached", "bytes", "archive")]
     for a, r in res.per_arch.items():
         rows.append((a, str(r.kernels), str(r.compiled), str(r.cached), str(r.archive_bytes),
-                     os.path.relpath(r.archive)))
+                     show(r.archive)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row[:-1], widths))]
+        print("  ".join(cells + [row[-1]]))
     print(f"ROCm {res.profile}: {res.compiled} compiled, {res.cached} cached in "
-          f"{format_seconds(res.seconds)}; report: {os.path.relpath(res.report_path)}")
+          f"{format_seconds(res.seconds)}; report: {show(res.report_path)}")
     return 0

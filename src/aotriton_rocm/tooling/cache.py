@@ -20,7 +20,9 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 __all__ = ["CACHE_SCHEMA", "CompileCache", "cache_key", "kernel_sources_hash", "atomic_write_bytes"]
 
-CACHE_SCHEMA = 1
+# Bump when what a cache entry holds changes (e.g. new stats parsed from the
+# code object), so stale entries are recompiled.
+CACHE_SCHEMA = 2
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

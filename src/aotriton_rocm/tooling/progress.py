@@ -32,7 +32,7 @@ class Progress:
         self.interval = interval
         self.done = 0
         self.start = time.monotonic()
-        self._last_emit = 0.0
+        self._last_emit: Optional[float] = None
         self._last_len = 0
         try:
             self.tty = bool(self.stream.isatty())
@@ -64,7 +64,7 @@ class Progress:
             self.stream.write("\r" + text + " " * pad)
             self._last_len = len(text)
             self.stream.flush()
-        elif last or now - self._last_emit >= self.interval:
+        elif last or self._last_emit is None or now - self._last_emit >= self.interval:
             self.stream.write(self.line(label) + "\n")
             self.stream.flush()
             self._last_emit = now

@@ -1,0 +1,237 @@
+"""Real builds (triton.compile on the CPU) of a toy kernel for gfx942 + sm_90:
+archives, manifests, cache hits on rebuild, no partial archive on failure.
+One slow test builds the real FlashAttention kernels for gfx942."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from aotriton_rocm._version import ABI_VERSION, TRITON_VERSION, __version__  # noqa: E402
+from aotriton_rocm.archive import Archive, verify_against_manifest  # noqa: E402
+from aotriton_rocm.tooling import build as B  # noqa: E402
+from aotriton_rocm.tooling.compile import validate_output  # noqa: E402
+from aotriton_rocm.tooling.targets import TargetError  # noqa: E402
+from aotriton_rocm.tooling.variants import VariantSpecError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOY_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_add(X, Y, Out, n, alpha, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(X + offs, mask=m)
+    y = tl.load(Y + offs, mask=m)
+    tl.store(Out + offs, (x * alpha + y).to(Out.dtype.element_ty), mask=m)
+'''
+
+TOY_VARIANTS = '''
+[kernels.scale_add]
+function = "toy:scale_add"
+args = [["X", "*{dtype}"], ["Y", "*{dtype}"], ["Out", "*{dtype}"], ["n", "i32"], ["alpha", "fp32"]]
+constexprs = ["BLOCK", "HEAD_DIM"]
+divisible_16 = ["X", "Y", "Out", "n"]
+grid = ["cdiv(n, BLOCK)", "1", "1"]
+functional = { dtype = ["fp16", "bf16"], head_dim = [64] }
+
+[[kernels.scale_add.configs]]
+archs = ["cuda"]
+BLOCK = 256
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["cdna"]
+BLOCK = 512
+num_warps = 4
+num_stages = 1
+'''
+
+
+def make_root(base: Path, variants: str = TOY_VARIANTS) -> Path:
+    (base / "kernels").mkdir(parents=True)
+    (base / "ci").mkdir()
+    (base / "kernels" / "toy.py").write_text(TOY_KERNEL)
+    (base / "kernels" / "variants.toml").write_text(variants)
+    shutil.copy(ROOT / "ci" / "targets.toml", base / "ci" / "targets.toml")
+    (base / "pyproject.toml").write_text('[project]\nname = "aotriton-rocm"\n')
+    return base
+
+
+@pytest.fixture(scope="module")
+def toy_root(tmp_path_factory):
+    return make_root(tmp_path_factory.mktemp("toyroot"))
+
+
+@pytest.fixture(scope="module")
+def built(toy_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("out")
+    res = B.build("6.4", ["gfx942,sm_90"], out, source_root=toy_root, jobs=2, progress=False)
+    return out, res
+
+
+def test_toy_build(built):
+    out, res = built
+    assert res.compiled == 4 and res.cached == 0
+    assert set(res.archives) == {"gfx942", "sm_90"}
+    assert sorted(p.name for p in (out / "archives").iterdir()) == [
+        "gfx942.aotr", "gfx942.manifest.json", "sm_90.aotr", "sm_90.manifest.json"]
+    assert not (out / ".tmp").exists()
+    for arch, backend, ws, block in (("gfx942", "hip", 64, 512), ("sm_90", "cuda", 32, 256)):
+        path = out / "archives" / f"{arch}.aotr"
+        a = Archive.open(path)
+        m = a.manifest
+        assert (m["arch"], m["backend"], m["warp_size"], m["rocm_profile"]) == (arch, backend, ws, "6.4")
+        assert (m["package_version"], m["abi_version"]) == (__version__, ABI_VERSION)
+        assert (m["compiler"], m["compiler_version"]) == ("triton", TRITON_VERSION)
+        assert len(m["build_inputs_hash"]) == 64 and m["format_version"] == 1
+        assert [r.key for r in a.kernels] == [
+            f"scale_add|dtype={d}|head_dim=64|BLOCK={block},num_warps=4,num_stages=1" for d in ("fp16", "bf16")]
+        r = a.find("scale_add", dtype="bf16")[0]
+        assert r.symbol == "scale_add" and r.num_warps == 4 and r.warp_size == ws
+        assert r.constexprs == {"BLOCK": block, "HEAD_DIM": 64}
+        assert r.args == (("X", "*bf16"), ("Y", "*bf16"), ("Out", "*bf16"), ("n", "i32"), ("alpha", "fp32"),
+                          ("global_scratch", "*i8"), ("profile_scratch", "*i8"))
+        assert r.divisible_16 == ("X", "Y", "Out", "n")
+        assert r.global_scratch_size == 0
+        assert a.code_object(r).startswith(b"\x7fELF")
+        assert a.verify() == []
+        assert verify_against_manifest(path) == []
+        if backend == "hip":
+            assert r.stats["amdgcn_target"].endswith("gfx942")
+            assert r.stats["scratch_size"] == 0 and "vgpr_count" in r.stats
+    report = json.loads((out / "build-report.json").read_text())
+    assert report["status"] == "ok" and report["errors"] == []
+    assert report["per_arch"]["gfx942"]["kernels"] == 2
+    assert report["per_arch"]["gfx942"]["compiled"] == 2 and report["per_arch"]["gfx942"]["cached"] == 0
+    assert report["per_arch"]["sm_90"]["archive_bytes"] == (out / "archives" / "sm_90.aotr").stat().st_size
+    assert report["per_arch"]["sm_90"]["seconds"] > 0
+
+
+def test_rebuild_compiles_nothing(built, toy_root):
+    out, first = built
+    before = {a: p.read_bytes() for a, p in first.archives.items()}
+    res = B.build("6.4", ["gfx942", "sm_90"], out, source_root=toy_root, jobs=2, progress=False)
+    assert res.compiled == 0 and res.cached == 4
+    assert res.report["per_arch"]["gfx942"]["cached"] == 2
+    assert {a: p.read_bytes() for a, p in res.archives.items()} == before  # reproducible
+
+
+def test_source_change_invalidates_cache(built, toy_root, tmp_path):
+    root = make_root(tmp_path / "root")
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    res = B.build("6.4", ["sm_90"], out, source_root=root, jobs=1, progress=False)
+    assert res.compiled == 0  # same sources: the copied cache answers
+    (root / "kernels" / "toy.py").write_text(TOY_KERNEL + "\n# changed\n")
+    res = B.build("6.4", ["sm_90"], out, source_root=root, jobs=1, progress=False)
+    assert res.compiled == 2
+    assert Archive.open(res.archives["sm_90"]).manifest["build_inputs_hash"] != \
+        Archive.open(built[1].archives["sm_90"]).manifest["build_inputs_hash"]
+
+
+def test_failed_build_writes_no_archive(built, tmp_path):
+    # BLOCK = 100 is not a power of 2: tl.arange fails to compile for gfx942.
+    bad = TOY_VARIANTS + '\n[[kernels.scale_add.configs]]\narchs = ["gfx942"]\nBLOCK = 100\nnum_warps = 4\nnum_stages = 1\n'
+    root = make_root(tmp_path / "root", bad)
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    (out / "archives").mkdir(parents=True)
+    old = (out / "archives" / "gfx942.aotr")
+    old.write_bytes(b"previous archive")
+    with pytest.raises(B.BuildError) as ei:
+        B.build("6.4", ["gfx942", "sm_90"], out, source_root=root, jobs=2, progress=False)
+    msg = str(ei.value)
+    assert "scale_add|dtype=fp16|head_dim=64|BLOCK=100,num_warps=4,num_stages=1" in msg
+    assert "compile failed" in msg and "no archive written" in msg
+    assert len(ei.value.errors) == 2  # fp16 and bf16
+    assert old.read_bytes() == b"previous archive"
+    assert sorted(p.name for p in (out / "archives").iterdir()) == ["gfx942.aotr"]
+    report = json.loads((out / "build-report.json").read_text())
+    assert report["status"] == "failed" and len(report["errors"]) == 2
+    assert report["per_arch"]["gfx942"]["failed"] == 2
+
+
+def test_validation_rules():
+    ok = {"global_scratch_size": 0, "shared": 1024, "triton_version": TRITON_VERSION,
+          "stats": {"scratch_size": 0, "private_segment_fixed_size": 0, "vgpr_spill_count": 2,
+                    "amdgcn_target": "amdgcn-amd-amdhsa--gfx90a:sramecc+:xnack-"}}
+    kw = dict(backend="hip", arch="gfx90a", max_shared=65536, triton_version=TRITON_VERSION)
+    assert validate_output(ok, b"\x7fELF...", **kw) == []  # VGPR spills into AGPRs are fine
+    bad = dict(ok, global_scratch_size=128, shared=70000,
+               stats=dict(ok["stats"], scratch_size=64, amdgcn_target="amdgcn-amd-amdhsa--gfx942"))
+    problems = validate_output(bad, b"junk", **kw)
+    text = "\n".join(problems)
+    for what in ("not an ELF", "global scratch", "70000 bytes of shared", "scratch memory", "not gfx90a"):
+        assert what in text
+    assert validate_output(dict(ok, triton_version="3.8.0"), b"\x7fELF", **kw)
+
+
+def test_global_scratch_fails_the_build(built, toy_root, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    real_get = B.CompileCache.get
+
+    def get(self, key):
+        hit = real_get(self, key)
+        return None if hit is None else (dict(hit[0], global_scratch_size=256), hit[1])
+
+    monkeypatch.setattr(B.CompileCache, "get", get)
+    with pytest.raises(B.BuildError, match=r"sm_90 scale_add\|dtype=fp16.*global scratch"):
+        B.build("6.4", ["sm_90"], out, source_root=toy_root, jobs=1, progress=False)
+    assert not (out / "archives" / "sm_90.aotr").exists()
+
+
+def test_bad_requests_fail_before_compiling(toy_root, tmp_path):
+    with pytest.raises(TargetError, match="unknown arch gfx000"):
+        B.build("6.4", ["gfx000"], tmp_path / "o", source_root=toy_root)
+    with pytest.raises(TargetError, match="gfx950 not supported by ROCm profile 6.4"):
+        B.build("6.4", ["gfx950"], tmp_path / "o", source_root=toy_root)
+    with pytest.raises(VariantSpecError, match="no config matches gfx1100"):
+        B.build("6.4", ["gfx1100"], tmp_path / "o", source_root=toy_root)
+    assert not (tmp_path / "o" / "archives").exists()
+
+
+def test_cli_wiring(toy_root, built, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    parser = argparse.ArgumentParser()
+    B.add_build_arguments(parser)
+    args = parser.parse_args(["--rocm", "6.4", "--arch", "gfx942,sm_90", "--out", str(out),
+                              "--source-root", str(toy_root), "-j", "1", "--no-progress"])
+    assert B.run_build_command(args) == 0
+    text = capsys.readouterr().out
+    assert "gfx942" in text and "sm_90" in text and "0 compiled, 4 cached" in text
+    args = parser.parse_args(["--rocm", "6.4", "--arch", "gfx1234", "--out", str(out),
+                              "--source-root", str(toy_root)])
+    assert B.run_build_command(args) == 2
+    assert "unknown arch gfx1234" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT / "kernels" / "flash_attention.py").exists(),
+                    reason="no kernels/flash_attention.py yet")
+def test_real_flash_kernels_gfx942(tmp_path):
+    res = B.build("6.4", ["gfx942"], tmp_path, source_root=ROOT, progress=False)
+    a = Archive.open(res.archives["gfx942"])
+    assert len(a.kernels) == 28
+    assert a.verify() == [] and verify_against_manifest(res.archives["gfx942"]) == []
+    for r in a.kernels:
+        assert r.global_scratch_size == 0 and r.stats["scratch_size"] == 0
+        if r.kernel != "attn_bwd_preprocess":
+            assert r.stats["mfma"], r.key
+    (fwd,) = a.find("attn_fwd", dtype="fp16", head_dim=128, causal=True)
+    assert fwd.args[-2:] == (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
+    assert len(fwd.args) == 21 + 2

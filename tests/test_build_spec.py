@@ -1,0 +1,251 @@
+"""Build tooling without compiling: targets (ci/targets.toml), variant
+enumeration (kernels/variants.toml), source checks, progress bar."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from aotriton_rocm.tooling.progress import Progress, format_seconds
+from aotriton_rocm.tooling.targets import TargetError, find_source_root, load_targets
+from aotriton_rocm.tooling.variants import VariantSpecError, load_variants, variant_key
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ROOT / "ci" / "targets.toml"
+KERNELS = ROOT / "kernels"
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return load_targets(TARGETS)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return load_variants(KERNELS)
+
+
+# -- targets -----------------------------------------------------------------
+
+def test_resolve_archs(targets):
+    prof, archs = targets.resolve("6.4", ["gfx942,gfx908", "sm_90"])
+    assert prof.name == "6.4"
+    assert [a.name for a in archs] == ["gfx942", "gfx908", "sm_90"]
+    gfx942 = archs[0]
+    assert (gfx942.backend, gfx942.warp_size, gfx942.family) == ("hip", 64, "cdna")
+    assert gfx942.gpu_target_args() == ("hip", "gfx942", 64)
+    assert archs[2].gpu_target_args() == ("cuda", 90, 32)
+
+
+def test_resolve_defaults_families_and_aliases(targets):
+    prof, archs = targets.resolve(None, None)
+    assert prof.name == targets.default_profile == "6.4"
+    assert [a.name for a in archs] == list(targets.default_archs)
+    _, archs = targets.resolve("rocm6.4", ["cdna"])
+    assert [a.name for a in archs] == ["gfx908", "gfx90a", "gfx942"]  # no gfx950 in 6.4
+    _, archs = targets.resolve("7.0", ["cdna", "gfx942", "sm90"])
+    assert [a.name for a in archs] == ["gfx908", "gfx90a", "gfx942", "gfx950", "sm_90"]
+
+
+def test_sm90_with_any_profile(targets):
+    for p in targets.profiles:
+        _, archs = targets.resolve(p, ["sm_90"])
+        assert archs[0].name == "sm_90"
+
+
+def test_unknown_arch_fails_naming_valid_choices(targets):
+    with pytest.raises(TargetError) as ei:
+        targets.resolve("6.4", ["gfx942,gfx9999"])
+    msg = str(ei.value)
+    assert "unknown arch gfx9999" in msg
+    for a in ("gfx908", "gfx90a", "gfx942", "gfx1100", "sm_90"):
+        assert a in msg
+
+
+def test_arch_not_in_profile_fails(targets):
+    with pytest.raises(TargetError) as ei:
+        targets.resolve("6.4", ["gfx950"])
+    msg = str(ei.value)
+    assert "gfx950 not supported by ROCm profile 6.4" in msg
+    assert "gfx942" in msg and "profiles that support it: 7.0" in msg
+    with pytest.raises(TargetError, match="not supported by ROCm profile 6.2"):
+        targets.resolve("6.2", ["gfx1201"])
+
+
+def test_unknown_profile(targets):
+    with pytest.raises(TargetError, match="unknown ROCm profile '5.7'.*6.2, 6.3, 6.4, 7.0"):
+        targets.resolve("5.7", ["gfx942"])
+
+
+def test_malformed_targets(tmp_path):
+    p = tmp_path / "t.toml"
+    p.write_text('[archs]\ngfx942 = { backend = "hip", warp_size = 64, family = "cdna" }\n'
+                 '[profiles."6.4"]\narchs = ["gfx942", "gfx1100"]\n')
+    with pytest.raises(TargetError, match="gfx1100"):
+        load_targets(p)
+    with pytest.raises(TargetError, match="cannot read"):
+        load_targets(tmp_path / "nope.toml")
+
+
+def test_find_source_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT / "kernels")
+    assert find_source_root() == ROOT
+    assert find_source_root(ROOT / "src" / "aotriton_rocm") == ROOT
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "something-else"\n')
+    with pytest.raises(TargetError, match='name = "aotriton-rocm".*--source-root'):
+        find_source_root(tmp_path)
+
+
+# -- variants ----------------------------------------------------------------
+
+def test_real_variant_counts(targets, spec):
+    assert list(spec.kernels) == ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
+    per_kernel = {"attn_fwd": 8, "attn_bwd_preprocess": 4, "attn_bwd_dkdv": 8, "attn_bwd_dq": 8}
+    for arch in ("gfx908", "gfx90a", "gfx942", "gfx950", "sm_90"):
+        vs = spec.variants_for(targets.archs[arch])
+        assert len(vs) == 28, arch
+        assert {k: sum(v.kernel == k for v in vs) for k in per_kernel} == per_kernel
+        assert len({v.key for v in vs}) == 28
+    # no config for rdna yet
+    assert spec.variants_for(targets.archs["gfx1100"]) == []
+    assert spec.kernels_without_variants(targets.archs["gfx1100"]) == list(per_kernel)
+
+
+def test_real_variant_contents(targets, spec):
+    vs = {v.key: v for v in spec.variants_for(targets.archs["sm_90"])}
+    key = "attn_fwd|dtype=fp16|head_dim=128|causal=1|BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3"
+    v = vs[key]
+    assert v.constexprs == {"HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 64, "IS_CAUSAL": True,
+                            "UPCAST_DOT": False}
+    assert v.options == {"num_warps": 8, "num_stages": 3}
+    assert v.args[0] == ("Q", "*fp16") and v.args[4] == ("LSE", "*fp32") and v.args[-1] == ("sm_scale", "fp32")
+    assert v.grid == ("cdiv(seqlen_q, BLOCK_M)", "batch * num_heads", "1")
+    assert "stride_qm" in v.divisible_16
+    cdna = {v.key: v for v in spec.variants_for(targets.archs["gfx908"])}
+    v = cdna["attn_bwd_preprocess|dtype=bf16|head_dim=64|BLOCK_M=128,num_warps=4,num_stages=1"]
+    assert v.constexprs == {"HEAD_DIM": 64, "BLOCK_M": 128}
+    assert v.args[0] == ("O", "*bf16")
+
+
+@pytest.mark.skipif(not (KERNELS / "flash_attention.py").exists(), reason="no kernels/flash_attention.py yet")
+def test_spec_matches_kernel_sources(spec):
+    params = spec.check_sources()
+    for name, ks in spec.kernels.items():
+        assert [p for p in params[name] if p not in ks.constexprs] == [n for n, _ in ks.args]
+
+
+TOY_TOML = """
+[kernels.add]
+function = "toy:add_kernel"
+args = [["X", "*{dtype}"], ["n", "i32"]]
+constexprs = ["HEAD_DIM", "BLOCK"]
+divisible_16 = ["X"]
+grid = ["cdiv(n, BLOCK)", "1", "1"]
+functional = { dtype = ["fp16", "bf16"], head_dim = [64, 128, 256] }
+
+[[kernels.add.configs]]
+archs = ["gfx942"]
+head_dims = [64]
+BLOCK = 32
+num_warps = 4
+num_stages = 1
+
+[[kernels.add.configs]]
+archs = ["cdna"]
+BLOCK = 64
+num_warps = 4
+num_stages = 1
+"""
+
+
+def _spec(tmp_path, text):
+    (tmp_path / "variants.toml").write_text(text)
+    return load_variants(tmp_path)
+
+
+def test_head_dims_filter_and_order(tmp_path, targets):
+    s = _spec(tmp_path, TOY_TOML)
+    vs = s.variants_for(targets.archs["gfx942"])
+    assert len(vs) == 2 * 3 + 2  # every functional point x the cdna config, + the head 64 ones
+    assert [v.key for v in vs[:3]] == [
+        "add|dtype=fp16|head_dim=64|BLOCK=32,num_warps=4,num_stages=1",  # first = default
+        "add|dtype=fp16|head_dim=64|BLOCK=64,num_warps=4,num_stages=1",
+        "add|dtype=fp16|head_dim=128|BLOCK=64,num_warps=4,num_stages=1",
+    ]
+    assert len(s.variants_for(targets.archs["gfx90a"])) == 6
+    assert s.variants_for(targets.archs["sm_90"]) == []
+
+
+def test_variant_key_format():
+    assert variant_key("k", {"dtype": "fp16", "causal": True}, {"BLOCK_M": 64, "num_warps": 4}) == \
+        "k|dtype=fp16|causal=1|BLOCK_M=64,num_warps=4"
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda t: t.replace('BLOCK = 64', 'BLOCK = 64\nWHAT = 1'), "'WHAT' is neither a constexpr"),
+    (lambda t: t.replace('divisible_16 = ["X"]', 'divisible_16 = ["Y"]'), "divisible_16 names unknown"),
+    (lambda t: t.replace('"1", "1"]', '"1"]'), "grid must have 3"),
+    (lambda t: t.replace('function = "toy:add_kernel"', 'function = "toy.add_kernel"'), "module:function"),
+    (lambda t: t.replace('dtype = ["fp16", "bf16"]', 'dtype = ["fp17"]'), "unknown dtype"),
+    (lambda t: t.replace('num_stages = 1\n\n', '\n', 1), "lacks 'num_stages'"),
+])
+def test_spec_errors(tmp_path, edit, match):
+    with pytest.raises(VariantSpecError, match=match):
+        _spec(tmp_path, edit(TOY_TOML))
+
+
+def test_missing_constexpr_value(tmp_path, targets):
+    s = _spec(tmp_path, TOY_TOML.replace('["HEAD_DIM", "BLOCK"]', '["HEAD_DIM", "BLOCK", "EXTRA"]'))
+    with pytest.raises(VariantSpecError, match="no value for constexpr EXTRA"):
+        s.variants_for(targets.archs["gfx942"])
+
+
+def test_check_sources_errors(tmp_path):
+    s = _spec(tmp_path, TOY_TOML)
+    with pytest.raises(VariantSpecError, match="cannot read"):
+        s.check_sources()
+    (tmp_path / "toy.py").write_text("def add_kernel(n, X, HEAD_DIM, BLOCK):\n    pass\n")
+    with pytest.raises(VariantSpecError, match="order"):
+        s.check_sources()
+    (tmp_path / "toy.py").write_text("def add_kernel(X, n, m, HEAD_DIM, BLOCK):\n    pass\n")
+    with pytest.raises(VariantSpecError, match=r"in function only: \['m'\]"):
+        s.check_sources()
+    (tmp_path / "toy.py").write_text("def add_kernel(X, HEAD_DIM, n, BLOCK):\n    pass\n")
+    assert s.check_sources() == {"add": ["X", "HEAD_DIM", "n", "BLOCK"]}
+
+
+# -- progress ----------------------------------------------------------------
+
+def test_progress_plain_lines():
+    buf = io.StringIO()
+    p = Progress(3, desc="compile", stream=buf, interval=3600)
+    p.update(label="a")
+    p.update(label="b")
+    p.update(label="c")
+    p.close()
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 2  # the first and the last (interval not reached in between)
+    assert lines[-1].startswith("compile [") and "3/3" in lines[-1] and "ETA 0:00" in lines[-1]
+    assert "/s" in lines[-1] and lines[-1].endswith(" c")
+
+
+def test_progress_tty_redraws():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    buf = Tty()
+    p = Progress(2, stream=buf)
+    p.update()
+    p.write("message")
+    p.update()
+    p.close()
+    out = buf.getvalue()
+    assert "\r" in out and "message\n" in out and out.endswith("\n") and "2/2" in out
+    assert format_seconds(3725) == "1:02:05" and format_seconds(65) == "1:05"
+    silent = io.StringIO()
+    q = Progress(1, stream=silent, enabled=False)
+    q.update()
+    q.write("x")
+    assert silent.getvalue() == ""
