@@ -159,6 +159,15 @@ def test_narrow_values_do_not_leak_into_their_slot(launch):
     assert rec.calls[0]["values"] == [0xFFFF_FFFF, 7, 0xFF, 0x3F80_0000]
 
 
+def test_reused_buffers_hold_no_stale_values(launch):
+    rec = Recorder(b"LLLLL")
+    call(launch, rec, [-1, -1, 2**62, -1.5e300, 2**63 - 1], signature=b"ilpdl")
+    call(launch, rec, [3, 4, None, 0.5, 1], signature=b"iIpfh")
+    assert rec.calls[1]["values"] == [3, 4, 0, 0x3F00_0000, 1]
+    call(launch, rec, [-2, 5, 6, 0.25, 7], signature=b"bBpfl")
+    assert rec.calls[2]["values"] == [0xFE, 5, 6, 0x3E80_0000, 7]
+
+
 def test_int_like_and_float_like_values(launch):
     class Idx:
         def __index__(self):
@@ -286,14 +295,14 @@ def test_native_module_constants(native):
                          (1, 2)) == 0
 
 
-def test_native_launch_from_many_threads(native):
+def test_launch_from_many_threads(launch):
     rec = Recorder(b"l")
     errors = []
 
     def work(k):
         try:
             for j in range(200):
-                assert call(native.launch, rec, [k * 1000 + j]) == 0
+                assert call(launch, rec, [k * 1000 + j]) == 0
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 

@@ -110,6 +110,29 @@ range_error(Py_ssize_t index, char code, PyObject *value)
                  code_name(code), value);
 }
 
+/* Fast conversions: on LP64 (Linux) `long` is 64-bit, and PyLong_AsLong /
+ * PyLong_AsUnsignedLong walk the digits directly, while the long long
+ * variants go through a byte-array copy for multi-digit values (pointers). */
+static long long
+as_long_long(PyObject *number)
+{
+#if defined(__LP64__) || defined(_LP64)
+    return PyLong_AsLong(number);
+#else
+    return PyLong_AsLongLong(number);
+#endif
+}
+
+static unsigned long long
+as_unsigned_long_long(PyObject *number)
+{
+#if defined(__LP64__) || defined(_LP64)
+    return PyLong_AsUnsignedLong(number);
+#else
+    return PyLong_AsUnsignedLongLong(number);
+#endif
+}
+
 /* Python integer (int or __index__) -> int64. Returns 0 on success. */
 static int
 to_i64(PyObject *value, Py_ssize_t index, char code, int64_t *out)
@@ -118,8 +141,7 @@ to_i64(PyObject *value, Py_ssize_t index, char code, int64_t *out)
     long long v;
 
     if (PyLong_Check(value)) {
-        Py_INCREF(value);
-        number = value;
+        v = as_long_long(value);
     }
     else {
         number = PyNumber_Index(value);
@@ -132,9 +154,9 @@ to_i64(PyObject *value, Py_ssize_t index, char code, int64_t *out)
             }
             return -1;
         }
+        v = as_long_long(number);
+        Py_DECREF(number);
     }
-    v = PyLong_AsLongLong(number);
-    Py_DECREF(number);
     if (v == -1 && PyErr_Occurred()) {
         reraise_overflow(index, code, value);
         return -1;
@@ -151,8 +173,7 @@ to_u64(PyObject *value, Py_ssize_t index, char code, uint64_t *out)
     unsigned long long v;
 
     if (PyLong_Check(value)) {
-        Py_INCREF(value);
-        number = value;
+        v = as_unsigned_long_long(value);
     }
     else {
         number = PyNumber_Index(value);
@@ -165,9 +186,9 @@ to_u64(PyObject *value, Py_ssize_t index, char code, uint64_t *out)
             }
             return -1;
         }
+        v = as_unsigned_long_long(number);
+        Py_DECREF(number);
     }
-    v = PyLong_AsUnsignedLongLong(number);
-    Py_DECREF(number);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         reraise_overflow(index, code, value);
         return -1;
@@ -325,7 +346,7 @@ launch_u32(PyObject *value, const char *what, unsigned int *out)
         PyErr_Format(PyExc_TypeError, "%s must be an int, not %R", what, value);
         return -1;
     }
-    v = PyLong_AsUnsignedLongLong(value);
+    v = as_unsigned_long_long(value);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();
@@ -353,7 +374,7 @@ launch_ptr(PyObject *value, const char *what, void **out)
         PyErr_Format(PyExc_TypeError, "%s must be an int, not %R", what, value);
         return -1;
     }
-    v = PyLong_AsUnsignedLongLong(value);
+    v = as_unsigned_long_long(value);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();

@@ -63,10 +63,6 @@ _INT_RANGES = {
     "h": (-2**15, 2**15 - 1), "H": (0, 2**16 - 1), "i": (-2**31, 2**31 - 1),
     "I": (0, 2**32 - 1), "l": (-2**63, 2**63 - 1), "L": (0, 2**64 - 1),
 }
-_STRUCT_FORMATS = {
-    "p": "=Q", "?": "=B", "b": "=b", "B": "=B", "h": "=h", "H": "=H", "i": "=i", "I": "=I",
-    "l": "=q", "L": "=Q", "f": "=f", "d": "=d",
-}
 
 MAX_ARGS: int = _native.MAX_ARGS if _native is not None else 256
 
@@ -172,6 +168,79 @@ def _convert(code: str, value, index: int):
     return v
 
 
+# Whole-slot struct formats: the value in the slot's first bytes, zero padding
+# after it (struct zeroes pad bytes); 'z' slots are all zero.
+_SLOT_FORMATS = {
+    "p": "Q", "z": "8x", "?": "B7x", "b": "b7x", "B": "B7x", "h": "h6x", "H": "H6x",
+    "i": "i4x", "I": "I4x", "l": "q", "L": "Q", "f": "f4x", "d": "d",
+}
+
+
+class _Packer:
+    """Per-signature packing state of the ctypes fallback: one struct for all
+    slots, and per thread a slot buffer and the kernelParams array pointing
+    into it (the driver copies the values during the launch call)."""
+
+    __slots__ = ("signature", "codes", "n", "expected", "whole", "fast", "local")
+
+    def __init__(self, signature: bytes):
+        self.signature = signature
+        self.codes = signature.decode("latin-1")
+        self.n = len(signature)
+        self.expected = self.n - self.codes.count("z")
+        self.whole = struct.Struct("=" + "".join(_SLOT_FORMATS[c] for c in self.codes))
+        # struct's own range check for '?' would be [0, 255]: check it by hand.
+        self.fast = "?" not in self.codes
+        self.local = threading.local()
+
+    def buffers(self):
+        try:
+            return self.local.buffers
+        except AttributeError:
+            slots = (c_uint64 * max(self.n, 1))()
+            params = None
+            if self.n:
+                base = ctypes.addressof(slots)
+                params = (c_void_p * self.n)(*range(base, base + 8 * self.n, 8))
+            self.local.buffers = (slots, params)
+            return self.local.buffers
+
+    def pack(self, slots, args: tuple) -> None:
+        if self.fast:
+            try:
+                self.whole.pack_into(slots, 0, *args)
+                return
+            except (struct.error, TypeError, OverflowError, ValueError):
+                pass  # None pointers, or an error to report precisely below
+        k = 0
+        for i, c in enumerate(self.codes):
+            if c == "z":
+                struct.pack_into("=Q", slots, 8 * i, 0)
+                continue
+            struct.pack_into("=" + _SLOT_FORMATS[c], slots, 8 * i, _convert(c, args[k], k))
+            k += 1
+
+
+_packers: Dict[bytes, _Packer] = {}
+
+
+def _packer_for(signature) -> _Packer:
+    if not isinstance(signature, bytes):
+        raise TypeError(f"signature must be bytes, not {signature!r}")
+    packer = _packers.get(signature)
+    if packer is None:
+        n = len(signature)
+        if n > MAX_ARGS:
+            raise ValueError(f"kernel has {n} parameters; the launcher supports at most "
+                             f"{MAX_ARGS}")
+        for pos, c in enumerate(signature.decode("latin-1")):
+            if c not in _CODE_NAMES:
+                raise ValueError(f"unknown kernel signature code {signature[pos:pos + 1]!r} "
+                                 f"at position {pos}")
+        packer = _packers.setdefault(signature, _Packer(signature))
+    return packer
+
+
 def ctypes_launch(launch_fn: int, function: int, grid_x: int, grid_y: int, grid_z: int,
                   block_x: int, block_y: int, block_z: int, shared: int, stream: int,
                   signature: bytes, args: tuple) -> int:
@@ -188,39 +257,18 @@ def ctypes_launch(launch_fn: int, function: int, grid_x: int, grid_y: int, grid_
         raise ValueError("launch_fn is NULL")
     if function == 0:
         raise ValueError("function handle is NULL")
-    if not isinstance(signature, bytes):
-        raise TypeError(f"signature must be bytes, not {signature!r}")
-    n = len(signature)
-    if n > MAX_ARGS:
-        raise ValueError(f"kernel has {n} parameters; the launcher supports at most {MAX_ARGS}")
-    sig = signature.decode("latin-1")
-    for pos, c in enumerate(sig):
-        if c not in _CODE_NAMES:
-            raise ValueError(f"unknown kernel signature code {signature[pos:pos + 1]!r} at "
-                             f"position {pos}")
+    packer = _packer_for(signature)
     if not isinstance(args, tuple):
         raise TypeError(f"args must be a tuple, not {args!r}")
-    expected = n - sig.count("z")
-    if len(args) != expected:
-        raise TypeError(f"kernel takes {expected} arguments ({len(args)} given)")
-
-    slots = (c_uint64 * max(n, 1))()
-    k = 0
-    for i, c in enumerate(sig):
-        if c == "z":
-            continue
-        struct.pack_into(_STRUCT_FORMATS[c], slots, 8 * i, _convert(c, args[k], k))
-        k += 1
+    if len(args) != packer.expected:
+        raise TypeError(f"kernel takes {packer.expected} arguments ({len(args)} given)")
+    slots, params = packer.buffers()
+    packer.pack(slots, args)
     if 0 in dims[:3]:
         return 0
-    params = None
-    if n:
-        base = ctypes.addressof(slots)
-        params = (c_void_p * n)(*range(base, base + 8 * n, 8))
     proto = _launch_protos.get(launch_fn)
     if proto is None:
         proto = _launch_protos.setdefault(launch_fn, _LAUNCH_PROTO(launch_fn))
-    # `slots` stays alive (a local) until the driver has copied the values.
     return proto(function, *dims, stream or None, params, None)
 
 
