@@ -37,6 +37,7 @@ from aotriton_rocm.driver import cuda as cuda_mod  # noqa: E402
 from aotriton_rocm.driver import hip as hip_mod  # noqa: E402
 
 SOURCE = ROOT / "src" / "aotriton_rocm" / "driver" / "_launch.c"
+_BUILT: list = []  # the path of the session's freshly built extension
 
 LAUNCH_PROTO = ctypes.CFUNCTYPE(c_int, c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint,
                                 c_uint, c_uint, c_void_p, POINTER(c_void_p), POINTER(c_void_p))
@@ -55,11 +56,26 @@ def fp32(x: float) -> float:
 
 # -- the native extension, built from the current source --------------------------------------
 
+def _declared_extension() -> dict:
+    """The launcher's [[tool.setuptools.ext-modules]] entry of pyproject.toml."""
+    import tomllib
+
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (ext,) = [e for e in doc["tool"]["setuptools"]["ext-modules"]
+              if e["name"] == "aotriton_rocm.driver._launch"]
+    return ext
+
+
 def _build_native(out: Path) -> Path:
+    """Build _launch.c the way pyproject.toml declares it, into `out`."""
     from setuptools import Distribution, Extension
 
-    ext = Extension("_launch", [str(SOURCE)], define_macros=[("Py_LIMITED_API", "0x03090000")],
-                    py_limited_api=True)
+    decl = _declared_extension()
+    ext = Extension("_launch", [str(ROOT / s) for s in decl["sources"]],
+                    define_macros=[tuple(m) for m in decl.get("define-macros", [])],
+                    extra_compile_args=decl.get("extra-compile-args", []),
+                    extra_link_args=decl.get("extra-link-args", []),
+                    py_limited_api=decl.get("py-limited-api", False))
     dist = Distribution({"name": "aotriton-launch-test", "ext_modules": [ext]})
     cmd = dist.get_command_obj("build_ext")
     cmd.build_lib = str(out / "lib")
@@ -80,6 +96,7 @@ def native(tmp_path_factory):
                         "build_ext --inplace")
         return sys.modules["aotriton_rocm.driver._launch"]
     assert path.name.endswith(".abi3.so"), path
+    _BUILT.append(path)
     spec = importlib.util.spec_from_file_location("_launch", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -322,6 +339,35 @@ def test_source_compiles_cleanly_in_strict_mode(tmp_path):
     subprocess.run(["cc", "-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Wconversion", "-Werror",
                     "-fPIC", "-DPy_LIMITED_API=0x03090000", f"-I{include}", "-c", str(SOURCE),
                     "-o", str(tmp_path / "x.o")], check=True)
+
+
+def test_extension_needs_only_libc_and_the_stable_abi(native):
+    """manylinux: DT_NEEDED is libc alone (auditwheel must see a libc), the glibc
+    symbol versions are ancient, everything else comes from Python's stable ABI."""
+    elftools = pytest.importorskip("elftools.elf.elffile")
+    if not _BUILT:
+        pytest.skip("extension not built in this session")
+    import re
+
+    with open(_BUILT[0], "rb") as f:
+        elf = elftools.ELFFile(f)
+        dyn = elf.get_section_by_name(".dynamic")
+        needed = [t.needed for t in dyn.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+        versions = set()
+        undefined = set()
+        for sym in elf.get_section_by_name(".dynsym").iter_symbols():
+            if sym["st_shndx"] == "SHN_UNDEF" and sym.name:
+                undefined.add(sym.name)
+        verneed = elf.get_section_by_name(".gnu.version_r")
+        if verneed is not None:
+            for _, auxes in verneed.iter_versions():
+                versions.update(a.name for a in auxes)
+    assert needed == ["libc.so.6"], needed
+    glibc = [tuple(map(int, re.findall(r"\d+", v))) for v in versions if v.startswith("GLIBC_")]
+    assert all(v <= (2, 17) for v in glibc), versions
+    libc_syms = {n for n in undefined if not n.startswith(("Py", "_Py"))}
+    assert libc_syms <= {"__cxa_finalize", "__gmon_start__", "_ITM_registerTMCloneTable",
+                         "_ITM_deregisterTMCloneTable"}, libc_syms
 
 
 # -- signatures -------------------------------------------------------------------------------
