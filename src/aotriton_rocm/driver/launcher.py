@@ -6,7 +6,7 @@ data. On the first launch on a device it loads the module through the driver
 into the native launcher (`_launch.launch`, a C extension that packs the
 arguments and calls cuLaunchKernel / hipModuleLaunchKernel by address). If
 the extension cannot be imported, a ctypes implementation of the same call
-is used instead (several times slower per launch; warned once).
+is used instead (about 10 us more per launch; warned once).
 
 Triton (3.9) kernel ABI: the non-constexpr arguments in order, then two
 trailing pointers (global scratch, profile scratch), passed here as NULL (the
@@ -39,8 +39,8 @@ except ImportError as e:  # not built, or built for another platform
 else:
     _NATIVE_IMPORT_ERROR = None
 
-__all__ = ["DriverError", "Kernel", "signature_for", "ctypes_launch", "native_launch", "native_available",
-           "select_launch", "MAX_ARGS", "TYPE_CODES"]
+__all__ = ["DriverError", "Kernel", "signature_for", "ctypes_launch", "native_launch",
+           "native_available", "select_launch", "MAX_ARGS", "TYPE_CODES"]
 
 # Triton type string -> signature code of the launcher (see _launch.c).
 TYPE_CODES: Dict[str, str] = {
@@ -299,7 +299,7 @@ def select_launch() -> Callable[..., int]:
             warnings.warn(
                 "aotriton_rocm: the native kernel launcher (aotriton_rocm.driver._launch) "
                 f"cannot be imported ({_NATIVE_IMPORT_ERROR}); using the ctypes fallback, "
-                "which adds tens of microseconds per kernel launch. Reinstall aotriton-rocm "
+                "which adds about 10 microseconds per kernel launch. Reinstall aotriton-rocm "
                 "from a wheel for this platform to get it back.", RuntimeWarning, stacklevel=3)
     return ctypes_launch
 
