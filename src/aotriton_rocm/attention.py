@@ -77,7 +77,15 @@ def _prepared(t: torch.Tensor) -> torch.Tensor:
     addresses and row strides divisible by 16; a fresh contiguous tensor of a
     covered head dim always meets them.
     """
-    return t if _meets_assumptions(t) else t.contiguous()
+    if _meets_assumptions(t):
+        return t
+    dense = t.contiguous()
+    # contiguous() keeps odd strides of size-1 dims; a fresh tensor has none.
+    return dense if _meets_assumptions(dense) else _fresh(t).copy_(t)
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -103,7 +111,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     qp, kp, vp = _prepared(q), _prepared(k), _prepared(v)
     if out is None:
         out = torch.empty_like(q)
-    o = out if _meets_assumptions(out) else torch.empty_like(qp)
+    o = out if _meets_assumptions(out) else _fresh(q)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
                             causal=bool(is_causal), seqlen_q=sq, seqlen_k=sk)
@@ -133,8 +141,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     delta = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    dq, dk, dv = (g if _meets_assumptions(g) else torch.empty_like(src)
-                  for g, src in zip(grads, (qp, kp, vp)))
+    dq, dk, dv = (g if _meets_assumptions(g) else _fresh(g) for g in grads)
 
     pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d,
                          seqlen_q=sq, seqlen_k=sk)

@@ -8,7 +8,9 @@ records the argument lists and constexprs of what it holds.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
+import sys
 from pathlib import Path
 
 try:
@@ -50,9 +52,6 @@ def function(spec: dict, kernel: str, directory: Path | None = None):
     if directory is None:
         module = importlib.import_module(f"aotriton_rocm._kernels.{module_name}")
     else:
-        import importlib.util
-        import sys
-
         qualified = f"_aotriton_rocm_kernels_{abs(hash(str(directory)))}_{module_name}"
         module = sys.modules.get(qualified)
         if module is None:
