@@ -314,6 +314,9 @@ _SNAPSHOT_IGNORE = shutil.ignore_patterns(
     ".pytest_cache", ".cache", ".whl", "BUILD")
 
 
+_SNAPSHOT_SKIP_TOP = {"BUILD", "build", "dist", ".cache", ".whl", ".pytest_cache"}
+
+
 def snapshot_source(source_root: os.PathLike, dest: os.PathLike) -> Path:
     """Copy the source tree to ``dest``: in a git work tree, the tracked and the
     untracked-but-not-ignored files (what a fresh clone plus work in progress
@@ -333,6 +336,9 @@ def snapshot_source(source_root: os.PathLike, dest: os.PathLike) -> Path:
         return dst
     dst.mkdir(parents=True, exist_ok=True)
     for rel in files:
+        top = rel.split("/", 1)[0]
+        if top in _SNAPSHOT_SKIP_TOP or top.startswith(".venv"):
+            continue  # build outputs that are not git-ignored (BUILD/archives)
         s = src / rel
         if not s.is_file():  # deleted in the work tree, or a submodule
             continue
