@@ -457,3 +457,21 @@ def test_conda_image_alone_pulls_runtime(conda_channel, tmp_path):
     assert [m.rsplit("-", 2)[0] for m in metas] == ["aotriton-rocm", "aotriton-rocm-sm90"]
     with pytest.raises(pkg.PackagingError):
         install_conda(chan, ["aotriton-rocm-sm90", f"aotriton-rocm >{VERSION}"], tmp_path / "q")
+
+
+def test_package_command_arguments_and_errors(tmp_path, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    pkg.add_package_arguments(parser)
+    args = parser.parse_args(["--archives", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
+                              "--arch", "gfx942", "--arch", "sm_90", "--rocm", "6.4",
+                              "--local-version", "--no-conda", "--source-root", str(ROOT)])
+    assert args.arch == ["gfx942", "sm_90"] and args.rocm == "6.4"
+    assert args.local_version and args.no_conda and not args.no_wheels
+    assert pkg.run_package_command(args) == 1
+    assert "no archive for gfx942" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+    defaults = parser.parse_args([])
+    assert defaults.archives == "BUILD/archives" and defaults.out == "dist"
+    assert defaults.arch is None and defaults.rocm is None and not defaults.local_version

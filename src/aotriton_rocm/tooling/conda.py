@@ -32,6 +32,7 @@ from .package import (
     PackagingError,
     _link_or_copy,
     _log,
+    publish,
     _check_profile,
     build_runtime_wheel,
     collect_archives,
@@ -178,11 +179,13 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
         raise PackagingError(f"{recipe_src} is missing")
 
     out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".partial-conda-", dir=out))
+    # Scratch outside out_dir (which may sit inside the source tree being copied).
+    scratch = Path(tempfile.mkdtemp(prefix="aotriton-conda-"))
     try:
         if runtime_wheel is None:
             t0 = time.perf_counter()
-            wheel = build_runtime_wheel(root, scratch / "wheel", version, [i.arch for i in inputs]).wheel
+            wheel = build_runtime_wheel(root, scratch / "wheel", version, [i.arch for i in inputs],
+                                        exclude=[out]).wheel
             t["conda_runtime_wheel"] = time.perf_counter() - t0
         else:
             wheel = Path(runtime_wheel)
@@ -229,11 +232,8 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
         final: List[Path] = []
         for p in built:
             subdir = p.parent.name  # output/<subdir>/<file>.conda
-            dst = out / subdir / p.name
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(p, dst)
-            os.chmod(dst, 0o644)  # rattler-build writes 0600; a channel is read by others
-            final.append(dst)
+            # atomic, and 0644: rattler-build writes 0600; a channel is read by others
+            final.append(publish(p, out / subdir / p.name))
         index_channel(out)
         _log(f"{len(final)} conda package(s) in {out} ({t['conda_build']:.1f}s)")
         return final

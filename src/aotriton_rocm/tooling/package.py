@@ -15,9 +15,10 @@ Artifacts (versions are PEP 440 finals ``X.Y.Z`` from ``_version.py``; with
   ``aotriton_rocm.images``. Tagged ``py3-none-<PLATFORM_TAG>`` at build time;
   auditwheel is not run on them (no host ELF: it refuses such wheels).
 
-Everything is built in a scratch directory and each finished file is renamed
-into ``out_dir`` (same file system, so a file there is always complete). Every
-artifact passes ``twine check --strict`` before it is moved.
+Everything is built in a scratch directory and each finished file is published
+into ``out_dir`` atomically (a hidden temporary name there, then a rename), so a
+file in ``out_dir`` is always complete. Every artifact passes
+``twine check --strict`` before it is published.
 
 Archives are treated as opaque files: only the manifest sidecar's
 ``"manifest"`` object is read (``arch``, ``package_version``, ``rocm_profile``)
@@ -65,6 +66,7 @@ __all__ = [
     "build_wheels",
     "twine_check",
     "wheel_tags",
+    "publish",
     "add_package_arguments",
     "run_package_command",
 ]
@@ -280,14 +282,24 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def publish(src: Path, dst: Path) -> Path:
+    """Put ``src`` at ``dst`` atomically: renamed (or copied) to a hidden name
+    beside ``dst`` first, then renamed over ``dst``; a reader of ``dst``'s
+    directory never sees a partial file. ``src`` is consumed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
+    try:
+        os.replace(src, tmp)  # same file system
+    except OSError:
+        shutil.copy2(src, tmp)
+        os.unlink(src)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dst)
+    return dst
+
+
 def _move_into(files: Iterable[Path], out_dir: Path) -> List[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    moved = []
-    for f in files:
-        dst = out_dir / f.name
-        os.replace(f, dst)  # same file system: atomic
-        moved.append(dst)
-    return moved
+    return [publish(f, out_dir / f.name) for f in files]
 
 
 def wheel_tags(wheel: os.PathLike) -> List[str]:
@@ -317,7 +329,8 @@ _SNAPSHOT_IGNORE = shutil.ignore_patterns(
 _SNAPSHOT_SKIP_TOP = {"BUILD", "build", "dist", ".cache", ".whl", ".pytest_cache"}
 
 
-def snapshot_source(source_root: os.PathLike, dest: os.PathLike) -> Path:
+def snapshot_source(source_root: os.PathLike, dest: os.PathLike,
+                    exclude: Sequence[os.PathLike] = ()) -> Path:
     """Copy the source tree to ``dest``: in a git work tree, the tracked and the
     untracked-but-not-ignored files (what a fresh clone plus work in progress
     has); otherwise everything but caches and build outputs. Builds then never
@@ -332,7 +345,13 @@ def snapshot_source(source_root: os.PathLike, dest: os.PathLike) -> Path:
         if proc.returncode == 0:
             files = [f for f in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if f]
     if files is None:
-        shutil.copytree(src, dst, ignore=_SNAPSHOT_IGNORE, symlinks=True)
+        skip = {Path(p).resolve() for p in (*exclude, dst)}
+
+        def ignore(directory, names):
+            ignored = set(_SNAPSHOT_IGNORE(directory, names))
+            return ignored | {n for n in names if (Path(directory) / n).resolve() in skip}
+
+        shutil.copytree(src, dst, ignore=ignore, symlinks=True)
         return dst
     dst.mkdir(parents=True, exist_ok=True)
     for rel in files:
@@ -423,16 +442,18 @@ class RuntimeBuild:
 
 
 def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
-                        version: Optional[str] = None, archs: Sequence[str] = ()) -> RuntimeBuild:
+                        version: Optional[str] = None, archs: Sequence[str] = (),
+                        exclude: Sequence[os.PathLike] = ()) -> RuntimeBuild:
     """Build the runtime sdist + wheel in ``work_dir`` and repair the wheel.
 
     ``version``: the version to stamp (``X.Y.Z`` or ``X.Y.Z+rocmA.B``); default:
-    ``_version.py``'s. Returns paths inside ``work_dir``.
+    ``_version.py``'s. ``exclude``: directories inside the source tree not to
+    copy (output directories). Returns paths inside ``work_dir``.
     """
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     base_version = read_version(source_root)
-    snap = snapshot_source(source_root, work / "src")
+    snap = snapshot_source(source_root, work / "src", exclude)
     if not (snap / "README.md").is_file():
         raise PackagingError(f"{Path(source_root) / 'README.md'} is missing: it is the runtime "
                              "wheel's long description (readme = README.md)")
@@ -612,10 +633,12 @@ def build_wheels(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: o
     t = timings if timings is not None else {}
 
     out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".partial-wheels-", dir=out))
+    # Scratch outside out_dir (which may sit inside the source tree being copied).
+    scratch = Path(tempfile.mkdtemp(prefix="aotriton-wheels-"))
     try:
         t0 = time.perf_counter()
-        rt = build_runtime_wheel(root, scratch / "runtime", wversion, [i.arch for i in inputs])
+        rt = build_runtime_wheel(root, scratch / "runtime", wversion, [i.arch for i in inputs],
+                                 exclude=[out])
         t["runtime_wheel"] = time.perf_counter() - t0
         verdict = " ".join(rt.auditwheel_show.split())
         _log(f"runtime: {rt.wheel.name} ({t['runtime_wheel']:.1f}s); auditwheel show: {verdict}")
