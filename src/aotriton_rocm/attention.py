@@ -20,6 +20,8 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 # y and z grid dimensions are limited to 65535 on both CUDA and HIP.
 MAX_GRID_Y = 65535
 INT32_MAX = 2**31 - 1
+# The largest BLOCK_M / BLOCK_N any config uses.
+MAX_BLOCK = 256
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -55,8 +57,10 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if b * h > MAX_GRID_Y:
         return f"batch*heads = {b * h} exceeds the grid limit {MAX_GRID_Y}"
     for t in (q, k, v):
-        if max(t.stride()) * max(t.shape) > INT32_MAX or t.numel() > INT32_MAX:
-            return "tensors too large for 32-bit strides"
+        # Strides are 32-bit kernel arguments; offsets inside one block of up
+        # to MAX_BLOCK rows are 32-bit too (the kernels offset blocks in 64-bit).
+        if max(t.stride()) > INT32_MAX or t.stride(2) * MAX_BLOCK > INT32_MAX:
+            return "strides too large for the kernels' 32-bit stride arguments"
     backend = backend_for(q.device)
     if backend is None:
         return f"no backend for device {q.device}"
