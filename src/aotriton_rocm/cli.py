@@ -4,7 +4,16 @@ build tooling installed (``aotriton-rocm[build]``), build and package."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+
+
+def _tooling_missing(exc: ImportError):
+    def run(args) -> int:
+        print(f"aotriton-rocm: build tooling unavailable ({exc}); "
+              "install it with: pip install 'aotriton-rocm[build]'", file=sys.stderr)
+        return 2
+    return run
 
 
 def _info(args) -> int:
@@ -45,25 +54,23 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("info", help="version, GPU arch and installed kernel images")
     p.set_defaults(run=_info)
 
-    try:
-        from .tooling.build import add_build_arguments, run_build_command
-        from .tooling.package import add_package_arguments, run_package_command
-    except ImportError as exc:
-        tooling_error = exc
-    else:
-        tooling_error = None
-        p = sub.add_parser("build", help="compile the kernel archives ahead of time")
-        add_build_arguments(p)
-        p.set_defaults(run=run_build_command)
-        p = sub.add_parser("package", help="wheels and conda packages from built archives")
-        add_package_arguments(p)
-        p.set_defaults(run=run_package_command)
+    tooling = {
+        "build": ("compile the kernel archives ahead of time", "build"),
+        "package": ("wheels and conda packages from built archives", "package"),
+        "install-check": ("install the packages into fresh environments and smoke-test them",
+                          "install_check"),
+    }
+    for name, (help_text, module) in tooling.items():
+        p = sub.add_parser(name, help=help_text)
+        try:
+            mod = importlib.import_module(f".tooling.{module}", __package__)
+        except ImportError as exc:  # build tooling (triton, rattler, ...) not installed
+            p.set_defaults(run=_tooling_missing(exc))
+            continue
+        getattr(mod, f"add_{module}_arguments")(p)
+        p.set_defaults(run=getattr(mod, f"run_{module}_command"))
 
     args = parser.parse_args(argv)
-    if tooling_error is not None and args.command in ("build", "package"):
-        print(f"aotriton-rocm: build tooling unavailable ({tooling_error}); "
-              "install it with: pip install 'aotriton-rocm[build]'", file=sys.stderr)
-        return 2
     return args.run(args)
 
 

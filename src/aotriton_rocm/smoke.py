@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import backends, device, images
 from ._version import __version__
-from .archive import Archive, verify_against_manifest
+from .archive import Archive, ArchiveError, verify_against_manifest
 
 # Fudge factors of PyTorch's test_transformers for ROCm's AOTriton flash kernels.
 FUDGE = {"out": 6.0, "dq": 360.0, "dk": 45.0, "dv": 6.0}
@@ -132,7 +132,11 @@ def check_archives(require_arch: str | None) -> list[tuple[str, bool, str]]:
     rows = []
     found = images.find_archives()
     for arch, path in sorted(found.items()):
-        problems = Archive.open(path).verify()
+        try:
+            problems = Archive.open(path).verify()
+        except ArchiveError as exc:
+            rows.append((f"archive {arch}", False, str(exc)))
+            continue
         sidecar = path.with_name(f"{arch}.manifest.json")
         if sidecar.exists():
             problems += verify_against_manifest(path, sidecar)
