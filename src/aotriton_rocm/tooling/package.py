@@ -675,7 +675,7 @@ def find_source_root(start: Optional[os.PathLike] = None) -> Path:
 
 
 def add_package_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--archives", default="BUILD/archives", metavar="DIR",
+    parser.add_argument("--archives", default="build/archives", metavar="DIR",
                         help="where `aotriton-rocm build` wrote <arch>.aotr (default: %(default)s)")
     parser.add_argument("--out", default="dist", metavar="DIR",
                         help="output directory; conda packages go to OUT/conda/<subdir>/ "
