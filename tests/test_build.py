@@ -235,3 +235,16 @@ def test_real_flash_kernels_gfx942(tmp_path):
     (fwd,) = a.find("attn_fwd", dtype="fp16", head_dim=128, causal=True)
     assert fwd.args[-2:] == (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
     assert len(fwd.args) == 21 + 2
+
+
+def test_codegen_env_is_scrubbed(toy_root, tmp_path, monkeypatch):
+    from aotriton_rocm.tooling.compile import scrubbed_env_names
+    env = {"TRITON_DEBUG": "1", "AMDGCN_USE_BUFFER_OPS": "0", "TRITON_PTXAS_PATH": "/x/ptxas",
+           "TRITON_DEFAULT_FP_FUSION": "1", "TRITON_CACHE_DIR": "/c", "MLIR_ENABLE_DUMP": "1", "HOME": "/h"}
+    assert scrubbed_env_names(env) == ["AMDGCN_USE_BUFFER_OPS", "MLIR_ENABLE_DUMP", "TRITON_DEBUG"]
+    # A build under TRITON_KERNEL_DUMP gives the same code objects and records it.
+    monkeypatch.setenv("TRITON_KERNEL_DUMP", "1")
+    monkeypatch.setenv("TRITON_DUMP_DIR", str(tmp_path / "dump"))
+    res = B.build("6.4", ["sm_90"], tmp_path / "out", source_root=toy_root, jobs=1, progress=False)
+    assert res.report["ignored_env"] == ["TRITON_DUMP_DIR", "TRITON_KERNEL_DUMP"]
+    assert not (tmp_path / "dump").exists()

@@ -420,7 +420,7 @@ def _sidecar_bytes(doc: Dict[str, Any]) -> bytes:
 
 def write_archive(path: PathLike, manifest: Mapping[str, Any],
                   kernels: Sequence[Tuple[KernelRecord, bytes]], *,
-                  preset: int = 9) -> Tuple[Dict[str, Any], List[KernelRecord]]:
+                  preset: int = 6) -> Tuple[Dict[str, Any], List[KernelRecord]]:
     """Write ``<arch>.aotr`` atomically (temp file + rename).
 
     ``kernels`` pairs a record (offset/sizes/sha256 are filled here) with its

@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 from .. import _version
 from ..archive import KernelRecord, write_archive, write_manifest_sidecar
 from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
-from .compile import COMPILE_ENV, CompileOutput, CompileTask, compile_variant, validate_output, worker_init
+from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
+                      validate_output, worker_init)
 from .progress import Progress, format_seconds
 from .targets import ArchSpec, TargetError, find_source_root, load_targets
 from .variants import SCRATCH_ARGS, Variant, VariantSpecError, load_variants
@@ -227,6 +228,9 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         n_miss = sum(1 for _, t in items if t.cache_key not in results)
         prog.write(f"{arch}: {len(items)} variants, {len(items) - n_miss} cached, {n_miss} to compile")
 
+    ignored = scrubbed_env_names()
+    if ignored and misses:
+        prog.write(f"note: ignoring {', '.join(ignored)} while compiling (they change code generation)")
     errors: List[str] = []
     n_jobs = max(1, int(jobs) if jobs else _default_jobs())
     if misses:
@@ -290,6 +294,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         "build_inputs_hash": inputs_hash,
         "jobs": n_jobs,
         "kernels_dir": str(kernels_dir),
+        "compile_env": dict(COMPILE_ENV),
+        "ignored_env": scrubbed_env_names(),
         "per_arch": {},
         "errors": errors,
     }

@@ -24,6 +24,7 @@ __all__ = [
     "CompileTask",
     "CompileOutput",
     "worker_init",
+    "scrubbed_env_names",
     "compile_variant",
     "load_kernel_function",
     "parse_amdgcn_stats",
@@ -63,7 +64,31 @@ class CompileOutput:
     seconds: float = 0.0
 
 
+# Environment variables that change what triton/LLVM generate (debug, dumps,
+# kernel overrides, scheduler/buffer-op switches, ptxas options, ...). They are
+# removed in the workers so a build depends on its inputs only; tool and
+# library locations (*_PATH, *_LIBRARY) are kept.
+_SCRUB_PREFIXES = ("TRITON_", "AMDGCN_", "NVPTX_", "MLIR_", "LLVM_", "PTXAS_")
+_SCRUB_NAMES = ("DISABLE_PTXAS_OPT", "USE_IR_LOC")
+_KEEP_SUFFIXES = ("_PATH", "_LIBRARY", "_LIB_PATH")
+
+
+def scrubbed_env_names(environ=None) -> List[str]:
+    """Names of the codegen-affecting variables set in ``environ`` (default os.environ)."""
+    env = os.environ if environ is None else environ
+    out = []
+    for name in env:
+        if name in COMPILE_ENV or name == "TRITON_CACHE_DIR":
+            continue
+        if name.startswith(_SCRUB_PREFIXES) or name in _SCRUB_NAMES:
+            if not name.endswith(_KEEP_SUFFIXES):
+                out.append(name)
+    return sorted(out)
+
+
 def worker_init(triton_cache_dir: str) -> None:
+    for name in scrubbed_env_names():
+        del os.environ[name]
     os.environ["TRITON_CACHE_DIR"] = triton_cache_dir
     os.environ.update(COMPILE_ENV)
 
