@@ -30,7 +30,7 @@ __all__ = [
     "run_smoke",
 ]
 
-DEFAULT_EXTRA_REQUIREMENTS = ("torch==2.13.0", "triton==3.9.0")
+DEFAULT_EXTRA_REQUIREMENTS = ("torch==2.13.0", "triton==3.9.0", "numpy")
 
 # Variables that would make a child interpreter see another environment.
 _LEAKY = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV",
