@@ -63,25 +63,25 @@ def _flops(b, h, s, d, causal):
 def _triton_jit_forward():
     """Our fwd kernel source compiled by the Triton JIT (None without triton)."""
     try:
-        from triton.runtime.jit import JITFunction  # noqa: F401
-
         from aotriton_rocm import kernel_spec
+
+        spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
+        fn = kernel_spec.jit_function(spec.kernels["attn_fwd"])
     except ImportError:
         return None
-    spec = kernel_spec.load()
-    entry = spec["kernels"]["attn_fwd"]
-    fn = kernel_spec.function(spec, "attn_fwd")
+    variants = {(v.functional["head_dim"], v.functional["causal"]): v
+                for v in reversed(spec.variants_for(kernel_spec.INTERPRETER_ARCH))
+                if v.kernel == "attn_fwd" and v.functional["dtype"] == "fp16"}
 
     def forward(q, k, v, causal):
         b, h, s, d = q.shape
-        config = kernel_spec.config_for(entry, family="cuda", head_dim=d)
-        consts = kernel_spec.constexprs_for(entry, config, head_dim=d, causal=causal)
+        variant = variants[(d, causal)]
         o = torch.empty_like(q)
         lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
-        grid = (-(-s // config["BLOCK_M"]), b * h, 1)
+        grid = (-(-s // variant.config["BLOCK_M"]), b * h, 1)
         fn[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                  *o.stride()[:3], h, s, s, attention.default_scale(d),
-                 num_warps=config["num_warps"], num_stages=config["num_stages"], **consts)
+                 **variant.options, **variant.constexprs)
         return o
 
     return forward

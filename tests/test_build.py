@@ -18,7 +18,7 @@ from aotriton_rocm.archive import Archive, verify_against_manifest  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
 from aotriton_rocm.tooling.compile import validate_output  # noqa: E402
 from aotriton_rocm.tooling.targets import TargetError  # noqa: E402
-from aotriton_rocm.tooling.variants import VariantSpecError  # noqa: E402
+from aotriton_rocm.kernel_spec import VariantSpecError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

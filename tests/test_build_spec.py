@@ -10,7 +10,7 @@ import pytest
 
 from aotriton_rocm.tooling.progress import Progress, format_seconds
 from aotriton_rocm.tooling.targets import TargetError, find_source_root, load_targets
-from aotriton_rocm.tooling.variants import VariantSpecError, load_variants, variant_key
+from aotriton_rocm.kernel_spec import VariantSpecError, load_variants, variant_key
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ROOT / "ci" / "targets.toml"

@@ -144,7 +144,12 @@ class AOTBackend(Backend):
 
 
 class InterpreterBackend(Backend):
-    """The kernel sources, run on CPU tensors by Triton's interpreter."""
+    """The kernel sources, run on CPU tensors by Triton's interpreter.
+
+    It serves the variants of the NVIDIA test target (same functional coverage
+    as the archives), with UPCAST_DOT on: the interpreter stores bf16 as raw
+    uint16 and cannot do arithmetic on it.
+    """
 
     name = "interpreter:cpu"
 
@@ -153,28 +158,30 @@ class InterpreterBackend(Backend):
 
         from . import kernel_spec
 
-        self.spec = kernel_spec.load()
-        self._functions = {}
-        for name in KERNELS:
-            jit_fn = kernel_spec.function(self.spec, name)
-            self._functions[name] = InterpretedFunction(jit_fn.fn)
+        spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
+        self._functions = {name: InterpretedFunction(kernel_spec.jit_function(ks).fn)
+                           for name, ks in spec.kernels.items()}
+        self._variants: dict[tuple, object] = {}
+        for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
+            f = v.functional
+            key = _functional_key(v.kernel, f["dtype"], f["head_dim"], f.get("causal"))
+            self._variants.setdefault(key, v)  # the first config is the default
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, causal, work=0):
-        functional = self.spec["kernels"]["attn_fwd"]["functional"]
-        if dtype not in functional["dtype"] or head_dim not in functional["head_dim"]:
-            return (f"the kernels cover dtype in {functional['dtype']} and head_dim in "
-                    f"{functional['head_dim']}, not {dtype}/{head_dim}")
+        needed = (kernel,) if kernel != "attn_fwd" else KERNELS
+        for name in needed:
+            if _functional_key(name, dtype, head_dim, causal) not in self._variants:
+                return (f"the kernels have no {name} variant for dtype={dtype}, "
+                        f"head_dim={head_dim}, causal={causal}")
         if work > INTERPRETER_MAX_WORK:
             return "too large for the CPU interpreter backend"
         return None
 
     def kernel(self, kernel, *, dtype, head_dim, causal=None, seqlen_q=0, seqlen_k=0):
-        from . import kernel_spec
-
-        entry = self.spec["kernels"][kernel]
-        config = kernel_spec.config_for(entry, family="cuda", head_dim=head_dim)
-        constexprs = kernel_spec.constexprs_for(entry, config, head_dim=head_dim, causal=causal,
-                                                upcast_dot=True)
+        variant = self._variants[_functional_key(kernel, dtype, head_dim, causal)]
+        constexprs = dict(variant.constexprs)
+        if "UPCAST_DOT" in constexprs:
+            constexprs["UPCAST_DOT"] = True
         fn = self._functions[kernel]
         counter_key = (self.name, kernel)
 
@@ -182,7 +189,7 @@ class InterpreterBackend(Backend):
             fn[grid](*args, **constexprs)
             _LAUNCHES[counter_key] += 1
 
-        return KernelHandle(config, launch)
+        return KernelHandle(variant.config, launch)
 
 
 @functools.lru_cache(maxsize=None)

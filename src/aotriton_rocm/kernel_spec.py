@@ -1,102 +1,334 @@
-"""Reading kernels/variants.toml: the one description of what each kernel takes.
+"""Load ``kernels/variants.toml`` and enumerate the variants of each kernel per arch.
 
-Used by the build tooling (what to compile) and by the CPU interpreter backend
-(how to call the sources). The GPU runtime never needs it: every archive
-records the argument lists and constexprs of what it holds.
+The one reader of the spec: the build tooling uses it to know what to compile,
+the CPU interpreter backend to know how to call the sources. Standard library
+only; triton is imported only by :func:`jit_function`. (The GPU runtime never
+needs it: every archive records the argument lists and constexprs it holds.)
 """
-
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import ast
 import itertools
-import sys
-from pathlib import Path
-
 try:
     import tomllib
-except ImportError:  # Python 3.10
+except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
+from dataclasses import dataclass, field
+from pathlib import Path
+import importlib
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-FAMILIES = {
-    "cdna": ("gfx908", "gfx90a", "gfx942", "gfx950"),
-    "cuda": ("sm_90",),
-}
+if TYPE_CHECKING:  # any object with .name and .family will do
+    from .tooling.targets import ArchSpec
+
+__all__ = [
+    "INTERPRETER_ARCH",
+    "VariantSpecError",
+    "ConfigSpec",
+    "KernelSpec",
+    "Variant",
+    "VariantSpec",
+    "jit_function",
+    "kernels_dir",
+    "load_variants",
+    "variant_key",
+    "OPTION_KEYS",
+    "SCRATCH_ARGS",
+]
+
+# Config keys passed to triton.compile as options (everything else in a config
+# must be a constexpr of the kernel).
+OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_instr_nonkdim",
+               "kpack", "maxnreg")
+REQUIRED_OPTIONS = ("num_warps", "num_stages")
+CONFIG_META_KEYS = ("archs", "head_dims")
+# functional name -> constexpr name (besides same-name-uppercased).
+FUNCTIONAL_CONSTEXPRS = {"head_dim": "HEAD_DIM", "causal": "IS_CAUSAL"}
+# constexprs with a fixed value in compiled (not interpreted) code.
+FIXED_CONSTEXPRS = {"UPCAST_DOT": False}
+# Triton 3.9 appends these to every compiled kernel's argument list.
+SCRATCH_ARGS = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
+DTYPES = ("fp16", "bf16", "fp32", "fp8e4nv", "fp8e5", "fp8e4b8", "fp8e5b16")
 
 
-def family_of(arch: str) -> str:
-    for family, archs in FAMILIES.items():
-        if arch in archs:
-            return family
-    if arch.startswith(("gfx11", "gfx12")):
-        return "rdna"
-    if arch.startswith("sm_"):
-        return "cuda"
-    raise ValueError(f"unknown arch {arch!r}")
+@dataclass(frozen=True)
+class _Arch:
+    name: str
+    family: str
+
+
+# The CPU interpreter runs the configs of the NVIDIA test target.
+INTERPRETER_ARCH = _Arch(name="interpreter", family="cuda")
+
+
+class VariantSpecError(ValueError):
+    """variants.toml is malformed or disagrees with the kernel sources."""
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    archs: Tuple[str, ...]
+    head_dims: Optional[Tuple[int, ...]]
+    values: Tuple[Tuple[str, Any], ...]  # in TOML order, without archs/head_dims
+
+    def matches(self, arch: ArchSpec, functional: Dict[str, Any]) -> bool:
+        if arch.name not in self.archs and arch.family not in self.archs:
+            return False
+        if self.head_dims is not None and "head_dim" in functional:
+            return functional["head_dim"] in self.head_dims
+        return True
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    module: str  # relative to kernels/, dotted
+    function: str
+    args: Tuple[Tuple[str, str], ...]  # type templates, may contain "{dtype}"
+    constexprs: Tuple[str, ...]
+    divisible_16: Tuple[str, ...]
+    grid: Tuple[str, ...]
+    functional: Tuple[Tuple[str, Tuple[Any, ...]], ...]
+    configs: Tuple[ConfigSpec, ...]
+
+    @property
+    def source_path_parts(self) -> Tuple[str, ...]:
+        parts = self.module.split(".")
+        return tuple(parts[:-1]) + (parts[-1] + ".py",)
+
+    def functional_combinations(self) -> List[Dict[str, Any]]:
+        names = [n for n, _ in self.functional]
+        return [dict(zip(names, vals)) for vals in itertools.product(*(v for _, v in self.functional))]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compile job: a kernel at a functional point with one config, for one arch."""
+
+    key: str
+    kernel: str
+    module: str
+    function: str
+    arch: str
+    functional: Dict[str, Any]
+    config: Dict[str, Any]
+    constexprs: Dict[str, Any]
+    options: Dict[str, Any]
+    args: Tuple[Tuple[str, str], ...]  # resolved types, without the scratch args
+    divisible_16: Tuple[str, ...]
+    grid: Tuple[str, ...]
+
+    def __hash__(self) -> int:
+        return hash((self.arch, self.key))
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def variant_key(kernel: str, functional: Dict[str, Any], config: Dict[str, Any]) -> str:
+    """Stable key: ``attn_fwd|dtype=fp16|head_dim=128|causal=1|BLOCK_M=128,BLOCK_N=64,...``."""
+    parts = [kernel]
+    parts.extend(f"{k}={_fmt(v)}" for k, v in functional.items())
+    parts.append(",".join(f"{k}={_fmt(v)}" for k, v in config.items()))
+    return "|".join(parts)
+
+
+@dataclass
+class VariantSpec:
+    path: Path
+    kernels_dir: Path
+    kernels: Dict[str, KernelSpec]
+    raw_bytes: bytes = field(repr=False, default=b"")
+
+    def variants_for(self, arch: ArchSpec) -> List[Variant]:
+        out: List[Variant] = []
+        seen = set()
+        for ks in self.kernels.values():
+            for func in ks.functional_combinations():
+                for cfg in ks.configs:
+                    if not cfg.matches(arch, func):
+                        continue
+                    v = _make_variant(ks, arch, func, cfg, self.path)
+                    if v.key in seen:
+                        raise VariantSpecError(
+                            f"{self.path}: kernel {ks.name}: two configs give the same variant "
+                            f"{v.key!r} for {arch.name}")
+                    seen.add(v.key)
+                    out.append(v)
+        return out
+
+    def kernels_without_variants(self, arch: ArchSpec) -> List[str]:
+        return [ks.name for ks in self.kernels.values()
+                if not any(c.matches(arch, f) for f in ks.functional_combinations() for c in ks.configs)]
+
+    def check_sources(self) -> Dict[str, List[str]]:
+        """Check each kernel's args/constexprs against its function's parameters.
+
+        Parses the sources (no import): the function must exist, take exactly
+        the spec's args and constexprs, and take the args in the spec's order.
+        Returns kernel name -> the function's parameter names in order.
+        """
+        params_of: Dict[str, List[str]] = {}
+        for ks in self.kernels.values():
+            src = self.kernels_dir.joinpath(*ks.source_path_parts)
+            where = f"{self.path}: kernel {ks.name} ({ks.module}:{ks.function})"
+            try:
+                tree = ast.parse(src.read_bytes(), filename=str(src))
+            except OSError as e:
+                raise VariantSpecError(f"{where}: cannot read {src}: {e.strerror or e}") from None
+            except SyntaxError as e:
+                raise VariantSpecError(f"{where}: {src} does not parse: {e}") from None
+            fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and n.name == ks.function), None)
+            if fn is None:
+                raise VariantSpecError(f"{where}: no top-level function {ks.function!r} in {src}")
+            params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+            spec_args = [n for n, _ in ks.args]
+            missing = [n for n in spec_args + list(ks.constexprs) if n not in params]
+            extra = [n for n in params if n not in spec_args and n not in ks.constexprs]
+            if missing or extra:
+                raise VariantSpecError(
+                    f"{where}: spec and function disagree; in spec only: {missing or 'none'}; "
+                    f"in function only: {extra or 'none'}")
+            order = [n for n in params if n not in ks.constexprs]
+            if order != spec_args:
+                raise VariantSpecError(
+                    f"{where}: the function takes its non-constexpr args in the order {order}, "
+                    f"the spec lists {spec_args}; the compiled ABI follows the function")
+            params_of[ks.name] = params
+        return params_of
+
+
+def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: ConfigSpec,
+                  path: Path) -> Variant:
+    config = dict(cfg.values)
+    where = f"{path}: kernel {ks.name}"
+    constexprs: Dict[str, Any] = {}
+    for c in ks.constexprs:
+        if c in config:
+            constexprs[c] = config[c]
+        elif c in FIXED_CONSTEXPRS:
+            constexprs[c] = FIXED_CONSTEXPRS[c]
+        else:
+            src = next((f for f, cname in FUNCTIONAL_CONSTEXPRS.items() if cname == c and f in func), None)
+            if src is None and c.lower() in func:
+                src = c.lower()
+            if src is None:
+                raise VariantSpecError(f"{where}: no value for constexpr {c} "
+                                       f"(config {variant_key(ks.name, func, config)})")
+            constexprs[c] = func[src]
+    options = {k: config[k] for k in OPTION_KEYS if k in config}
+    dtype = func.get("dtype")
+    args = []
+    for n, t in ks.args:
+        if "{dtype}" in t:
+            if dtype is None:
+                raise VariantSpecError(f"{where}: arg {n} uses {{dtype}} but functional has no dtype")
+            t = t.replace("{dtype}", str(dtype))
+        args.append((n, t))
+    return Variant(key=variant_key(ks.name, func, config), kernel=ks.name, module=ks.module,
+                   function=ks.function, arch=arch.name, functional=dict(func), config=config,
+                   constexprs=constexprs, options=options, args=tuple(args),
+                   divisible_16=ks.divisible_16, grid=ks.grid)
+
+
+def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
+    where = f"{path}: [kernels.{name}]"
+
+    def req(key):
+        if key not in t:
+            raise VariantSpecError(f"{where} lacks {key!r}")
+        return t[key]
+
+    fn = str(req("function"))
+    if ":" not in fn:
+        raise VariantSpecError(f"{where}: function must be 'module:function', got {fn!r}")
+    module, function = fn.split(":", 1)
+    module = module.strip().replace("/", ".")
+    if module.endswith(".py"):
+        module = module[:-3]
+    args = []
+    for a in req("args"):
+        if not (isinstance(a, list) and len(a) == 2):
+            raise VariantSpecError(f"{where}: each arg must be [name, type], got {a!r}")
+        args.append((str(a[0]), str(a[1])))
+    names = [n for n, _ in args]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise VariantSpecError(f"{where}: duplicate args {dup}")
+    constexprs = tuple(str(c) for c in t.get("constexprs", ()))
+    clash = [c for c in constexprs if c in names]
+    if clash:
+        raise VariantSpecError(f"{where}: {clash} listed both as args and constexprs")
+    div = tuple(str(x) for x in t.get("divisible_16", ()))
+    bad = [x for x in div if x not in names]
+    if bad:
+        raise VariantSpecError(f"{where}: divisible_16 names unknown args {bad}")
+    grid = tuple(str(g) for g in req("grid"))
+    if len(grid) != 3:
+        raise VariantSpecError(f"{where}: grid must have 3 expressions, got {len(grid)}")
+    functional = []
+    for k, vals in (t.get("functional") or {}).items():
+        if not isinstance(vals, list) or not vals:
+            raise VariantSpecError(f"{where}: functional.{k} must be a non-empty list")
+        if k == "dtype":
+            badd = [d for d in vals if d not in DTYPES]
+            if badd:
+                raise VariantSpecError(f"{where}: unknown dtype {badd}; known: {', '.join(DTYPES)}")
+        functional.append((str(k), tuple(vals)))
+    configs = []
+    for i, c in enumerate(t.get("configs") or ()):
+        cw = f"{where} configs[{i}]"
+        archs = c.get("archs")
+        if not archs:
+            raise VariantSpecError(f"{cw} lacks 'archs'")
+        hd = c.get("head_dims")
+        values = tuple((k, v) for k, v in c.items() if k not in CONFIG_META_KEYS)
+        for k, v in values:
+            if k not in OPTION_KEYS and k not in constexprs:
+                raise VariantSpecError(
+                    f"{cw}: {k!r} is neither a constexpr of the kernel ({', '.join(constexprs)}) "
+                    f"nor a compile option ({', '.join(OPTION_KEYS)})")
+        for k in REQUIRED_OPTIONS:
+            if k not in c:
+                raise VariantSpecError(f"{cw} lacks {k!r}")
+        configs.append(ConfigSpec(archs=tuple(str(a) for a in archs),
+                                  head_dims=tuple(int(h) for h in hd) if hd is not None else None,
+                                  values=values))
+    if not configs:
+        raise VariantSpecError(f"{where} has no [[kernels.{name}.configs]]")
+    return KernelSpec(name=name, module=module, function=function.strip(), args=tuple(args),
+                      constexprs=constexprs, divisible_16=div, grid=grid,
+                      functional=tuple(functional), configs=tuple(configs))
+
+
+def load_variants(kernels_dir, path=None) -> VariantSpec:
+    """Load ``<kernels_dir>/variants.toml`` (or ``path``)."""
+    kd = Path(kernels_dir)
+    p = Path(path) if path is not None else kd / "variants.toml"
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise VariantSpecError(f"cannot read variant spec {p}: {e.strerror or e}") from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise VariantSpecError(f"{p}: invalid TOML: {e}") from None
+    kernels = {name: _parse_kernel(name, t, p) for name, t in (doc.get("kernels") or {}).items()}
+    if not kernels:
+        raise VariantSpecError(f"{p}: no [kernels.*] defined")
+    return VariantSpec(path=p, kernels_dir=kd, kernels=kernels, raw_bytes=raw)
 
 
 def kernels_dir() -> Path:
-    """The installed kernel sources (package aotriton_rocm._kernels)."""
+    """The installed kernel sources (package ``aotriton_rocm._kernels``)."""
     return Path(importlib.import_module("aotriton_rocm._kernels").__path__[0])
 
 
-def load(directory: Path | None = None) -> dict:
-    path = (directory or kernels_dir()) / "variants.toml"
-    with open(path, "rb") as f:
-        return tomllib.load(f)
-
-
-def function(spec: dict, kernel: str, directory: Path | None = None):
-    """The @triton.jit function a spec entry names (imports triton)."""
-    module_name, fn_name = spec["kernels"][kernel]["function"].split(":")
-    if directory is None:
-        module = importlib.import_module(f"aotriton_rocm._kernels.{module_name}")
-    else:
-        qualified = f"_aotriton_rocm_kernels_{abs(hash(str(directory)))}_{module_name}"
-        module = sys.modules.get(qualified)
-        if module is None:
-            file_spec = importlib.util.spec_from_file_location(qualified,
-                                                               directory / f"{module_name}.py")
-            module = importlib.util.module_from_spec(file_spec)
-            sys.modules[qualified] = module
-            file_spec.loader.exec_module(module)
-    return getattr(module, fn_name)
-
-
-def configs_for(entry: dict, *, family: str, head_dim: int | None = None) -> list[dict]:
-    """Tuning configs of one kernel that apply to an arch family (and head dim)."""
-    found = []
-    for config in entry.get("configs", []):
-        if family not in config["archs"]:
-            continue
-        dims = config.get("head_dims")
-        if dims is not None and head_dim is not None and head_dim not in dims:
-            continue
-        found.append({k: v for k, v in config.items() if k not in ("archs", "head_dims")})
-    return found
-
-
-def config_for(entry: dict, *, family: str, head_dim: int | None = None) -> dict:
-    configs = configs_for(entry, family=family, head_dim=head_dim)
-    if not configs:
-        raise LookupError(f"no tuning config for family {family!r}, head_dim {head_dim}")
-    return configs[0]
-
-
-def constexprs_for(entry: dict, config: dict, *, head_dim: int, causal: bool | None,
-                   upcast_dot: bool = False) -> dict:
-    """Values of every constexpr of a kernel for one functional key and config."""
-    values = {"HEAD_DIM": int(head_dim), "IS_CAUSAL": bool(causal),
-              "UPCAST_DOT": bool(upcast_dot)}
-    values.update({k: v for k, v in config.items() if k.isupper()})
-    missing = [c for c in entry["constexprs"] if c not in values]
-    if missing:
-        raise KeyError(f"no value for constexprs {missing}")
-    return {c: values[c] for c in entry["constexprs"]}
-
-
-def functional_keys(entry: dict) -> list[dict]:
-    """Every combination of the kernel's functional values."""
-    names = sorted(entry["functional"])
-    return [dict(zip(names, combo))
-            for combo in itertools.product(*(entry["functional"][n] for n in names))]
+def jit_function(kernel: KernelSpec):
+    """The installed ``@triton.jit`` function of a kernel (imports triton)."""
+    module = importlib.import_module(f"aotriton_rocm._kernels.{kernel.module}")
+    return getattr(module, kernel.function)

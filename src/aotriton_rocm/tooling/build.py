@@ -40,7 +40,7 @@ from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, 
                       validate_output, worker_init)
 from .progress import Progress, format_seconds
 from .targets import ArchSpec, TargetError, find_source_root, load_targets
-from .variants import SCRATCH_ARGS, Variant, VariantSpecError, load_variants
+from ..kernel_spec import SCRATCH_ARGS, Variant, VariantSpecError, load_variants
 
 __all__ = [
     "BuildError",
