@@ -40,16 +40,17 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         return "return_debug_mask is not supported yet"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "query/key/value must be 4-D (batch, heads, seqlen, head_dim)"
-    if not (q.dtype == k.dtype == v.dtype):
+    dtype = q.dtype
+    if k.dtype != dtype or v.dtype != dtype:
         return "query, key and value must share a dtype"
-    if q.dtype not in DTYPE_NAMES:
-        return f"dtype {q.dtype} is not covered (fp16 and bf16 are)"
-    if not (q.device == k.device == v.device):
+    if dtype not in DTYPE_NAMES:
+        return f"dtype {dtype} is not covered (fp16 and bf16 are)"
+    if k.device != q.device or v.device != q.device:
         return "query, key and value must be on one device"
     b, h, sq, d = q.shape
-    if k.shape != v.shape or k.shape[0] != b or k.shape[1] != h or k.shape[3] != d:
+    kb, kh, sk, kd = k.shape
+    if k.shape != v.shape or kb != b or kh != h or kd != d:
         return "key/value shapes must match query in batch, heads and head_dim (no GQA yet)"
-    sk = k.shape[2]
     if is_causal and sq != sk:
         return "causal attention with seqlen_q != seqlen_k is not supported yet"
     if b * h == 0 or sq == 0 or sk == 0:
@@ -61,10 +62,10 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         # to MAX_BLOCK rows are 32-bit too (the kernels offset blocks in 64-bit).
         if max(t.stride()) > INT32_MAX or t.stride(2) * MAX_BLOCK > INT32_MAX:
             return "strides too large for the kernels' 32-bit stride arguments"
-    backend = backend_for(q.device)
+    backend = backend_for(q)
     if backend is None:
         return f"no backend for device {q.device}"
-    return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
+    return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[dtype], head_dim=d,
                                       causal=bool(is_causal), work=b * h * sq * sk * d)
 
 
@@ -108,7 +109,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
 
     The caller has checked :func:`unsupported_reason`.
     """
-    backend: Backend = backend_for(q.device)
+    backend: Backend = backend_for(q)
     b, h, sq, d = q.shape
     sk = k.shape[2]
     sm_scale = default_scale(d) if scale is None else float(scale)
@@ -135,7 +136,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
              grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (written into ``grads`` if given, else like q, k, v)."""
-    backend: Backend = backend_for(q.device)
+    backend: Backend = backend_for(q)
     b, h, sq, d = q.shape
     sk = k.shape[2]
     sm_scale = default_scale(d) if scale is None else float(scale)

@@ -121,8 +121,10 @@ class AOTBackend(Backend):
         compiled = Kernel(backend, self.archive.code_object(rec), rec.symbol, rec.num_warps,
                           rec.warp_size, rec.shared, [t for _, t in rec.args])
         names = [n for n, _ in rec.args]
-        divisible = [names.index(n) for n in rec.divisible_16]
-        pointer = [t.startswith("*") for _, t in rec.args]
+        # Positions of tensor arguments (the trailing scratch pointers are the
+        # launcher's) and of arguments compiled as divisible by 16.
+        tensors = tuple(i for i, (_, t) in enumerate(rec.args[:-2]) if t.startswith("*"))
+        divisible = tuple(names.index(n) for n in rec.divisible_16)
         counter_key = (self.name, rec.kernel)
         index = self.device_index
         raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -131,11 +133,12 @@ class AOTBackend(Backend):
                 return torch.cuda.current_stream(i).cuda_stream
 
         def launch(grid, device, args):
-            values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+            values = list(args)
+            for i in tensors:
+                values[i] = values[i].data_ptr()
             for i in divisible:
-                if values[i] % 16:
-                    what = "address" if pointer[i] else "value"
-                    raise ValueError(f"{rec.kernel}: argument {names[i]} {what} {values[i]} breaks "
+                if values[i] & 15:
+                    raise ValueError(f"{rec.kernel}: argument {names[i]} = {values[i]} breaks "
                                      "the divisible-by-16 assumption it was compiled with")
             compiled.launch(grid, raw_stream(index), index, *values)
             _LAUNCHES[counter_key] += 1
@@ -205,11 +208,11 @@ def _interpreter_backend() -> InterpreterBackend | None:
         return None
 
 
-def backend_for(device: torch.device) -> Backend | None:
-    if device.type == "cuda":
-        return _aot_backend(device.index if device.index is not None
-                            else torch.cuda.current_device())
-    if device.type == "cpu":
+def backend_for(t: torch.Tensor) -> Backend | None:
+    """The backend that runs kernels on the tensor's device."""
+    if t.is_cuda:
+        return _aot_backend(t.get_device())
+    if t.device.type == "cpu":
         return _interpreter_backend()
     return None
 

@@ -42,12 +42,14 @@ def _warn_fallback(op: str, reason: str) -> None:
 
 
 def _rng_outputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # The shapes and dtypes torch's meta kernel gives this build (no dropout, so zeros).
+    # The shapes and dtypes torch's meta kernel gives this build. Without
+    # dropout nothing reads them, so they are left unfilled (a fill would cost
+    # a kernel launch per call).
     if torch.version.hip:
-        return (torch.zeros((), dtype=torch.int64, device=device),
-                torch.zeros((), dtype=torch.int64, device=device))
-    return (torch.zeros((2,), dtype=torch.uint64, device=device),
-            torch.zeros((), dtype=torch.uint64, device=device))
+        return (torch.empty((), dtype=torch.int64, device=device),
+                torch.empty((), dtype=torch.int64, device=device))
+    return (torch.empty((2,), dtype=torch.uint64, device=device),
+            torch.empty((), dtype=torch.uint64, device=device))
 
 
 class _Overrides:
