@@ -52,7 +52,9 @@ def check_conda(dist: Path, work: Path) -> bool:
         return False
     prefix = work / "conda-prefix"
     shutil.rmtree(prefix, ignore_errors=True)
-    specs = ["aotriton-rocm"] + [f"aotriton-rocm-{a}" for a in _image_archs(dist)]
+    # One runtime build per Python minor: take the one for the Python that runs it.
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    specs = [f"aotriton-rocm * {py}_*"] + [f"aotriton-rocm-{a}" for a in _image_archs(dist)]
     print(f"[install-check] fresh conda prefix {prefix}: {' '.join(specs)}", flush=True)
     install_conda(channel, specs, prefix)
     python, env = python_for_conda_prefix(prefix)
