@@ -200,12 +200,24 @@ def _aot_backend(index: int) -> AOTBackend:
     return AOTBackend(index)
 
 
+class UnavailableBackend(Backend):
+    """Stands in for a backend that cannot run here, and says why."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+    def unsupported_reason(self, kernel, *, dtype, head_dim, causal, work=0):
+        return self.reason
+
+
 @functools.lru_cache(maxsize=1)
-def _interpreter_backend() -> InterpreterBackend | None:
+def _interpreter_backend() -> Backend:
     try:
         return InterpreterBackend()
-    except ImportError:
-        return None
+    except ImportError as exc:
+        return UnavailableBackend(
+            "interpreter:cpu", f"the CPU backend needs triton and numpy ({exc}): "
+                               "pip install 'aotriton-rocm[cpu]'")
 
 
 def backend_for(t: torch.Tensor) -> Backend | None:
