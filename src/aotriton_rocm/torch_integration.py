@@ -69,7 +69,11 @@ class _Overrides:
             self._orig[op] = torch.library.get_kernel(op, key)
         except RuntimeError:
             return  # this torch build has no kernel there (a CPU-only build's CUDA key)
-        self._lib.impl(op.split("::")[1], fn, key, with_keyset=True)
+        with warnings.catch_warnings():
+            # Overriding torch's kernel is the point; its one-time warning says so.
+            warnings.filterwarnings("ignore",
+                                    message="(?s).*Overriding a previously registered kernel")
+            self._lib.impl(op.split("::")[1], fn, key, with_keyset=True)
 
     def remove(self) -> None:
         if self._lib is not None:
