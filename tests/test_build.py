@@ -201,6 +201,10 @@ def test_bad_requests_fail_before_compiling(toy_root, tmp_path):
         B.build("6.4", ["gfx950"], tmp_path / "o", source_root=toy_root)
     with pytest.raises(VariantSpecError, match="no config matches gfx1100"):
         B.build("6.4", ["gfx1100"], tmp_path / "o", source_root=toy_root)
+    with pytest.raises(TargetError, match="unknown ROCm profile '5.7'; valid profiles: 6.2, .*7.2"):
+        B.build("5.7", ["gfx942"], tmp_path / "o", source_root=toy_root)
+    with pytest.raises(TargetError, match="rdna4 .*not supported by ROCm profile 6.3"):
+        B.build("6.3", ["gfx942,rdna4"], tmp_path / "o", source_root=toy_root)
     assert not (tmp_path / "o" / "archives").exists()
 
 

@@ -89,6 +89,62 @@ def test_malformed_targets(tmp_path):
         load_targets(tmp_path / "nope.toml")
 
 
+def test_profile_matrix_data(targets):
+    assert list(targets.profiles) == ["6.2", "6.3", "6.4", "7.0", "7.1", "7.2"]
+    assert targets.default_profile == "6.4"
+    assert targets.default_archs == ("gfx908", "gfx90a", "gfx942", "sm_90")
+    for name, prof in targets.profiles.items():
+        major = name.split(".")[0]
+        assert prof.hip_soname == f"libamdhip64.so.{major}"
+        assert prof.code_object_version == 5
+        assert "gfx908" in prof.archs and "gfx942" in prof.archs
+        assert ("gfx950" in prof.archs) == (major == "7")
+    known = {"gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1150",
+             "gfx1151", "gfx1200", "gfx1201"}
+    assert set(targets.arch_sets["all"]) == known
+    assert targets.arch_sets["cdna3"] == ("gfx942", "gfx950")
+    # e_flags machine values as data (hex in the TOML)
+    assert targets.archs["gfx908"].mach == 0x30 and targets.archs["gfx942"].mach == 0x4c
+    assert targets.archs["gfx90a"].vgpr_mode == "unified" and targets.archs["gfx908"].vgpr_mode == "split"
+    assert all(targets.archs[a].mach for a in known)
+
+
+def test_named_sets_follow_the_profile(targets):
+    def names(profile, req):
+        return [a.name for a in targets.resolve(profile, [req])[1]]
+    assert names("6.4", "cdna3") == ["gfx942"]
+    assert names("7.0", "cdna3") == ["gfx942", "gfx950"]
+    assert names("7.2", "rdna3") == ["gfx1100", "gfx1101", "gfx1150", "gfx1151"]
+    assert names("7.1", "rdna4,cdna1") == ["gfx1200", "gfx1201", "gfx908"]
+    assert names("6.4", "all") == list(targets.profiles["6.4"].archs)
+    assert names("7.2", "ALL") == list(targets.profiles["7.2"].archs)
+    with pytest.raises(TargetError) as ei:
+        targets.resolve("6.2", ["rdna4"])
+    msg = str(ei.value)
+    assert "rdna4" in msg and "not supported by ROCm profile 6.2" in msg
+    assert "gfx1100" in msg and "profiles that support it: 6.4, 7.0, 7.1, 7.2" in msg
+    with pytest.raises(TargetError) as ei:
+        targets.resolve("7.2", ["cdna5"])
+    assert "unknown arch cdna5" in str(ei.value) and "cdna3" in str(ei.value) and "rdna4" in str(ei.value)
+    with pytest.raises(TargetError, match="gfx1151 not supported by ROCm profile 7.0.*7.1, 7.2"):
+        targets.resolve("7.0", ["gfx1151"])
+
+
+def test_bad_arch_sets_in_file(tmp_path):
+    head = ('[archs]\ngfx942 = { backend = "hip", warp_size = 64, family = "cdna" }\n'
+            '[profiles."6.4"]\narchs = ["gfx942"]\n')
+    p = tmp_path / "t.toml"
+    p.write_text(head + '[arch_sets]\ncdna3 = ["gfx942", "gfx950"]\n')
+    with pytest.raises(TargetError, match="arch set cdna3 lists archs not in .archs.: gfx950; valid archs: gfx942"):
+        load_targets(p)
+    p.write_text(head + '[arch_sets]\ngfx942 = ["gfx942"]\n')
+    with pytest.raises(TargetError, match="clashes"):
+        load_targets(p)
+    p.write_text(head.replace('family = "cdna"', 'family = "cdna", vgpr_mode = "weird"'))
+    with pytest.raises(TargetError, match="vgpr_mode"):
+        load_targets(p)
+
+
 def test_find_source_root(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT / "kernels")
     assert find_source_root() == ROOT

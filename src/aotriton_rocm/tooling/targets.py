@@ -39,6 +39,14 @@ class ArchSpec:
     family: str  # "cdna" | "rdna" | "cuda"
     lds_bytes: Optional[int] = None  # hip: LDS per workgroup
     capability: Optional[int] = None  # cuda: compute capability, e.g. 90
+    # hip: ELF e_flags EF_AMDGPU_MACH value and the register budget of the
+    # static occupancy estimate (see ci/targets.toml and codeobject.py).
+    mach: Optional[int] = None
+    vgpr_file: Optional[int] = None
+    vgpr_mode: Optional[str] = None  # "unified" | "split" | "vgpr"
+    vgpr_granule: Optional[int] = None
+    max_waves: Optional[int] = None
+    simds_per_cu: Optional[int] = None
 
     def gpu_target_args(self) -> Tuple[str, Any, int]:
         """Arguments for ``triton.backends.compiler.GPUTarget``."""
@@ -72,6 +80,8 @@ class Targets:
     default_profile: str
     default_archs: Tuple[str, ...]
     raw_bytes: bytes = field(repr=False, default=b"")
+    # Named arch sets ([arch_sets] in the targets file), in file order.
+    arch_sets: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
 
     # -- resolution ------------------------------------------------------
     def profile(self, name: Optional[str]) -> Profile:
@@ -93,6 +103,14 @@ class Targets:
             fams.setdefault(a.family, []).append(a.name)
         return fams
 
+    def named_sets(self) -> Dict[str, List[str]]:
+        """Every set name --arch accepts: the [arch_sets] of the targets file,
+        then each family not already a set ("cdna", "rdna", "cuda")."""
+        sets = {k.lower(): list(v) for k, v in self.arch_sets.items()}
+        for fam, names in self.families().items():
+            sets.setdefault(fam.lower(), names)
+        return sets
+
     def valid_archs(self, profile: Profile) -> List[str]:
         extra = [a.name for a in self.archs.values()
                  if a.backend in ANY_PROFILE_BACKENDS and a.name not in profile.archs]
@@ -102,10 +120,11 @@ class Targets:
         """Validate a profile and an arch request; returns (profile, [ArchSpec]).
 
         ``archs`` items may be comma-separated strings; each token is an arch
-        name, a family ("cdna", "rdna", "cuda": the profile's archs of that
-        family), "default" (targets.toml default_archs) or "all" (every arch
-        of the profile). None or empty means "default". Unknown archs, and
-        archs the profile does not support, fail at once.
+        name, a named set from ``[arch_sets]`` or a family ("cdna3", "rdna4",
+        "cdna", ...: the profile's archs of that set), "default" (targets.toml
+        default_archs) or "all" (every arch of the profile, unless the file
+        defines its own "all" set). None or empty means "default". Unknown
+        archs, and archs the profile does not support, fail at once.
         """
         prof = self.profile(profile)
         tokens: List[str] = []
@@ -114,7 +133,7 @@ class Targets:
         if not tokens:
             tokens = ["default"]
         valid = self.valid_archs(prof)
-        fams = self.families()
+        fams = self.named_sets()
         out: List[str] = []
         unknown: List[str] = []
         unsupported: List[str] = []
@@ -124,12 +143,12 @@ class Targets:
                 low = "sm_90"
             if low == "default":
                 names = list(self.default_archs)
-            elif low == "all":
+            elif low == "all" and "all" not in fams:
                 names = list(prof.archs)
             elif low in fams and low not in self.archs:
                 names = [a for a in fams[low] if a in valid]
                 if not names:
-                    unsupported.append(f"{t} (no {low} arch in profile {prof.name})")
+                    unsupported.append(f"{t} (none of {', '.join(fams[low])} is in profile {prof.name})")
                     continue
             elif low in self.archs:
                 names = [low]
@@ -144,10 +163,15 @@ class Targets:
         if unknown:
             raise TargetError(
                 f"unknown arch {', '.join(unknown)}; valid archs for ROCm {prof.name}: "
-                f"{', '.join(valid)} (or a family: {', '.join(sorted(fams))}; 'default'; 'all')")
+                f"{', '.join(valid)} (or a set: {', '.join(n for n in fams if n != 'all')}; "
+                f"'default'; 'all')")
         if unsupported:
+            def supports(p: Profile, u: str) -> bool:
+                name = u.split(" ")[0].lower()
+                members = fams.get(name, [name]) if name not in self.archs else [name]
+                return any(m in self.valid_archs(p) for m in members)
             others = [p.name for p in self.profiles.values()
-                      if all(u.split(' ')[0] in self.valid_archs(p) for u in unsupported)]
+                      if all(supports(p, u) for u in unsupported)]
             hint = f"; profiles that support it: {', '.join(others)}" if others else ""
             raise TargetError(
                 f"arch {', '.join(unsupported)} not supported by ROCm profile {prof.name}; "
@@ -179,11 +203,19 @@ def load_targets(path) -> Targets:
             raise TargetError(f"{p}: [archs.{name}] backend must be 'hip' or 'cuda', not {backend!r}")
         if backend == "cuda" and "capability" not in t:
             raise TargetError(f"{p}: [archs.{name}] (cuda) lacks 'capability'")
+        vmode = t.get("vgpr_mode")
+        if vmode is not None and vmode not in ("unified", "split", "vgpr"):
+            raise TargetError(f"{p}: [archs.{name}] vgpr_mode must be 'unified', 'split' or 'vgpr', "
+                              f"not {vmode!r}")
+
+        def opt_int(key: str) -> Optional[int]:
+            return int(t[key]) if key in t else None
         archs[name] = ArchSpec(
             name=name, backend=backend, warp_size=int(_req(t, "warp_size", f"[archs.{name}]", p)),
             family=str(_req(t, "family", f"[archs.{name}]", p)),
-            lds_bytes=int(t["lds_bytes"]) if "lds_bytes" in t else None,
-            capability=int(t["capability"]) if "capability" in t else None)
+            lds_bytes=opt_int("lds_bytes"), capability=opt_int("capability"), mach=opt_int("mach"),
+            vgpr_file=opt_int("vgpr_file"), vgpr_mode=vmode, vgpr_granule=opt_int("vgpr_granule"),
+            max_waves=opt_int("max_waves"), simds_per_cu=opt_int("simds_per_cu"))
     if not archs:
         raise TargetError(f"{p}: no [archs] defined")
     profiles: Dict[str, Profile] = {}
@@ -203,8 +235,19 @@ def load_targets(path) -> Targets:
     bad = [a for a in default_archs if a not in archs]
     if bad:
         raise TargetError(f"{p}: default_archs lists unknown archs: {', '.join(bad)}")
+    arch_sets: Dict[str, Tuple[str, ...]] = {}
+    for name, members in (doc.get("arch_sets") or {}).items():
+        if not isinstance(members, list) or not members:
+            raise TargetError(f"{p}: [arch_sets] {name} must be a non-empty list of archs")
+        bad = [str(a) for a in members if str(a) not in archs]
+        if bad:
+            raise TargetError(f"{p}: arch set {name} lists archs not in [archs]: {', '.join(bad)}; "
+                              f"valid archs: {', '.join(archs)}")
+        if name.lower() in archs or name.lower() == "default":
+            raise TargetError(f"{p}: arch set name {name!r} clashes with an arch or 'default'")
+        arch_sets[name] = tuple(str(a) for a in members)
     return Targets(path=p, archs=archs, profiles=profiles, default_profile=default_profile,
-                   default_archs=default_archs, raw_bytes=raw)
+                   default_archs=default_archs, raw_bytes=raw, arch_sets=arch_sets)
 
 
 def _is_project_root(d: Path) -> bool:
