@@ -450,6 +450,10 @@ def write_archive(path: PathLike, manifest: Mapping[str, Any],
     man = dict(manifest)
     man["format_version"] = FORMAT_VERSION
     man["blob_sha256"] = blob_hash.hexdigest()
+    # ABI record (docs/ABI.md): format version, ABI line, per-kernel arg-list hashes.
+    from .abi import kernel_abi_section
+
+    man["abi"] = kernel_abi_section(records, FORMAT_VERSION, str(man.get("abi_version", "")))
     missing = [k for k in MANIFEST_KEYS if k not in man]
     if missing:
         raise ValueError(f"manifest lacks {', '.join(missing)}")

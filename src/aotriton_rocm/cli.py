@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         "package": ("wheels and conda packages from built archives", "package"),
         "install-check": ("install the packages into fresh environments and smoke-test them",
                           "install_check"),
+        "abi-check": ("compare the ABI of two releases; refuse a breaking point release",
+                      "abi_check"),
+        "pin": ("requirement and conda spec lines for a torch version", "pin"),
     }
     for name, (help_text, module) in tooling.items():
         p = sub.add_parser(name, help=help_text)

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from . import attention
+from . import attention, torch_compat
 
 IMPL_NAME = "AOTRITON_ROCM"
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
@@ -153,6 +153,7 @@ def _cpu_wanted() -> bool:
 def _register_fn() -> _Overrides:
     # Called by torch's registry on activation; also by enable() without it.
     global _active
+    torch_compat.check_torch(torch.__version__)  # refuse an unsupported torch (clear message)
     if _active is not None:
         _active.remove()
     _active = _Overrides(cpu=_cpu_wanted())
@@ -176,6 +177,7 @@ def enable(cpu_interpreter: bool = False) -> None:
     run by Triton's interpreter (slow: for testing without a GPU).
     """
     global _cpu_requested
+    torch_compat.check_torch(torch.__version__)  # UnsupportedTorchError names what to do
     _cpu_requested = cpu_interpreter
     if has_registry():
         register()

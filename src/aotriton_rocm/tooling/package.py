@@ -62,6 +62,7 @@ __all__ = [
     "resolve_rocm_profile",
     "snapshot_source",
     "build_runtime_wheel",
+    "generate_abi_json",
     "build_image_wheels",
     "build_wheels",
     "twine_check",
@@ -432,6 +433,23 @@ def _ldshared_without_rpath() -> Optional[str]:
 
 # ------------------------------------------------------------------ runtime wheel
 
+def generate_abi_json(tree: os.PathLike) -> Path:
+    """Write ``src/aotriton_rocm/abi.json`` in a source tree (a snapshot): the
+    public API that tree defines (``aotriton_rocm.abi.public_api``), read by
+    importing that tree's package in a subprocess (docs/ABI.md)."""
+    src = Path(tree) / "src"
+    out = src / "aotriton_rocm" / "abi.json"
+    env = _tool_env()
+    env["PYTHONPATH"] = str(src)
+    env["PYTHONNOUSERSITE"] = "1"
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    env.pop("AOTRITON_ROCM_ENABLE", None)
+    _run([sys.executable, "-c", "import sys; from aotriton_rocm.abi import main; "
+          "sys.exit(main(['--write', sys.argv[1]]))", out],
+         "generate abi.json (public API signatures)", cwd=Path(tree), env=env, timeout=600)
+    return out
+
+
 @dataclass
 class RuntimeBuild:
     wheel: Path           # repaired wheel
@@ -462,6 +480,7 @@ def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
             raise PackagingError(f"cannot stamp {version}: the source is {base_version}")
         _set_version_in_snapshot(snap, version)
     _check_pyproject(snap, base_version, archs)
+    generate_abi_json(snap)
 
     env = _tool_env()
     ldshared = _ldshared_without_rpath()
