@@ -473,5 +473,5 @@ def test_package_command_arguments_and_errors(tmp_path, capsys):
     assert "no archive for gfx942" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
     defaults = parser.parse_args([])
-    assert defaults.archives == "BUILD/archives" and defaults.out == "dist"
+    assert defaults.archives == "build/archives" and defaults.out == "dist"
     assert defaults.arch is None and defaults.rocm is None and not defaults.local_version
