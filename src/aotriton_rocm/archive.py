@@ -376,7 +376,8 @@ class Archive:
 
 # -- writing ---------------------------------------------------------------
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """Write a file through ``write(fileobj)`` into a temp file, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
     try:
@@ -468,7 +469,7 @@ def write_archive(path: PathLike, manifest: Mapping[str, Any],
         for b in blobs:
             f.write(b)
 
-    _atomic_write(p, write)
+    atomic_write(p, write)
     return man, records
 
 
@@ -482,7 +483,7 @@ def write_manifest_sidecar(archive_path: PathLike, manifest_path: Optional[PathL
         "archive": {"file": ap.name, "sha256": file_sha256(ap), "size": ap.stat().st_size},
         "kernels": [r.to_dict(with_location=False) for r in a.kernels],
     }
-    _atomic_write(mp, lambda f: f.write(_sidecar_bytes(doc)))
+    atomic_write(mp, lambda f: f.write(_sidecar_bytes(doc)))
     return mp
 
 

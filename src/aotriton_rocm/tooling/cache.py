@@ -14,9 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Tuple
+
+from ..archive import atomic_write
 
 __all__ = ["CACHE_SCHEMA", "CompileCache", "cache_key", "kernel_sources_hash", "atomic_write_bytes"]
 
@@ -26,21 +27,7 @@ CACHE_SCHEMA = 2
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write(path, lambda f: f.write(data))
 
 
 def kernel_sources_hash(kernels_dir) -> str:
