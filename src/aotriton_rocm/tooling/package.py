@@ -66,6 +66,8 @@ __all__ = [
     "build_image_wheels",
     "build_wheels",
     "twine_check",
+    "source_date_epoch",
+    "write_sha256sums",
     "wheel_tags",
     "publish",
     "add_package_arguments",
@@ -275,6 +277,64 @@ def _tool_env() -> Dict[str, str]:
     return env
 
 
+def source_date_epoch(source_root: os.PathLike) -> Optional[str]:
+    """``SOURCE_DATE_EPOCH`` for a build of ``source_root``: the environment's if
+    set, else the committer time of the last commit (``git log -1 --format=%ct``),
+    else None (not a git checkout: builds are then stamped with file times)."""
+    env = os.environ.get("SOURCE_DATE_EPOCH")
+    if env:
+        return env
+    root = Path(source_root)
+    if not (root / ".git").exists() or not shutil.which("git"):
+        return None
+    proc = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%ct"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    value = proc.stdout.strip()
+    return value if proc.returncode == 0 and value.isdigit() else None
+
+
+def _reproducible(env: Dict[str, str], epoch: Optional[str]) -> Dict[str, str]:
+    """Settings that make two builds of one tree byte-identical: zip entry
+    times from ``SOURCE_DATE_EPOCH`` (setuptools' bdist_wheel and auditwheel
+    both honour it; entries are written sorted) and ``-g0`` for the launcher
+    (its DWARF would record the random temporary build directory, and the
+    GNU build-id hashes that in)."""
+    if epoch is not None:
+        env["SOURCE_DATE_EPOCH"] = str(epoch)
+    env["CFLAGS"] = (env.get("CFLAGS", "") + " -g0").strip()
+    return env
+
+
+def sha256sums_path(out_dir: os.PathLike) -> Path:
+    return Path(out_dir) / "SHA256SUMS"
+
+
+def write_sha256sums(out_dir: os.PathLike, files: Iterable[os.PathLike]) -> Path:
+    """Add ``files`` (inside ``out_dir``) to ``out_dir/SHA256SUMS`` (``sha256sum -c``
+    format, paths relative to ``out_dir``, sorted); entries of files no longer
+    there are dropped. Written atomically."""
+    import hashlib
+
+    out = Path(out_dir).resolve()
+    path = sha256sums_path(out)
+    entries: Dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            digest, _, name = line.partition("  ")
+            if name and (out / name).is_file():
+                entries[name] = digest
+    for f in files:
+        f = Path(f).resolve()
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        entries[f.relative_to(out).as_posix()] = h.hexdigest()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("".join(f"{d}  {n}\n" for n, d in sorted(entries.items())), encoding="utf-8")
+    return publish(tmp, path)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -482,7 +542,7 @@ def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
     _check_pyproject(snap, base_version, archs)
     generate_abi_json(snap)
 
-    env = _tool_env()
+    env = _reproducible(_tool_env(), source_date_epoch(source_root))
     ldshared = _ldshared_without_rpath()
     if ldshared:
         env["LDSHARED"] = ldshared
@@ -607,11 +667,16 @@ def build_image_wheels(source_root: os.PathLike, inputs: Sequence[ArchiveInput],
         with warnings.catch_warnings(), DefaultIsolatedEnv() as env:
             # setuptools calls [tool.distutils] (the platform tag) experimental.
             warnings.simplefilter("ignore")
-            first = ProjectBuilder.from_isolated_env(env, projects[0], runner=_quiet_runner)
+            repro = _reproducible({}, source_date_epoch(root))
+
+            def runner(cmd, cwd=None, extra_environ=None):
+                return _quiet_runner(cmd, cwd, {**repro, **(extra_environ or {})})
+
+            first = ProjectBuilder.from_isolated_env(env, projects[0], runner=runner)
             env.install(first.build_system_requires)
             env.install(first.get_requires_for_build("wheel"))
             for proj in projects:
-                builder = ProjectBuilder.from_isolated_env(env, proj, runner=_quiet_runner)
+                builder = ProjectBuilder.from_isolated_env(env, proj, runner=runner)
                 wheels.append(Path(builder.build("wheel", outdir)))
     except PackagingError:
         raise
@@ -673,6 +738,7 @@ def build_wheels(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: o
         t["twine_check"] = time.perf_counter() - t0
 
         final = _move_into(artifacts, out)
+        write_sha256sums(out, final)
         if report is not None:
             report.update({"runtime_tags": rt.tags, "auditwheel_show": rt.auditwheel_show,
                            "version": wversion, "rocm_profile": profile})
@@ -743,6 +809,8 @@ def run_package_command(args: argparse.Namespace) -> int:
     except PackagingError as e:
         print(f"aotriton-rocm package: {e}", file=sys.stderr)
         return 1
+    if made:
+        write_sha256sums(out, made)
     for p in made:
         print(p)
     if report.get("runtime_tags"):
