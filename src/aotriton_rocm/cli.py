@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                           "install_check"),
         "abi-check": ("compare the ABI of two releases; refuse a breaking point release",
                       "abi_check"),
+        "validate": ("statically validate the AMD code objects of kernel archives", "validate"),
         "pin": ("requirement and conda spec lines for a torch version", "pin"),
     }
     for name, (help_text, module) in tooling.items():

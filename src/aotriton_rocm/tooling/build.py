@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from .. import _version
 from ..archive import KernelRecord, write_archive, write_manifest_sidecar
+from ..codeobject import ArchLimits, validate_kernel
 from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
 from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
                       validate_output, worker_init)
@@ -142,7 +143,11 @@ def _task_for(v: Variant, params: List[str], arch: ArchSpec, kernels_dir: Path, 
                        target=target, options=options)
 
 
-def _record(v: Variant, meta: Dict[str, Any]) -> KernelRecord:
+def _record(v: Variant, meta: Dict[str, Any], extra_stats: Optional[Dict[str, Any]] = None) -> KernelRecord:
+    stats = dict(meta.get("stats") or {})
+    if extra_stats and "occupancy" in stats:  # LLVM's figure from the assembly text
+        stats["llvm_occupancy"] = stats["occupancy"]
+    stats.update(extra_stats or {})
     return KernelRecord(
         key=v.key, kernel=v.kernel, functional=dict(v.functional), config=dict(v.config),
         constexprs=dict(v.constexprs), symbol=str(meta["symbol"]), num_warps=int(meta["num_warps"]),
@@ -150,7 +155,32 @@ def _record(v: Variant, meta: Dict[str, Any]) -> KernelRecord:
         global_scratch_size=int(meta["global_scratch_size"]),
         profile_scratch_size=int(meta["profile_scratch_size"]),
         args=tuple(v.args) + SCRATCH_ARGS, divisible_16=tuple(v.divisible_16), grid=tuple(v.grid),
-        stats=dict(meta.get("stats") or {}))
+        stats=stats)
+
+
+def arch_limits_dict(a: ArchSpec) -> Dict[str, Any]:
+    """The limits the code-object validator uses for ``a`` (stored in each
+    AMD archive's manifest so ``aotriton-rocm validate`` needs no checkout)."""
+    return dict(ArchLimits.from_spec(a).__dict__)
+
+
+def _summarize(records: Sequence[KernelRecord]) -> Dict[str, Any]:
+    """Per-arch validator numbers: worst registers, spills, scratch, LDS, occupancy, MFMA."""
+    st = [r.stats or {} for r in records]
+
+    def worst(key: str, fn=max) -> Optional[int]:
+        vals = [int(s[key]) for s in st if s.get(key) is not None]
+        return fn(vals) if vals else None
+    return {
+        "kernels": len(records),
+        "max_vgpr": worst("vgpr_count"), "max_agpr": worst("agpr_count"), "max_sgpr": worst("sgpr_count"),
+        "vgpr_spills": sum(int(s.get("vgpr_spill_count") or 0) for s in st),
+        "sgpr_spills": sum(int(s.get("sgpr_spill_count") or 0) for s in st),
+        "max_scratch": worst("private_segment_fixed_size"), "max_lds": worst("lds_bytes"),
+        "min_occupancy": worst("occupancy", min),
+        "mfma_kernels": sum(1 for s in st if s.get("mfma")),
+        "allowed": sorted({a for s in st for a in (s.get("allowed") or [])}),
+    }
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -273,15 +303,27 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
             except OSError:
                 pass
 
-    # Static validation of every code object (cached ones too).
+    # Static validation of every code object (cached ones too): the compile
+    # metadata, then, for AMD, the ELF + AMDGPU metadata (codeobject.py), whose
+    # numbers go into each record's stats.
+    elf_stats: Dict[Tuple[str, str], Dict[str, Any]] = {}
     for arch_spec in arch_specs:
+        limits = ArchLimits.from_spec(arch_spec) if arch_spec.backend == "hip" else None
         for v, t in plan[arch_spec.name]:
             if t.cache_key not in results:
                 continue
             meta, code = results[t.cache_key]
-            for p in validate_output(meta, code, backend=arch_spec.backend, arch=arch_spec.name,
-                                     max_shared=arch_spec.max_shared_bytes,
-                                     triton_version=_version.TRITON_VERSION):
+            problems = validate_output(meta, code, backend=arch_spec.backend, arch=arch_spec.name,
+                                       max_shared=arch_spec.max_shared_bytes,
+                                       triton_version=_version.TRITON_VERSION)
+            if limits is not None and not any("not an ELF" in p for p in problems):
+                val = validate_kernel(code, _record(v, meta), limits,
+                                      code_object_version=prof.code_object_version)
+                text_scratch = any("scratch memory" in p for p in problems)  # same finding twice
+                problems.extend(p for p in val.problems if not (text_scratch and "scratch memory" in p))
+                elf_stats[(arch_spec.name, v.key)] = dict(val.stats, allowed=val.allowed) \
+                    if val.allowed else val.stats
+            for p in problems:
                 errors.append(f"{arch_spec.name} {v.key}: {p}")
 
     report: Dict[str, Any] = {
@@ -307,7 +349,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         for a in arch_specs:
             t0 = time.monotonic()
             items = plan[a.name]
-            pairs = [(_record(v, results[t.cache_key][0]), results[t.cache_key][1]) for v, t in items]
+            pairs = [(_record(v, results[t.cache_key][0], elf_stats.get((a.name, v.key))),
+                      results[t.cache_key][1]) for v, t in items]
             manifest = {
                 "format_version": None,  # filled by write_archive
                 "package_version": _version.__version__,
@@ -322,6 +365,10 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                 "build_inputs_hash": inputs_hash,
                 "blob_sha256": None,  # filled by write_archive
             }
+            if a.backend == "hip":
+                manifest["code_object_version"] = prof.code_object_version
+                manifest["hip_soname"] = prof.hip_soname
+                manifest["arch_limits"] = arch_limits_dict(a)
             ap = arch_dir / f"{a.name}.aotr"
             write_archive(ap, manifest, pairs)
             mp = write_manifest_sidecar(ap)
@@ -337,6 +384,7 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                 "write_seconds": round(write_s, 3), "archive": str(ap.relative_to(out)),
                 "manifest": str(mp.relative_to(out)), "archive_bytes": ar.archive_bytes,
                 "code_bytes": sum(len(c) for _, c in pairs), "warnings": warnings[a.name],
+                "validation": _summarize([r for r, _ in pairs]) if a.backend == "hip" else None,
             }
     else:
         for a in arch_specs:

@@ -1,0 +1,240 @@
+"""``aotriton-rocm validate ARCHIVE...``: statically validate every AMD code
+object of built kernel archives (see :mod:`aotriton_rocm.codeobject`).
+
+Limits per arch (LDS, register file, e_flags value) and the expected code
+object version come from the archive's manifest (``arch_limits``,
+``code_object_version``, written by ``aotriton-rocm build``); for archives
+that lack them, from ``ci/targets.toml`` (``--targets`` or the checkout).
+NVIDIA archives (cubins) are listed but not validated. Exit status: 0 when
+every kernel passes, 1 on any failure, 2 for unreadable input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, TextIO
+
+from ..archive import Archive, ArchiveError
+from ..codeobject import ArchLimits, validate_kernel
+
+__all__ = ["ArchReport", "validate_archives", "format_table", "draw_chart",
+           "add_validate_arguments", "run_validate_command"]
+
+
+@dataclass
+class ArchReport:
+    arch: str
+    archive: str
+    backend: str
+    profile: str
+    kernels: int = 0
+    archive_bytes: int = 0
+    validated: bool = True
+    max_vgpr: Optional[int] = None
+    max_agpr: Optional[int] = None
+    max_sgpr: Optional[int] = None
+    vgpr_spills: int = 0
+    max_scratch: Optional[int] = None
+    max_lds: Optional[int] = None
+    min_occupancy: Optional[int] = None
+    mfma_kernels: int = 0
+    mfma_known: bool = True
+    failures: List[str] = field(default_factory=list)
+    allowed: List[str] = field(default_factory=list)
+    per_kernel: List[Dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _limits_for(archive: Archive, targets_path: Optional[str]):
+    m = archive.manifest
+    lim = m.get("arch_limits")
+    cov = m.get("code_object_version")
+    if lim:
+        return ArchLimits.from_dict(lim), cov
+    from .targets import TargetError, find_source_root, load_targets
+    try:
+        path = Path(targets_path) if targets_path else find_source_root() / "ci" / "targets.toml"
+        targets = load_targets(path)
+    except TargetError as e:
+        raise ArchiveError(f"{archive.path}: the manifest has no arch_limits (built by an older "
+                           f"aotriton-rocm) and no targets file is available: {e}") from None
+    spec = targets.archs.get(archive.arch)
+    if spec is None:
+        raise ArchiveError(f"{archive.path}: arch {archive.arch} is not in {targets.path}; "
+                           f"valid archs: {', '.join(targets.archs)}")
+    if cov is None:
+        prof = targets.profiles.get(str(m.get("rocm_profile")))
+        cov = prof.code_object_version if prof else None
+    return ArchLimits.from_spec(spec), cov
+
+
+def validate_archives(paths: Sequence[str], targets_path: Optional[str] = None) -> List[ArchReport]:
+    """One :class:`ArchReport` per archive; raises ArchiveError for unreadable ones."""
+    reports = []
+    for p in paths:
+        a = Archive.open(p)
+        m = a.manifest
+        rep = ArchReport(arch=a.arch, archive=str(p), backend=str(m.get("backend", "hip")),
+                         profile=str(m.get("rocm_profile")), kernels=len(a.kernels),
+                         archive_bytes=Path(p).stat().st_size)
+        reports.append(rep)
+        if rep.backend != "hip":
+            rep.validated = False
+            continue
+        limits, cov = _limits_for(a, targets_path)
+        if limits.name != a.arch:
+            rep.failures.append(f"manifest arch_limits are for {limits.name}, the archive is {a.arch}")
+        occs = []
+        for r in a.kernels:
+            try:
+                code = a.code_object(r)
+            except ArchiveError as e:
+                rep.failures.append(f"{r.key}: {e}")
+                continue
+            v = validate_kernel(code, r, limits, code_object_version=cov)
+            s = v.stats
+            rep.failures.extend(f"{r.key}: {msg}" for msg in v.problems)
+            rep.allowed.extend(f"{r.key}: {msg}" for msg in v.allowed)
+            if not s:
+                continue
+            for attr, key in (("max_vgpr", "vgpr_count"), ("max_agpr", "agpr_count"),
+                              ("max_sgpr", "sgpr_count"), ("max_scratch", "private_segment_fixed_size"),
+                              ("max_lds", "lds_bytes")):
+                cur = getattr(rep, attr)
+                setattr(rep, attr, s[key] if cur is None else max(cur, s[key]))
+            rep.vgpr_spills += s["vgpr_spill_count"]
+            occs.append(s["occupancy"])
+            # MFMA use cannot be read from the metadata: it is recorded at build
+            # time from triton's assembly text (stats["mfma"]).
+            mfma = (r.stats or {}).get("mfma")
+            if mfma is None:
+                rep.mfma_known = False
+            elif mfma:
+                rep.mfma_kernels += 1
+            rep.per_kernel.append({"key": r.key, "ok": v.ok, "problems": v.problems,
+                                   "allowed": v.allowed, "mfma": mfma, **s})
+        rep.min_occupancy = min(occs) if occs else None
+    return reports
+
+
+def _cell(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+def format_table(reports: Sequence[ArchReport]) -> str:
+    rows = [("arch", "profile", "kernels", "worst VGPR", "worst AGPR", "worst SGPR", "spills",
+             "scratch", "max LDS", "min occ", "MFMA", "verdict")]
+    for r in reports:
+        if not r.validated:
+            rows.append((r.arch, r.profile, str(r.kernels), "-", "-", "-", "-", "-", "-", "-", "-",
+                         f"not validated ({r.backend})"))
+            continue
+        mfma = f"{r.mfma_kernels}/{r.kernels}" if r.mfma_known else f"{r.mfma_kernels}/{r.kernels}?"
+        verdict = f"FAIL ({len(r.failures)})" if r.failures else "ok"
+        if r.allowed:
+            verdict += f", {len(r.allowed)} allowed"
+        rows.append((r.arch, r.profile, str(r.kernels), _cell(r.max_vgpr), _cell(r.max_agpr),
+                     _cell(r.max_sgpr), str(r.vgpr_spills), _cell(r.max_scratch), _cell(r.max_lds),
+                     _cell(r.min_occupancy), mfma, verdict))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) if i in (0, 1, len(row) - 1) else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    return "\n".join(lines)
+
+
+def draw_chart(reports: Sequence[ArchReport], path: str, build_report: Optional[Dict[str, Any]] = None) -> None:
+    """A PNG bar chart per arch (kernels, worst VGPR, min occupancy, archive MiB)
+    with matplotlib; raises ImportError with an install hint when it is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ImportError("matplotlib is not installed; --chart needs it: pip install matplotlib") from None
+    reps = [r for r in reports if r.validated] or list(reports)
+    archs = [r.arch for r in reps]
+    panels = [("kernels", [r.kernels for r in reps]),
+              ("worst VGPR (per lane)", [r.max_vgpr or 0 for r in reps]),
+              ("min occupancy (waves/SIMD)", [r.min_occupancy or 0 for r in reps]),
+              ("archive size (KiB)", [r.archive_bytes / 1024 for r in reps])]
+    if build_report:
+        secs = [float((build_report.get("per_arch", {}).get(a) or {}).get("seconds", 0)) for a in archs]
+        panels.append(("compile time (s)", secs))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4))
+    for ax, (title, vals) in zip(axes, panels):
+        colors = ["tab:red" if r.failures else "tab:blue" for r in reps]
+        ax.bar(archs, vals, color=colors)
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+        for i, val in enumerate(vals):
+            ax.annotate(f"{val:.0f}" if isinstance(val, float) else str(val), (i, val),
+                        ha="center", va="bottom", fontsize=7)
+    fig.suptitle("aotriton-rocm: per-arch code-object report (red: validation failed)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- CLI wiring -----------------------------------------------------------
+
+def add_validate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("archives", nargs="+", metavar="ARCHIVE", help="kernel archive files (<arch>.aotr)")
+    parser.add_argument("--json", dest="json", default=None, metavar="FILE",
+                        help="write the per-arch and per-kernel results as JSON")
+    parser.add_argument("--chart", dest="chart", default=None, metavar="FILE.png",
+                        help="draw a per-arch bar chart (needs matplotlib)")
+    parser.add_argument("--build-report", dest="build_report", default=None, metavar="FILE",
+                        help="build-report.json to take compile times from for the chart "
+                             "(default: next to the archives' directory, if present)")
+    parser.add_argument("--targets", dest="targets", default=None, metavar="FILE",
+                        help="targets file for archives whose manifest has no arch limits")
+    parser.add_argument("--verbose", "-v", action="store_true", help="list every failure")
+    return parser
+
+
+def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = None) -> int:
+    out = stream or sys.stdout
+    try:
+        reports = validate_archives(args.archives, getattr(args, "targets", None))
+    except (ArchiveError, OSError) as e:
+        print(f"aotriton-rocm validate: error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(reports), file=out)
+    failed = [r for r in reports if r.failures]
+    for r in failed:
+        shown = r.failures if getattr(args, "verbose", False) else r.failures[:10]
+        for f in shown:
+            print(f"FAIL {r.arch} {f}", file=out)
+        if len(r.failures) > len(shown):
+            print(f"... and {len(r.failures) - len(shown)} more for {r.arch} (--verbose)", file=out)
+    for r in reports:
+        for a in r.allowed:
+            print(f"allowed {r.arch} {a}", file=out)
+    n = sum(r.kernels for r in reports if r.validated)
+    print(f"{n} AMD kernels validated in {sum(1 for r in reports if r.validated)} archive(s): "
+          f"{sum(len(r.failures) for r in reports)} failure(s)", file=out)
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
+    if getattr(args, "chart", None):
+        br = None
+        brp = getattr(args, "build_report", None)
+        cand = Path(brp) if brp else Path(args.archives[0]).resolve().parent.parent / "build-report.json"
+        if cand.is_file():
+            try:
+                br = json.loads(cand.read_text())
+            except (OSError, ValueError):
+                br = None
+        try:
+            draw_chart(reports, args.chart, br)
+            print(f"chart: {args.chart}", file=out)
+        except ImportError as e:
+            print(f"aotriton-rocm validate: no chart: {e}", file=sys.stderr)
+            return 1 if failed else 2
+    return 1 if failed else 0
