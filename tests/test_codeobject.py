@@ -274,3 +274,42 @@ def test_validate_command(compiled, tmp_path, capsys):
     assert "FAIL gfx1100 spills: uses" in text and "scratch memory" in text
     assert re.search(r"^gfx1100 .*FAIL \(1\)$", text, re.M)
     assert V.run_validate_command(parser.parse_args([str(tmp_path / "missing.aotr")])) == 2
+
+
+def test_build_table_and_chart(compiled, tmp_path, capsys, monkeypatch):
+    import builtins
+
+    from aotriton_rocm.tooling import validate as V
+    from aotriton_rocm.tooling.build import format_arch_table
+
+    report = {"per_arch": {
+        "gfx942": {"kernels": 2, "compiled": 2, "cached": 0, "archive_bytes": 1234, "seconds": 3.25,
+                   "archive": "archives/gfx942.aotr",
+                   "validation": {"kernels": 2, "max_vgpr": 220, "max_agpr": 0, "max_sgpr": 49,
+                                  "vgpr_spills": 0, "max_scratch": 0, "min_occupancy": 2,
+                                  "mfma_kernels": 1, "allowed": []}},
+        "sm_90": {"kernels": 2, "compiled": 2, "cached": 0, "archive_bytes": 999, "seconds": 1.0,
+                  "archive": "archives/sm_90.aotr", "validation": None}}}
+    table = format_arch_table(report)
+    assert re.search(r"^gfx942\s+2\s+2\s+0\s+1234\s+3\.2\s+220/0/49\s+2\s+0\s+0\s+1/2\s+0\s+archives/gfx942.aotr$",
+                     table, re.M), table
+    assert re.search(r"^sm_90\s+2\s+2\s+0\s+999\s+1\.0\s+-\s+-", table, re.M), table
+
+    rep = V.ArchReport(arch="gfx942", archive="x", backend="hip", profile="6.4", kernels=2,
+                       archive_bytes=2048, max_vgpr=220, min_occupancy=2)
+    real_import = builtins.__import__
+
+    def no_mpl(name, *a, **kw):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *a, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    with pytest.raises(ImportError, match="matplotlib is not installed; --chart needs it: pip install matplotlib"):
+        V.draw_chart([rep], str(tmp_path / "c.png"))
+    monkeypatch.undo()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    V.draw_chart([rep], str(tmp_path / "c.png"), report)
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

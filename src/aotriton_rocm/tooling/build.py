@@ -183,6 +183,29 @@ def _summarize(records: Sequence[KernelRecord]) -> Dict[str, Any]:
     }
 
 
+def format_arch_table(report: Dict[str, Any]) -> str:
+    """The per-arch build table: kernels, compiled/cached, archive bytes,
+    compile seconds, worst register pressure, min occupancy, spills/scratch,
+    allowed exceptions (AMD numbers from the code-object validator)."""
+    def c(v: Any) -> str:
+        return "-" if v is None else str(v)
+    rows = [("arch", "kernels", "compiled", "cached", "bytes", "seconds", "worst VGPR/AGPR/SGPR",
+             "min occ", "spills", "scratch", "MFMA", "allowed", "archive")]
+    for a, r in (report.get("per_arch") or {}).items():
+        val = r.get("validation") or {}
+        regs = (f"{c(val.get('max_vgpr'))}/{c(val.get('max_agpr'))}/{c(val.get('max_sgpr'))}"
+                if val else "-")
+        rows.append((a, str(r.get("kernels")), str(r.get("compiled")), str(r.get("cached")),
+                     str(r.get("archive_bytes")), f"{r.get('seconds', 0):.1f}", regs,
+                     c(val.get("min_occupancy")), c(val.get("vgpr_spills")), c(val.get("max_scratch")),
+                     f"{val['mfma_kernels']}/{val['kernels']}" if val else "-",
+                     str(len(val.get("allowed") or [])) if val else "-", str(r.get("archive", ""))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                                for i, (cell, w) in enumerate(zip(row[:-1], widths))) + "  " + row[-1]
+                      for row in rows)
+
+
 def _write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
@@ -460,14 +483,7 @@ def run_build_command(args: argparse.Namespace) -> int:
         rel = os.path.relpath(p)
         return str(p) if rel.startswith("..") else rel
 
-    rows = [("arch", "kernels", "compiled", "cached", "bytes", "archive")]
-    for a, r in res.per_arch.items():
-        rows.append((a, str(r.kernels), str(r.compiled), str(r.cached), str(r.archive_bytes),
-                     show(r.archive)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row[:-1], widths))]
-        print("  ".join(cells + [row[-1]]))
+    print(format_arch_table(res.report))
     print(f"ROCm {res.profile}: {res.compiled} compiled, {res.cached} cached in "
           f"{format_seconds(res.seconds)}; report: {show(res.report_path)}")
     return 0
