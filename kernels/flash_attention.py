@@ -5,13 +5,40 @@ These sources are compiled ahead of time (``triton.compile``) for AMD CDNA
 Triton's interpreter. ``kernels/variants.toml`` is the contract for the
 argument lists, constexprs, grids and tuning configs.
 
-Layout: Q/K/V/O/DO/DQ/DK/DV are (batch, heads, seqlen, head_dim) tensors
-addressed by (z, h, row) strides; the last-dimension stride is 1. LSE and Delta
-are contiguous fp32 (batch, heads, seqlen_q) tensors.
+Layout: Q/O/DO/DQ are (batch, num_heads, seqlen_q, head_dim) and K/V/DK/DV are
+(batch, num_heads // gqa_group, seqlen_k, head_dim) tensors addressed by
+(z, h, row) strides; the last-dimension stride is 1. LSE and Delta are
+contiguous fp32 (batch, num_heads, seqlen_q) tensors.
 
 Conventions shared by all kernels:
 
-* program id 1 is ``z * num_heads + h``; program id 0 is the row block;
+* program id 1 is ``z * heads + h`` (query heads, except in ``attn_bwd_dkdv``
+  where it is the key/value head); program id 0 is the row block;
+* GQA/MQA: query head ``h`` reads key/value head ``h // gqa_group``
+  (``gqa_group = num_heads // num_heads_k``, 1 without GQA). ``attn_bwd_dkdv``
+  runs one program per key/value head and key block and loops over the
+  ``gqa_group`` query heads that share it, so dK/dV are summed over the group
+  in registers: no atomics, deterministic;
+* head dims: ``BLOCK_D`` (constexpr, a power of two >= 16) is the padded
+  width of every tile along the head dim and ``head_dim`` (runtime) the real
+  one (a multiple of 8). With ``PAD_HEAD`` every load and store is masked
+  with ``d < head_dim``: columns past ``head_dim`` are read as 0 (they add
+  nothing to Q K^T, dP or the row sums) and never written, so no byte outside
+  the caller's tensors is touched. The mask is written
+  ``d < (head_dim // 8) * 8`` so that Triton knows it comes in runs of 8
+  elements and keeps 16-byte vector loads. Without ``PAD_HEAD`` the d axis is
+  unmasked (``head_dim == BLOCK_D``: the fast path). ``attn_bwd_preprocess``
+  is memory-bound and always masks d;
+* causal: key column ``j`` is visible from query row ``i`` iff
+  ``j <= i + causal_shift``. ``causal_shift = seqlen_k - seqlen_q`` is the
+  bottom-right alignment (torch's CUDA flash op, flash-attn),
+  ``causal_shift = 0`` the top-left one (torch's math backend and CPU flash
+  op), and ``causal_shift = seqlen_k`` makes every key visible (non-causal).
+  Causality is a runtime argument, not a compiled variant: the mask is only
+  evaluated in the few blocks that straddle the diagonal or the ragged end,
+  which exist anyway. A row that sees no key (bottom-right with
+  seqlen_q > seqlen_k) gets output 0 and LSE = +inf (as FlashAttention-2),
+  which makes its P exactly 0 in the backward kernels;
 * offsets that grow with the tensor (batch, head, row-block start) are
   computed in int64 on scalars (program ids and strides are cast before they
   are multiplied); the element offsets inside one block (< BLOCK * row stride)
@@ -25,14 +52,12 @@ Conventions shared by all kernels:
 * ``UPCAST_DOT=True`` (CPU interpreter only) converts every dot operand to
   fp32 after that rounding, because the interpreter stores bf16 as raw
   uint16 and cannot multiply it (the interpreter's fp32 dot is exact fp32;
-  compiled code always uses ``UPCAST_DOT=False``);
-* ``IS_CAUSAL`` is the top-left aligned mask ``col <= row`` (only used with
-  seqlen_q == seqlen_k).
+  compiled code always uses ``UPCAST_DOT=False``).
 
 Each K/Q loop is split (with ``tl.static_range`` over "phases", so the loop body
 is written once and specialised at compile time) into blocks that need no
-masking at all and the few blocks on the causal diagonal or at the ragged end of
-the sequence, which are masked.
+masking along the sequence at all and the few blocks on the causal diagonal or
+at the ragged end of the sequence, which are masked.
 
 The kernels deliberately call no other ``@triton.jit`` function (neither local
 helpers nor ``triton.language.standard`` ones such as ``tl.zeros``, ``tl.cdiv``,
@@ -41,7 +66,9 @@ helpers nor ``triton.language.standard`` ones such as ``tl.zeros``, ``tl.cdiv``,
 at import time), and a nested JIT function cannot be called there. Row
 reductions therefore use ``tl.reduce`` with the standard library's combine
 functions, which the interpreter recognises and evaluates with numpy, and which
-is exactly what ``tl.max``/``tl.sum`` lower to for fp32 inputs.
+is exactly what ``tl.max``/``tl.sum`` lower to for fp32 inputs. Integer
+divisions are only applied to non-negative values (compiled code truncates,
+the interpreter floors).
 """
 
 import triton
@@ -58,17 +85,19 @@ def attn_fwd(
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_oz, stride_oh, stride_om,
-    num_heads, seqlen_q, seqlen_k, sm_scale,
-    HEAD_DIM: tl.constexpr,
+    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift, sm_scale,
+    BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    PAD_HEAD: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     off_zh = tl.program_id(1)
     off_z = (off_zh // num_heads).to(tl.int64)
-    off_h = (off_zh % num_heads).to(tl.int64)
+    off_h32 = off_zh % num_heads
+    off_h = off_h32.to(tl.int64)
+    off_hk = (off_h32 // gqa_group).to(tl.int64)
 
     # Scalar int64 base pointers (this head, this query block); the offsets
     # inside one block are small and stay int32.
@@ -77,18 +106,23 @@ def attn_fwd(
         + m_off64 * stride_qm.to(tl.int64)
     o_blk = O + off_z * stride_oz.to(tl.int64) + off_h * stride_oh.to(tl.int64) \
         + m_off64 * stride_om.to(tl.int64)
-    k_base = K + off_z * stride_kz.to(tl.int64) + off_h * stride_kh.to(tl.int64)
-    v_base = V + off_z * stride_vz.to(tl.int64) + off_h * stride_vh.to(tl.int64)
+    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64)
+    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64)
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_m = start_m + offs_m0
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < seqlen_q
+    d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
+    if PAD_HEAD:
+        q_mask = m_valid[:, None] & d_valid[None, :]
+    else:
+        q_mask = m_valid[:, None]
 
-    q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=m_valid[:, None], other=0.0)
+    q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=q_mask, other=0.0)
     if UPCAST_DOT:
         q = q.to(tl.float32)
     k_offs = offs_n[:, None] * stride_kn + offs_d[None, :]
@@ -97,16 +131,13 @@ def attn_fwd(
     qk_scale = sm_scale * LOG2E
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
-    acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
-    # K blocks [0, full_end) need no mask; [full_end, hi) are masked.
+    # K blocks [0, full_end) are visible to every row of this block and need
+    # no mask; [full_end, hi) are masked.
     n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        hi = tl.minimum(start_m + BLOCK_M, seqlen_k)
-        full_end = tl.minimum((start_m // BLOCK_N) * BLOCK_N, n_full)
-    else:
-        hi = seqlen_k
-        full_end = n_full
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + causal_shift, seqlen_k), 0)
+    full_end = tl.minimum((tl.maximum(start_m + causal_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full)
 
     for phase in tl.static_range(2):
         if phase == 0:
@@ -121,28 +152,42 @@ def attn_fwd(
             n_off64 = tl.cast(start_n, tl.int64)
             k_blk = k_base + n_off64 * stride_kn64
             if phase == 0:
-                k = tl.load(k_blk + k_offs)
+                if PAD_HEAD:
+                    kv_mask = d_valid[None, :]
+                    k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
+                else:
+                    k = tl.load(k_blk + k_offs)
             else:
-                k = tl.load(k_blk + k_offs, mask=(cols < seqlen_k)[:, None], other=0.0)
+                kv_mask = (cols < seqlen_k)[:, None]
+                if PAD_HEAD:
+                    kv_mask = kv_mask & d_valid[None, :]
+                k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
             if UPCAST_DOT:
                 k = k.to(tl.float32)
             qk = tl.dot(q, tl.trans(k)) * qk_scale
             if phase == 1:
-                keep = (cols < seqlen_k)[None, :]
-                if IS_CAUSAL:
-                    keep = keep & (cols[None, :] <= offs_m[:, None])
+                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + causal_shift)[:, None])
                 qk = tl.where(keep, qk, float("-inf"))
-            # Every row sees column 0 in its first block, so m_new is finite.
             m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max))
-            p = tl.math.exp2(qk - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
+            if phase == 1:
+                # A row may have seen no key yet (m_new = -inf): shift by 0
+                # instead, so that p = alpha = 0 rather than NaN.
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                # Every row sees column 0 of its first block: m_new is finite.
+                m_use = m_new
+            p = tl.math.exp2(qk - m_use[:, None])
+            alpha = tl.math.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             acc = acc * alpha[:, None]
             v_blk = v_base + n_off64 * stride_vn64
             if phase == 0:
-                v = tl.load(v_blk + v_offs)
+                if PAD_HEAD:
+                    v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
+                else:
+                    v = tl.load(v_blk + v_offs)
             else:
-                v = tl.load(v_blk + v_offs, mask=(cols < seqlen_k)[:, None], other=0.0)
+                v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
             p_lp = p.to(V.dtype.element_ty)
             if UPCAST_DOT:
                 p_lp = p_lp.to(tl.float32)
@@ -150,10 +195,13 @@ def attn_fwd(
             acc = tl.dot(p_lp, v, acc)
             m_i = m_new
 
-    acc = acc * (1.0 / l_i)[:, None]
+    # Rows that see no key: output 0, LSE +inf.
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    acc = acc * (1.0 / l_safe)[:, None]
     tl.store(o_blk + (offs_m0[:, None] * stride_om + offs_d[None, :]), acc.to(O.dtype.element_ty),
-             mask=m_valid[:, None])
-    lse = (m_i + tl.math.log2(l_i)) * LN2
+             mask=q_mask)
     lse_ptrs = LSE + off_zh.to(tl.int64) * seqlen_q + offs_m
     tl.store(lse_ptrs, lse, mask=m_valid)
 
@@ -163,8 +211,8 @@ def attn_bwd_preprocess(
     O, DO, Delta,
     stride_oz, stride_oh, stride_om,
     stride_doz, stride_doh, stride_dom,
-    num_heads, seqlen_q,
-    HEAD_DIM: tl.constexpr,
+    num_heads, seqlen_q, head_dim,
+    BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
@@ -173,8 +221,11 @@ def attn_bwd_preprocess(
     off_h = (off_zh % num_heads).to(tl.int64)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_m = start_m + offs_m0
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < seqlen_q
+    # Memory-bound and run once per backward: always masked along d (the mask
+    # comes in runs of 8 elements, so loads stay 16-byte vectors).
+    mask = m_valid[:, None] & (offs_d < (head_dim // 8) * 8)[None, :]
     m_off64 = tl.cast(start_m, tl.int64)
 
     o_blk = O + off_z * stride_oz.to(tl.int64) + off_h * stride_oh.to(tl.int64) \
@@ -182,9 +233,9 @@ def attn_bwd_preprocess(
     do_blk = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
         + m_off64 * stride_dom.to(tl.int64)
     o = tl.load(o_blk + (offs_m0[:, None] * stride_om + offs_d[None, :]),
-                mask=m_valid[:, None], other=0.0).to(tl.float32)
+                mask=mask, other=0.0).to(tl.float32)
     do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]),
-                 mask=m_valid[:, None], other=0.0).to(tl.float32)
+                 mask=mask, other=0.0).to(tl.float32)
     delta = tl.reduce(o * do, 1, tl.standard._sum_combine)
     tl.store(Delta + off_zh.to(tl.int64) * seqlen_q + offs_m, delta, mask=m_valid)
 
@@ -198,43 +249,48 @@ def attn_bwd_dkdv(
     stride_doz, stride_doh, stride_dom,
     stride_dkz, stride_dkh, stride_dkn,
     stride_dvz, stride_dvh, stride_dvn,
-    num_heads, seqlen_q, seqlen_k, sm_scale,
-    HEAD_DIM: tl.constexpr,
+    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift, sm_scale,
+    BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    PAD_HEAD: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
+    # One program per key block of one key/value head; it loops over the
+    # gqa_group query heads that read this head.
     start_n = tl.program_id(0) * BLOCK_N
-    off_zh = tl.program_id(1)
-    off_z = (off_zh // num_heads).to(tl.int64)
-    off_h = (off_zh % num_heads).to(tl.int64)
+    off_zhk = tl.program_id(1)
+    num_heads_k = num_heads // gqa_group
+    off_z = (off_zhk // num_heads_k).to(tl.int64)
+    off_hk32 = off_zhk % num_heads_k
+    off_hk = off_hk32.to(tl.int64)
 
     # Scalar int64 base pointers; offsets inside one block stay int32.
     n_off64 = tl.cast(start_n, tl.int64)
-    k_blk = K + off_z * stride_kz.to(tl.int64) + off_h * stride_kh.to(tl.int64) \
+    k_blk = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64) \
         + n_off64 * stride_kn.to(tl.int64)
-    v_blk = V + off_z * stride_vz.to(tl.int64) + off_h * stride_vh.to(tl.int64) \
+    v_blk = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64) \
         + n_off64 * stride_vn.to(tl.int64)
-    dk_blk = DK + off_z * stride_dkz.to(tl.int64) + off_h * stride_dkh.to(tl.int64) \
+    dk_blk = DK + off_z * stride_dkz.to(tl.int64) + off_hk * stride_dkh.to(tl.int64) \
         + n_off64 * stride_dkn.to(tl.int64)
-    dv_blk = DV + off_z * stride_dvz.to(tl.int64) + off_h * stride_dvh.to(tl.int64) \
+    dv_blk = DV + off_z * stride_dvz.to(tl.int64) + off_hk * stride_dvh.to(tl.int64) \
         + n_off64 * stride_dvn.to(tl.int64)
-    q_base = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64)
-    do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64)
-    lse_base = LSE + off_zh.to(tl.int64) * seqlen_q
-    delta_base = Delta + off_zh.to(tl.int64) * seqlen_q
     stride_qm64 = stride_qm.to(tl.int64)
     stride_dom64 = stride_dom.to(tl.int64)
 
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_n = start_n + offs_n0
     offs_m0 = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     n_valid = offs_n < seqlen_k
+    d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
+    if PAD_HEAD:
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+    else:
+        kv_mask = n_valid[:, None]
 
-    k = tl.load(k_blk + (offs_n0[:, None] * stride_kn + offs_d[None, :]), mask=n_valid[:, None], other=0.0)
-    v = tl.load(v_blk + (offs_n0[:, None] * stride_vn + offs_d[None, :]), mask=n_valid[:, None], other=0.0)
+    k = tl.load(k_blk + (offs_n0[:, None] * stride_kn + offs_d[None, :]), mask=kv_mask, other=0.0)
+    v = tl.load(v_blk + (offs_n0[:, None] * stride_vn + offs_d[None, :]), mask=kv_mask, other=0.0)
     if UPCAST_DOT:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -242,74 +298,85 @@ def attn_bwd_dkdv(
     do_offs = offs_m0[:, None] * stride_dom + offs_d[None, :]
 
     qk_scale = sm_scale * LOG2E
-    dk = tl.full([BLOCK_N, HEAD_DIM], 0.0, tl.float32)
-    dv = tl.full([BLOCK_N, HEAD_DIM], 0.0, tl.float32)
+    dk = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
+    dv = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
 
     # Q blocks: [lo, mid) straddle the causal diagonal (masked), [mid, m_full)
-    # are complete and fully visible (unmasked), [max(mid, m_full), seqlen_q)
-    # is the ragged tail (masked). Key columns >= seqlen_k only feed rows of
-    # dK/dV that are never stored, so they need no mask.
+    # are complete and see every key of this block (unmasked), [max(mid,
+    # m_full), seqlen_q) is the ragged tail (masked). Rows before lo see none
+    # of these keys. Key columns >= seqlen_k only feed rows of dK/dV that are
+    # never stored, so they need no mask.
     m_full = (seqlen_q // BLOCK_M) * BLOCK_M
-    if IS_CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M
-        mid = ((start_n + BLOCK_N + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-        mid = 0
+    lo = (tl.maximum(start_n - causal_shift, 0) // BLOCK_M) * BLOCK_M
+    mid = ((tl.maximum(start_n + BLOCK_N - causal_shift, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
 
-    for phase in tl.static_range(3):
-        if phase == 0:
-            lo_p = lo
-            hi_p = tl.minimum(mid, seqlen_q)
-        elif phase == 1:
-            lo_p = mid
-            hi_p = m_full
-        else:
-            lo_p = tl.maximum(mid, m_full)
-            hi_p = seqlen_q
-        for start_m in range(lo_p, hi_p, BLOCK_M):
-            start_m = tl.multiple_of(start_m, BLOCK_M)
-            rows = start_m + offs_m0
-            m_off64 = tl.cast(start_m, tl.int64)
-            q_blk = q_base + m_off64 * stride_qm64
-            do_blk = do_base + m_off64 * stride_dom64
-            if phase == 1:
-                q = tl.load(q_blk + q_offs)
-                do = tl.load(do_blk + do_offs)
-                lse = tl.load(lse_base + rows)
-                delta = tl.load(delta_base + rows)
+    for g in range(0, gqa_group):
+        off_zh = off_z * num_heads + off_hk * gqa_group + g
+        off_h = off_hk * gqa_group + g
+        q_base = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64)
+        do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64)
+        lse_base = LSE + off_zh * seqlen_q
+        delta_base = Delta + off_zh * seqlen_q
+        for phase in tl.static_range(3):
+            if phase == 0:
+                lo_p = lo
+                hi_p = tl.minimum(mid, seqlen_q)
+            elif phase == 1:
+                lo_p = mid
+                hi_p = m_full
             else:
-                r_valid = rows < seqlen_q
-                q = tl.load(q_blk + q_offs, mask=r_valid[:, None], other=0.0)
-                do = tl.load(do_blk + do_offs, mask=r_valid[:, None], other=0.0)
-                # lse = +inf makes P exactly 0 on padded query rows.
-                lse = tl.load(lse_base + rows, mask=r_valid, other=float("inf"))
-                delta = tl.load(delta_base + rows, mask=r_valid, other=0.0)
-            if UPCAST_DOT:
-                q = q.to(tl.float32)
-                do = do.to(tl.float32)
-            # Transposed scores: (BLOCK_N, BLOCK_M).
-            qkT = tl.dot(k, tl.trans(q))
-            pT = tl.math.exp2(qkT * qk_scale - (lse * LOG2E)[None, :])
-            if phase != 1:
-                if IS_CAUSAL:
-                    pT = tl.where(rows[None, :] >= offs_n[:, None], pT, 0.0)
-            pT_lp = pT.to(DO.dtype.element_ty)
-            if UPCAST_DOT:
-                pT_lp = pT_lp.to(tl.float32)
-            dv = tl.dot(pT_lp, do, dv)
-            dpT = tl.dot(v, tl.trans(do))
-            dsT = pT * (dpT - delta[None, :])
-            dsT_lp = dsT.to(Q.dtype.element_ty)
-            if UPCAST_DOT:
-                dsT_lp = dsT_lp.to(tl.float32)
-            dk = tl.dot(dsT_lp, q, dk)
+                lo_p = tl.maximum(mid, m_full)
+                hi_p = seqlen_q
+            for start_m in range(lo_p, hi_p, BLOCK_M):
+                start_m = tl.multiple_of(start_m, BLOCK_M)
+                rows = start_m + offs_m0
+                m_off64 = tl.cast(start_m, tl.int64)
+                q_blk = q_base + m_off64 * stride_qm64
+                do_blk = do_base + m_off64 * stride_dom64
+                if phase == 1:
+                    if PAD_HEAD:
+                        q = tl.load(q_blk + q_offs, mask=d_valid[None, :], other=0.0)
+                        do = tl.load(do_blk + do_offs, mask=d_valid[None, :], other=0.0)
+                    else:
+                        q = tl.load(q_blk + q_offs)
+                        do = tl.load(do_blk + do_offs)
+                    lse = tl.load(lse_base + rows)
+                    delta = tl.load(delta_base + rows)
+                else:
+                    r_valid = rows < seqlen_q
+                    if PAD_HEAD:
+                        qd_mask = r_valid[:, None] & d_valid[None, :]
+                    else:
+                        qd_mask = r_valid[:, None]
+                    q = tl.load(q_blk + q_offs, mask=qd_mask, other=0.0)
+                    do = tl.load(do_blk + do_offs, mask=qd_mask, other=0.0)
+                    # lse = +inf makes P exactly 0 on padded query rows.
+                    lse = tl.load(lse_base + rows, mask=r_valid, other=float("inf"))
+                    delta = tl.load(delta_base + rows, mask=r_valid, other=0.0)
+                if UPCAST_DOT:
+                    q = q.to(tl.float32)
+                    do = do.to(tl.float32)
+                # Transposed scores: (BLOCK_N, BLOCK_M).
+                qkT = tl.dot(k, tl.trans(q))
+                pT = tl.math.exp2(qkT * qk_scale - (lse * LOG2E)[None, :])
+                if phase != 1:
+                    pT = tl.where((rows + causal_shift)[None, :] >= offs_n[:, None], pT, 0.0)
+                pT_lp = pT.to(DO.dtype.element_ty)
+                if UPCAST_DOT:
+                    pT_lp = pT_lp.to(tl.float32)
+                dv = tl.dot(pT_lp, do, dv)
+                dpT = tl.dot(v, tl.trans(do))
+                dsT = pT * (dpT - delta[None, :])
+                dsT_lp = dsT.to(Q.dtype.element_ty)
+                if UPCAST_DOT:
+                    dsT_lp = dsT_lp.to(tl.float32)
+                dk = tl.dot(dsT_lp, q, dk)
 
     dk = dk * sm_scale
     tl.store(dk_blk + (offs_n0[:, None] * stride_dkn + offs_d[None, :]), dk.to(DK.dtype.element_ty),
-             mask=n_valid[:, None])
+             mask=kv_mask)
     tl.store(dv_blk + (offs_n0[:, None] * stride_dvn + offs_d[None, :]), dv.to(DV.dtype.element_ty),
-             mask=n_valid[:, None])
+             mask=kv_mask)
 
 
 @triton.jit
@@ -320,17 +387,19 @@ def attn_bwd_dq(
     stride_vz, stride_vh, stride_vn,
     stride_doz, stride_doh, stride_dom,
     stride_dqz, stride_dqh, stride_dqm,
-    num_heads, seqlen_q, seqlen_k, sm_scale,
-    HEAD_DIM: tl.constexpr,
+    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift, sm_scale,
+    BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr,
+    PAD_HEAD: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
     off_zh = tl.program_id(1)
     off_z = (off_zh // num_heads).to(tl.int64)
-    off_h = (off_zh % num_heads).to(tl.int64)
+    off_h32 = off_zh % num_heads
+    off_h = off_h32.to(tl.int64)
+    off_hk = (off_h32 // gqa_group).to(tl.int64)
 
     # Scalar int64 base pointers; offsets inside one block stay int32.
     m_off64 = tl.cast(start_m, tl.int64)
@@ -340,19 +409,24 @@ def attn_bwd_dq(
         + m_off64 * stride_dom.to(tl.int64)
     dq_blk = DQ + off_z * stride_dqz.to(tl.int64) + off_h * stride_dqh.to(tl.int64) \
         + m_off64 * stride_dqm.to(tl.int64)
-    k_base = K + off_z * stride_kz.to(tl.int64) + off_h * stride_kh.to(tl.int64)
-    v_base = V + off_z * stride_vz.to(tl.int64) + off_h * stride_vh.to(tl.int64)
+    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64)
+    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64)
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_m = start_m + offs_m0
     offs_n0 = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < seqlen_q
+    d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
+    if PAD_HEAD:
+        q_mask = m_valid[:, None] & d_valid[None, :]
+    else:
+        q_mask = m_valid[:, None]
 
-    q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=m_valid[:, None], other=0.0)
-    do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]), mask=m_valid[:, None], other=0.0)
+    q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=q_mask, other=0.0)
+    do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]), mask=q_mask, other=0.0)
     lse = tl.load(LSE + off_zh.to(tl.int64) * seqlen_q + offs_m, mask=m_valid, other=0.0)
     delta = tl.load(Delta + off_zh.to(tl.int64) * seqlen_q + offs_m, mask=m_valid, other=0.0)
     if UPCAST_DOT:
@@ -363,18 +437,15 @@ def attn_bwd_dq(
     v_offs = offs_n0[:, None] * stride_vn + offs_d[None, :]
 
     qk_scale = sm_scale * LOG2E
-    dq = tl.full([BLOCK_M, HEAD_DIM], 0.0, tl.float32)
+    dq = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
     # K blocks [0, full_end) need no mask; [full_end, hi) are masked. Masking
     # the padded key columns matters here: with K = 0 there, P = exp(-lse)
-    # can overflow and inf * 0 would poison dQ.
+    # can overflow and inf * 0 would poison dQ. Rows that see no key have
+    # LSE = +inf, so their P is 0.
     n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        hi = tl.minimum(start_m + BLOCK_M, seqlen_k)
-        full_end = tl.minimum((start_m // BLOCK_N) * BLOCK_N, n_full)
-    else:
-        hi = seqlen_k
-        full_end = n_full
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + causal_shift, seqlen_k), 0)
+    full_end = tl.minimum((tl.maximum(start_m + causal_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full)
 
     for phase in tl.static_range(2):
         if phase == 0:
@@ -390,20 +461,25 @@ def attn_bwd_dq(
             k_blk = k_base + n_off64 * stride_kn64
             v_blk = v_base + n_off64 * stride_vn64
             if phase == 0:
-                k = tl.load(k_blk + k_offs)
-                v = tl.load(v_blk + v_offs)
+                if PAD_HEAD:
+                    k = tl.load(k_blk + k_offs, mask=d_valid[None, :], other=0.0)
+                    v = tl.load(v_blk + v_offs, mask=d_valid[None, :], other=0.0)
+                else:
+                    k = tl.load(k_blk + k_offs)
+                    v = tl.load(v_blk + v_offs)
             else:
-                k = tl.load(k_blk + k_offs, mask=(cols < seqlen_k)[:, None], other=0.0)
-                v = tl.load(v_blk + v_offs, mask=(cols < seqlen_k)[:, None], other=0.0)
+                kv_mask = (cols < seqlen_k)[:, None]
+                if PAD_HEAD:
+                    kv_mask = kv_mask & d_valid[None, :]
+                k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
+                v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
             if UPCAST_DOT:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             qk = tl.dot(q, tl.trans(k))
             p = tl.math.exp2(qk * qk_scale - lse2[:, None])
             if phase == 1:
-                keep = (cols < seqlen_k)[None, :]
-                if IS_CAUSAL:
-                    keep = keep & (cols[None, :] <= offs_m[:, None])
+                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + causal_shift)[:, None])
                 p = tl.where(keep, p, 0.0)
             dp = tl.dot(do, tl.trans(v))
             ds = p * (dp - delta[:, None])
@@ -414,4 +490,4 @@ def attn_bwd_dq(
 
     dq = dq * sm_scale
     tl.store(dq_blk + (offs_m0[:, None] * stride_dqm + offs_d[None, :]), dq.to(DQ.dtype.element_ty),
-             mask=m_valid[:, None])
+             mask=q_mask)

@@ -230,15 +230,15 @@ def test_cli_wiring(toy_root, built, tmp_path, capsys):
 def test_real_flash_kernels_gfx942(tmp_path):
     res = B.build("6.4", ["gfx942"], tmp_path, source_root=ROOT, progress=False)
     a = Archive.open(res.archives["gfx942"])
-    assert len(a.kernels) == 28
+    assert len(a.kernels) == 52
     assert a.verify() == [] and verify_against_manifest(res.archives["gfx942"]) == []
     for r in a.kernels:
         assert r.global_scratch_size == 0 and r.stats["scratch_size"] == 0
         if r.kernel != "attn_bwd_preprocess":
             assert r.stats["mfma"], r.key
-    (fwd,) = a.find("attn_fwd", dtype="fp16", head_dim=128, causal=True)
+    (fwd,) = a.find("attn_fwd", dtype="fp16", head_dim=128, pad_head=False)
     assert fwd.args[-2:] == (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
-    assert len(fwd.args) == 21 + 2
+    assert len(fwd.args) == 24 + 2
 
 
 def test_codegen_env_is_scrubbed(toy_root, tmp_path, monkeypatch):

@@ -158,12 +158,16 @@ def test_find_source_root(tmp_path, monkeypatch):
 
 def test_real_variant_counts(targets, spec):
     assert list(spec.kernels) == ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
-    per_kernel = {"attn_fwd": 8, "attn_bwd_preprocess": 4, "attn_bwd_dkdv": 8, "attn_bwd_dq": 8}
+    # 2 dtypes x (5 masked head-dim widths + unmasked 64 and 128); the
+    # preprocess kernel always masks: 2 dtypes x 5 widths.
+    per_kernel = {"attn_fwd": 14, "attn_bwd_preprocess": 10, "attn_bwd_dkdv": 14, "attn_bwd_dq": 14}
     for arch in ("gfx908", "gfx90a", "gfx942", "gfx950", "sm_90"):
         vs = spec.variants_for(targets.archs[arch])
-        assert len(vs) == 28, arch
+        assert len(vs) == 52, arch
         assert {k: sum(v.kernel == k for v in vs) for k in per_kernel} == per_kernel
-        assert len({v.key for v in vs}) == 28
+        assert len({v.key for v in vs}) == 52
+        unmasked = {v.functional["head_dim"] for v in vs if v.functional.get("pad_head") is False}
+        assert unmasked == {64, 128}
     # no config for rdna yet
     assert spec.variants_for(targets.archs["gfx1100"]) == []
     assert spec.kernels_without_variants(targets.archs["gfx1100"]) == list(per_kernel)
@@ -171,9 +175,9 @@ def test_real_variant_counts(targets, spec):
 
 def test_real_variant_contents(targets, spec):
     vs = {v.key: v for v in spec.variants_for(targets.archs["sm_90"])}
-    key = "attn_fwd|dtype=fp16|head_dim=128|causal=1|BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3"
+    key = "attn_fwd|dtype=fp16|head_dim=128|pad_head=0|BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3"
     v = vs[key]
-    assert v.constexprs == {"HEAD_DIM": 128, "BLOCK_M": 128, "BLOCK_N": 64, "IS_CAUSAL": True,
+    assert v.constexprs == {"BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "PAD_HEAD": False,
                             "UPCAST_DOT": False}
     assert v.options == {"num_warps": 8, "num_stages": 3}
     assert v.args[0] == ("Q", "*fp16") and v.args[4] == ("LSE", "*fp32") and v.args[-1] == ("sm_scale", "fp32")
@@ -181,7 +185,7 @@ def test_real_variant_contents(targets, spec):
     assert "stride_qm" in v.divisible_16
     cdna = {v.key: v for v in spec.variants_for(targets.archs["gfx908"])}
     v = cdna["attn_bwd_preprocess|dtype=bf16|head_dim=64|BLOCK_M=128,num_warps=4,num_stages=1"]
-    assert v.constexprs == {"HEAD_DIM": 64, "BLOCK_M": 128}
+    assert v.constexprs == {"BLOCK_D": 64, "BLOCK_M": 128}
     assert v.args[0] == ("O", "*bf16")
 
 
@@ -305,3 +309,15 @@ def test_progress_tty_redraws():
     q.update()
     q.write("x")
     assert silent.getvalue() == ""
+
+
+def test_exclude_drops_functional_points(tmp_path, targets):
+    toml = TOY_TOML.replace('head_dim = [64, 128, 256] }',
+                            'head_dim = [64, 128, 256] }\nexclude = [{ dtype = "bf16", head_dim = 128 }]')
+    assert toml != TOY_TOML
+    s = _spec(tmp_path, toml)
+    funcs = s.kernels["add"].functional_combinations()
+    assert {"dtype": "bf16", "head_dim": 128} not in funcs and len(funcs) == 5
+    with pytest.raises(VariantSpecError, match="not a functional value"):
+        _spec(tmp_path, TOY_TOML.replace('head_dim = [64, 128, 256] }',
+                                         'head_dim = [64, 128, 256] }\nexclude = [{ head_dim = 48 }]'))

@@ -56,10 +56,15 @@ def _load_spec():
         return tomllib.load(f)
 
 
+def _block_d(head_dim):
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 def _blocks(kernel, head_dim):
     """Block sizes of the first 'cuda' config of `kernel` for `head_dim` (as the CPU backend)."""
+    bd = _block_d(head_dim)
     cfg = next(c for c in SPEC["kernels"][kernel]["configs"]
-               if "cuda" in c["archs"] and head_dim in c.get("head_dims", [head_dim]))
+               if "cuda" in c["archs"] and bd in c.get("head_dims", [bd]))
     return cfg.get("BLOCK_M"), cfg.get("BLOCK_N")
 
 
@@ -87,50 +92,75 @@ def _nan_like(t, dtype=None):
     return torch.full_like(t, float("nan"), dtype=dtype)
 
 
+def _shift(causal, Sq, Sk):
+    """causal: False, "br" (bottom-right) or "tl" (top-left)."""
+    return {False: Sk, "br": Sk - Sq, "tl": 0}[causal]
+
+
+def _d_consts(D):
+    # The kernel itself runs any padded width with or without the d mask; the
+    # unmasked path is exercised whenever D is a power of two >= 16.
+    bd = _block_d(D)
+    return {"BLOCK_D": bd, "PAD_HEAD": D != bd}
+
+
 def kernel_forward(q, k, v, sm_scale, causal):
     B, H, Sq, D = q.shape
-    Sk = k.shape[2]
+    Hk, Sk = k.shape[1], k.shape[2]
     o = _nan_like(q)
     lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32)
     bm, bn = _blocks("attn_fwd", D)
     FWD[(_cdiv(Sq, bm), B * H, 1)](
-        q, k, v, o, lse, *_s3(q), *_s3(k), *_s3(v), *_s3(o), H, Sq, Sk, sm_scale,
-        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, UPCAST_DOT=True)
+        q, k, v, o, lse, *_s3(q), *_s3(k), *_s3(v), *_s3(o),
+        H, H // Hk, Sq, Sk, D, _shift(causal, Sq, Sk), sm_scale,
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_d_consts(D))
     return o, lse
 
 
 def kernel_backward(q, k, v, o, lse, do, sm_scale, causal):
     B, H, Sq, D = q.shape
-    Sk = k.shape[2]
+    Hk, Sk = k.shape[1], k.shape[2]
     delta = torch.full((B, H, Sq), float("nan"), dtype=torch.float32)
     bm, _ = _blocks("attn_bwd_preprocess", D)
-    PRE[(_cdiv(Sq, bm), B * H, 1)](o, do, delta, *_s3(o), *_s3(do), H, Sq, HEAD_DIM=D, BLOCK_M=bm)
+    PRE[(_cdiv(Sq, bm), B * H, 1)](o, do, delta, *_s3(o), *_s3(do), H, Sq, D,
+                                   BLOCK_D=_block_d(D), BLOCK_M=bm)
 
     dq, dk, dv = _nan_like(q), _nan_like(k), _nan_like(v)
+    tail = (H, H // Hk, Sq, Sk, D, _shift(causal, Sq, Sk), sm_scale)
     bm, bn = _blocks("attn_bwd_dkdv", D)
-    DKDV[(_cdiv(Sk, bn), B * H, 1)](
+    DKDV[(_cdiv(Sk, bn), B * Hk, 1)](
         q, k, v, do, lse, delta, dk, dv,
-        *_s3(q), *_s3(k), *_s3(v), *_s3(do), *_s3(dk), *_s3(dv), H, Sq, Sk, sm_scale,
-        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, UPCAST_DOT=True)
+        *_s3(q), *_s3(k), *_s3(v), *_s3(do), *_s3(dk), *_s3(dv), *tail,
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_d_consts(D))
     bm, bn = _blocks("attn_bwd_dq", D)
     DQ[(_cdiv(Sq, bm), B * H, 1)](
         q, k, v, do, lse, delta, dq,
-        *_s3(q), *_s3(k), *_s3(v), *_s3(do), *_s3(dq), H, Sq, Sk, sm_scale,
-        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, IS_CAUSAL=causal, UPCAST_DOT=True)
+        *_s3(q), *_s3(k), *_s3(v), *_s3(do), *_s3(dq), *tail,
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_d_consts(D))
     return delta, dq, dk, dv
 
 
 def reference(q, k, v, do, sm_scale, causal, dtype):
-    """Explicit attention in `dtype`; returns out, lse, dq, dk, dv."""
+    """Explicit attention in `dtype`; returns out, lse, dq, dk, dv.
+
+    GQA: K/V heads are repeated over their query-head groups. Rows that see no
+    key (bottom-right causal, Sq > Sk) have output 0 and lse +inf (the
+    kernels' convention, FlashAttention-2's).
+    """
     q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
-    s = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
+    group = q.shape[1] // k.shape[1]
+    kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    s = torch.matmul(q, kr.transpose(-1, -2)) * sm_scale
+    Sq, Sk = s.shape[-2:]
+    visible = torch.ones(Sq, Sk, dtype=torch.bool)
     if causal:
-        Sq, Sk = s.shape[-2:]
-        mask = torch.ones(Sq, Sk, dtype=torch.bool).triu(1)
-        s = s.masked_fill(mask, float("-inf"))
-    p = torch.softmax(s, dim=-1)
-    out = torch.matmul(p, v)
-    lse = torch.logsumexp(s.detach(), dim=-1)
+        shift = _shift(causal, Sq, Sk)
+        visible = torch.arange(Sk)[None, :] <= torch.arange(Sq)[:, None] + shift
+    s = s.masked_fill(~visible, float("-inf"))
+    any_visible = visible.any(-1)
+    p = torch.softmax(s.masked_fill(~any_visible[:, None], 0.0), dim=-1) * any_visible[:, None]
+    out = torch.matmul(p.to(dtype), vr)
+    lse = torch.logsumexp(s.detach().float(), dim=-1).masked_fill(~any_visible, float("inf"))
     out.backward(do.to(dtype))
     return {"out": out.detach(), "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -147,8 +177,15 @@ def _check(name, test, golden, lp_ref, dtype):
     test = test.float()
     golden = golden.float()
     assert not torch.isnan(test).any(), f"{name}: NaN (unwritten or invalid elements)"
+    # lse is +inf on rows that see no key: those must match exactly.
+    inf = torch.isinf(golden)
+    assert torch.equal(test[inf], golden[inf]) and not torch.isinf(test[~inf]).any(), \
+        f"{name}: infinities differ"
+    test, golden, lp_ref = test[~inf], golden[~inf], lp_ref.float()[~inf]
+    if golden.numel() == 0:
+        return 0.0, 0.0
     err = (golden - test).abs().max().item()
-    ref_err = (golden - lp_ref.float()).abs().max().item()
+    ref_err = (golden - lp_ref).abs().max().item()
     floor = 1e-5
     if name in ("dq", "dk", "dv"):
         floor = max(floor, GRAD_FLOOR[dtype] * max(1.0, golden.abs().max().item()) / 8)
@@ -163,36 +200,53 @@ def _check(name, test, golden, lp_ref, dtype):
     return err, ref_err
 
 
+# (dtype, head_dim, causal, Sq, Sk, H, Hk); causal: False, "br" (bottom-right)
+# or "tl" (top-left): the two agree when Sq == Sk.
+F16, BF16 = torch.float16, torch.bfloat16
 CASES = []
-for _dtype in (torch.float16, torch.bfloat16):
+for _dtype in (F16, BF16):
     for _d in (64, 128):
-        for _causal in (False, True):
+        for _causal in (False, "br"):
             for _s in (1, 17, 63, 130):
-                CASES.append((_dtype, _d, _causal, _s, _s))
+                CASES.append((_dtype, _d, _causal, _s, _s, 2, 2))
         # non-causal with seqlen_q != seqlen_k
-        CASES.append((_dtype, _d, False, 17, 130))
-        CASES.append((_dtype, _d, False, 130, 33))
+        CASES.append((_dtype, _d, False, 17, 130, 2, 2))
+        CASES.append((_dtype, _d, False, 130, 33, 2, 2))
     # Long enough that attn_bwd_dkdv's causal loop has an unmasked middle part.
-    CASES.append((_dtype, 64, True, 200, 200))
+    CASES.append((_dtype, 64, "br", 200, 200, 2, 2))
+# Head dims: every padded width (16 .. 256), masked (not a power of two) and
+# unmasked; dtypes and causality alternate.
+for _i, _d in enumerate((8, 16, 24, 32, 40, 72, 80, 96, 160, 200, 256)):
+    CASES.append((F16 if _i % 2 else BF16, _d, "br" if _i % 3 else False, 33, 33, 2, 2))
+CASES.append((F16, 200, False, 17, 70, 2, 2))
+# Causal with Sq != Sk, both alignments; bottom-right with Sq > Sk has rows
+# that see no key (output 0, lse +inf).
+for _sq, _sk in ((5, 17), (17, 5), (33, 70), (70, 33), (1, 9), (9, 1)):
+    for _causal in ("br", "tl"):
+        CASES.append((F16 if _sq < _sk else BF16, 64 if _sq != 33 else 40, _causal, _sq, _sk, 2, 2))
+CASES.append((F16, 64, "br", 70, 140, 2, 2))  # several key blocks, unmasked middle
+# GQA / MQA
+for _h, _hk in ((4, 2), (6, 1)):
+    CASES.append((F16, 64, False, 33, 47, _h, _hk))
+    CASES.append((BF16, 72, "br", 47, 33, _h, _hk))
+    CASES.append((F16, 32, "tl", 20, 70, _h, _hk))
 
 
 def _id(c):
-    dtype, d, causal, sq, sk = c
-    return f"{str(dtype).split('.')[-1]}-d{d}-{'causal' if causal else 'full'}-q{sq}-k{sk}"
+    dtype, d, causal, sq, sk, h, hk = c
+    mode = {False: "full", "br": "causal", "tl": "causal_tl"}[causal]
+    gqa = f"-h{h}k{hk}" if h != hk else ""
+    return f"{str(dtype).split('.')[-1]}-d{d}-{mode}-q{sq}-k{sk}{gqa}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_attention_fwd_bwd(case):
-    dtype, D, causal, Sq, Sk = case
-    B, H = 2, 2
-    gen = torch.Generator().manual_seed(1000 * Sq + 7 * Sk + D + int(causal))
-    bshd = Sq != 63  # one shape per group runs on contiguous (B, H, S, D) tensors
+def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, seed=0):
+    """Forward + backward through the kernels, judged against the reference."""
+    gen = torch.Generator().manual_seed(seed)
     q = _make((B, Sq, H, D), dtype, gen, bshd)
-    k = _make((B, Sk, H, D), dtype, gen, bshd)
-    v = _make((B, Sk, H, D), dtype, gen, bshd)
+    k = _make((B, Sk, Hk, D), dtype, gen, bshd)
+    v = _make((B, Sk, Hk, D), dtype, gen, bshd)
     do = _make((B, Sq, H, D), dtype, gen, bshd)
-    # Default scale for some shapes, a non-default one for the others.
-    sm_scale = 1.0 / math.sqrt(D) if Sq in (1, 63) else 0.3
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
 
     o, lse = kernel_forward(q, k, v, sm_scale, causal)
     golden = reference(q, k, v, do, sm_scale, causal, torch.float32)
@@ -208,3 +262,46 @@ def test_attention_fwd_bwd(case):
     _check("dq", dq, golden["dq"], lp["dq"], dtype)
     _check("dk", dk, golden["dk"], lp["dk"], dtype)
     _check("dv", dv, golden["dv"], lp["dv"], dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_attention_fwd_bwd(case):
+    dtype, D, causal, Sq, Sk, H, Hk = case
+    # One shape per group runs on contiguous (B, H, S, D) tensors, the others
+    # on (B, S, H, D) storage; default scale for some shapes, 0.3 for others.
+    run_case(dtype, D, causal, Sq, Sk, H, Hk, bshd=Sq != 63,
+             sm_scale=None if Sq in (1, 63) else 0.3,
+             seed=1000 * Sq + 7 * Sk + D + 3 * H + Hk + len(str(causal)))
+
+
+# --- property-based: random small shapes, strides, GQA ratios, causal modes ---------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+PROPERTY_EXAMPLES = 20
+
+
+@st.composite
+def _property_cases(draw):
+    hk = draw(st.integers(1, 2))
+    group = draw(st.sampled_from([1, 2, 3]))
+    return dict(
+        dtype=draw(st.sampled_from([F16, BF16])),
+        D=8 * draw(st.integers(1, 32)),  # 8 .. 256
+        causal=draw(st.sampled_from([False, "br", "tl"])),
+        Sq=draw(st.integers(1, 40)),
+        Sk=draw(st.integers(1, 40)),
+        H=hk * group,
+        Hk=hk,
+        B=draw(st.integers(1, 2)),
+        bshd=draw(st.booleans()),  # (B, S, H, D) storage or contiguous (B, H, S, D)
+        sm_scale=draw(st.sampled_from([None, 0.3])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=PROPERTY_EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_property_cases())
+def test_attention_property(case):
+    run_case(**case)

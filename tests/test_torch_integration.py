@@ -37,6 +37,14 @@ def _flash(q, k, v, **kw):
     smoke.Case(torch.bfloat16, 64, True, 45, batch=1, heads=2),
     smoke.Case(torch.float16, 128, True, 3, batch=1, heads=1, scale=0.3),
     smoke.Case(torch.bfloat16, 128, False, 66, batch=1, heads=1),
+    # head dims that are not the kernels' tile widths (masked head dim)
+    smoke.Case(torch.bfloat16, 8, True, 19, batch=1, heads=2),
+    smoke.Case(torch.float16, 24, False, 9, batch=2, heads=1),
+    smoke.Case(torch.float16, 72, True, 21, batch=1, heads=2),
+    smoke.Case(torch.bfloat16, 96, False, 17, batch=1, heads=1, scale=0.2),
+    smoke.Case(torch.float16, 160, True, 12, batch=1, heads=1),
+    smoke.Case(torch.bfloat16, 200, False, 10, batch=1, heads=1),
+    smoke.Case(torch.float16, 256, True, 9, batch=1, heads=1),
 ], ids=lambda c: c.label())
 def test_sdpa_forward_backward_matches_math(enabled, case):
     result = smoke.run_case(case, torch.device("cpu"), torch.Generator().manual_seed(1))
@@ -73,7 +81,7 @@ def test_not_active_until_enabled():
     # (torch's CPU selector never sends dropout to a flash kernel; the GPU test covers it)
     ({"attn_mask": torch.randn(8, 8).half()}, (1, 2, 8, 64), torch.float16, "attn_mask"),
     ({}, (1, 2, 8, 64), torch.float32, "dtype"),
-    ({}, (1, 2, 8, 32), torch.float16, "head_dim"),
+    ({}, (1, 2, 8, 264), torch.float16, "head_dim"),
 ])
 def test_uncovered_requests_fall_back_with_reason(enabled, kwargs, shape, dtype, reason):
     torch_integration._warned.clear()
@@ -134,3 +142,128 @@ def test_smoke_command_cpu_mode_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Triton's interpreter" in proc.stdout
     assert "2 passed, 0 failed" in proc.stdout
+
+
+# --- causal with seqlen_q != seqlen_k, GQA: judged like smoke.run_case -------------
+
+def _fwd_bwd(fn, q, k, v, grad):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(grad)
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def _judge(fn_ours, fn_ref, shapes, dtype, seed=0):
+    """PyTorch's model: golden = fn_ref in fp32 on the rounded inputs, lp_ref =
+    fn_ref in `dtype`; ours within max(1e-5, fudge * |golden - lp_ref|), no
+    NaN where golden has none."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, grad = (torch.randn(s, generator=gen).to(dtype) for s in shapes)
+    golden = _fwd_bwd(fn_ref, *(t.float() for t in (q, k, v, grad)))
+    lp_ref = _fwd_bwd(fn_ref, q, k, v, grad)
+    ours = _fwd_bwd(fn_ours, q, k, v, grad)
+    for name, g in golden.items():
+        test = ours[name].float()
+        assert not (torch.isnan(test).any() and not torch.isnan(g).any()), name
+        err = (g - test).abs().max().item()
+        tol = max(smoke.ABS_FLOOR, smoke.FUDGE[name] * (g - lp_ref[name].float()).abs().max().item())
+        assert err <= tol, f"{name}: {err:.3e} > {tol:.3e}"
+    return ours
+
+
+def _math(**kw):
+    def fn(q, k, v):
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, **kw)
+    return fn
+
+
+@pytest.mark.parametrize("sq,sk", [(5, 17), (17, 5), (33, 70), (1, 9)])
+def test_sdpa_causal_non_square_matches_math(enabled, sq, sk):
+    # On CPU, F.sdpa(is_causal=True) with Sq != Sk reaches torch's CPU flash op,
+    # whose causal mask (like the math backend's) is aligned top-left.
+    _judge(lambda q, k, v: _flash(q, k, v, is_causal=True), _math(is_causal=True),
+           [(1, 2, sq, 64), (1, 2, sk, 64), (1, 2, sk, 64), (1, 2, sq, 64)], torch.float16)
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 1
+    assert backends.launch_counts()[("interpreter:cpu", "attn_bwd_dkdv")] == 1
+
+
+@pytest.mark.parametrize("sq,sk", [(5, 17), (17, 5), (33, 70)])
+def test_bottom_right_causal_matches_causal_lower_right(sq, sk):
+    # torch's CUDA flash op (what causal_lower_right calls) means bottom-right:
+    # our override of it, run here on CPU tensors, against torch's math
+    # backend with the causal_lower_right bias. Rows that see no key (Sq > Sk)
+    # are 0 in both, with zero gradients.
+    from torch.nn.attention.bias import causal_lower_right
+
+    def ours(q, k, v):
+        out = torch_integration._Overrides._flash_fwd(None, None, q, k, v, 0.0, True)[0]
+        return _FlashBwd.apply(q, k, v, out)
+
+    def ref(q, k, v):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "will produce NaNs when seq_len_q > seq_len_kv"
+            bias = causal_lower_right(q.shape[2], k.shape[2])
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    res = _judge(ours, ref, [(1, 2, sq, 40), (1, 2, sk, 40), (1, 2, sk, 40), (1, 2, sq, 40)],
+                 torch.bfloat16, seed=sq)
+    if sq > sk:
+        assert (res["out"][:, :, : sq - sk] == 0).all() and (res["dq"][:, :, : sq - sk] == 0).all()
+
+
+class _FlashBwd(torch.autograd.Function):
+    """Autograd around our override of the CUDA flash op pair (on CPU tensors)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, _out):
+        out, lse = torch_integration._Overrides._flash_fwd(None, None, q, k, v, 0.0, True)[:2]
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch_integration._Overrides._flash_bwd(
+            None, None, grad.contiguous(), q, k, v, out, lse, None, None, q.shape[2], k.shape[2],
+            0.0, True, None, None)
+        return dq, dk, dv, None
+
+
+@pytest.mark.parametrize("h,hk,causal", [(4, 2, False), (6, 1, True), (4, 1, False)])
+def test_sdpa_gqa_matches_math(enabled, h, hk, causal):
+    # torch 2.13 sends enable_gqa=True calls to the CPU flash op with Hq != Hkv.
+    _judge(lambda q, k, v: _flash(q, k, v, is_causal=causal, enable_gqa=True),
+           _math(is_causal=causal, enable_gqa=True),
+           [(2, h, 13, 32), (2, hk, 13, 32), (2, hk, 13, 32), (2, h, 13, 32)], torch.float16)
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 1
+
+
+def test_direct_api_gqa_bottom_right_and_head_dim_80():
+    # attention.forward/backward directly (the future flash-attn style API).
+    from aotriton_rocm import attention
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            out, lse = attention.forward(q, k, v, is_causal=True)
+            ctx.save_for_backward(q, k, v, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, out, lse = ctx.saved_tensors
+            return attention.backward(grad, q, k, v, out, lse, is_causal=True)
+
+    def ref(q, k, v):
+        sq, sk = q.shape[2], k.shape[2]
+        mask = torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    q = torch.randn(1, 4, 11, 80, dtype=torch.float16)
+    k = torch.randn(1, 2, 23, 80, dtype=torch.float16)
+    assert attention.unsupported_reason(q, k, k, is_causal=True) is None
+    _judge(Fn.apply, ref, [(1, 4, 11, 80), (1, 2, 23, 80), (1, 2, 23, 80), (1, 4, 11, 80)],
+           torch.float16)

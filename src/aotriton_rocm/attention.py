@@ -16,6 +16,14 @@ import torch
 
 from .backends import Backend, backend_for
 
+# Head dims the kernels cover: multiples of 8 up to this (padded to a power
+# of two >= 16 inside the kernels, never in memory).
+MAX_HEAD_DIM = 256
+# torch's CUDA flash op (and flash-attn) align a causal mask to the bottom
+# right when seqlen_q != seqlen_k; torch's math backend and CPU flash op to the
+# top left. Both agree when seqlen_q == seqlen_k.
+CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
+
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 # y and z grid dimensions are limited to 65535 on both CUDA and HIP.
 MAX_GRID_Y = 65535
@@ -49,10 +57,13 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         return "query, key and value must be on one device"
     b, h, sq, d = q.shape
     kb, kh, sk, kd = k.shape
-    if k.shape != v.shape or kb != b or kh != h or kd != d:
-        return "key/value shapes must match query in batch, heads and head_dim (no GQA yet)"
-    if is_causal and sq != sk:
-        return "causal attention with seqlen_q != seqlen_k is not supported yet"
+    if k.shape != v.shape or kb != b or kd != d:
+        return "key/value shapes must match query in batch and head_dim"
+    if kh == 0 or h % kh:
+        return (f"query heads ({h}) must be a multiple of key/value heads ({kh}) "
+                "(GQA/MQA)")
+    if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
+        return f"head_dim {d} is not covered (multiples of 8 from 8 to {MAX_HEAD_DIM} are)"
     if b * h == 0 or sq == 0 or sk == 0:
         return "empty inputs"
     if b * h > MAX_GRID_Y:
@@ -66,21 +77,22 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if backend is None:
         return f"no backend for device {q.device}"
     return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[dtype], head_dim=d,
-                                      causal=bool(is_causal), work=b * h * sq * sk * d)
+                                      work=b * h * sq * sk * d)
 
 
 def _meets_assumptions(t: torch.Tensor) -> bool:
-    if t.stride(-1) != 1 or t.data_ptr() % 16:
-        return False
-    return all(s % 16 == 0 for s in t.stride()[:-1])
+    """Unit last-dim stride, 16-byte-aligned base, other strides divisible by 16 (4-D t)."""
+    s0, s1, s2, s3 = t.stride()
+    return s3 == 1 and not (t.data_ptr() | s0 | s1 | s2) & 15
 
 
 def _prepared(t: torch.Tensor) -> torch.Tensor:
     """t itself if the kernels can read it in place, else a dense copy.
 
     Kernels are compiled assuming unit last-dim stride, 16-byte-aligned base
-    addresses and row strides divisible by 16; a fresh contiguous tensor of a
-    covered head dim always meets them.
+    addresses and strides divisible by 16 (elements); a contiguous copy meets
+    them when the head dim is a multiple of 16, else :func:`_fresh` lays the
+    rows out 16 elements apart.
     """
     if _meets_assumptions(t):
         return t
@@ -90,7 +102,14 @@ def _prepared(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    """An uninitialised tensor shaped like t that meets the kernels' assumptions:
+    its rows are padded to a multiple of 16 elements (our own allocation; the
+    kernels never touch the padding)."""
+    d = t.shape[-1]
+    padded = -(-d // 16) * 16
+    if padded == d:
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return torch.empty((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)[..., :d]
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
@@ -102,16 +121,33 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
+def causal_shift(is_causal: bool, seqlen_q: int, seqlen_k: int,
+                 causal_alignment: str = "bottom_right") -> int:
+    """The kernels' ``causal_shift``: key j is visible from query i iff j <= i + shift."""
+    if not is_causal:
+        return seqlen_k  # every key is visible
+    if causal_alignment == "bottom_right":
+        return seqlen_k - seqlen_q
+    if causal_alignment == "top_left":
+        return 0
+    raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {causal_alignment!r}")
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-            scale: float | None = None, out: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            scale: float | None = None, out: torch.Tensor | None = None,
+            causal_alignment: str = "bottom_right") -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (like ``out`` or ``empty_like(q)``) and the fp32 logsumexp (B, H, Sq).
 
+    k and v may have fewer heads than q (GQA/MQA: query head h reads key/value
+    head h // (Hq // Hkv)). With ``is_causal`` and seqlen_q != seqlen_k the mask
+    is aligned as ``causal_alignment`` says; query rows that see no key
+    (bottom-right, seqlen_q > seqlen_k) get output 0 and logsumexp +inf.
     The caller has checked :func:`unsupported_reason`.
     """
     backend: Backend = backend_for(q)
     b, h, sq, d = q.shape
-    sk = k.shape[2]
+    hk, sk = k.shape[1], k.shape[2]
+    shift = causal_shift(is_causal, sq, sk, causal_alignment)
     sm_scale = default_scale(d) if scale is None else float(scale)
     qp, kp, vp = _prepared(q), _prepared(k), _prepared(v)
     if out is None:
@@ -119,12 +155,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     o = out if _meets_assumptions(out) else _fresh(q)
     lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
     kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
-                            causal=bool(is_causal), seqlen_q=sq, seqlen_k=sk)
+                            seqlen_q=sq, seqlen_k=sk)
     grid = (_cdiv(sq, kernel.config["BLOCK_M"]), b * h, 1)
     kernel.launch(grid, q.device, (
         qp, kp, vp, o, lse,
         *_strides(qp), *_strides(kp), *_strides(vp), *_strides(o),
-        h, sq, sk, sm_scale))
+        h, h // hk, sq, sk, d, shift, sm_scale))
     if o is not out:
         out.copy_(o)
     return out, lse
@@ -133,12 +169,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
 def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              out: torch.Tensor, lse: torch.Tensor, *, is_causal: bool = False,
              scale: float | None = None,
-             grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+             grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+             causal_alignment: str = "bottom_right"
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV (written into ``grads`` if given, else like q, k, v)."""
+    """dQ, dK, dV (written into ``grads`` if given, else like q, k, v).
+
+    Deterministic: with GQA each dK/dV block is summed over its query heads by
+    one program, without atomics.
+    """
     backend: Backend = backend_for(q)
     b, h, sq, d = q.shape
-    sk = k.shape[2]
+    hk, sk = k.shape[1], k.shape[2]
+    shift = causal_shift(is_causal, sq, sk, causal_alignment)
     sm_scale = default_scale(d) if scale is None else float(scale)
     dtype = DTYPE_NAMES[q.dtype]
     qp, kp, vp, op, dop = (_prepared(t) for t in (q, k, v, out, grad_out))
@@ -151,18 +193,17 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d,
                          seqlen_q=sq, seqlen_k=sk)
     pre.launch((_cdiv(sq, pre.config["BLOCK_M"]), b * h, 1), q.device, (
-        op, dop, delta, *_strides(op), *_strides(dop), h, sq))
+        op, dop, delta, *_strides(op), *_strides(dop), h, sq, d))
 
     common = (qp, kp, vp, dop, lse, delta)
     common_strides = (*_strides(qp), *_strides(kp), *_strides(vp), *_strides(dop))
-    dkdv = backend.kernel("attn_bwd_dkdv", dtype=dtype, head_dim=d, causal=bool(is_causal),
-                          seqlen_q=sq, seqlen_k=sk)
-    dkdv.launch((_cdiv(sk, dkdv.config["BLOCK_N"]), b * h, 1), q.device, (
-        *common, dk, dv, *common_strides, *_strides(dk), *_strides(dv), h, sq, sk, sm_scale))
-    dqk = backend.kernel("attn_bwd_dq", dtype=dtype, head_dim=d, causal=bool(is_causal),
-                         seqlen_q=sq, seqlen_k=sk)
+    tail = (h, h // hk, sq, sk, d, shift, sm_scale)
+    dkdv = backend.kernel("attn_bwd_dkdv", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
+    dkdv.launch((_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk, 1), q.device, (
+        *common, dk, dv, *common_strides, *_strides(dk), *_strides(dv), *tail))
+    dqk = backend.kernel("attn_bwd_dq", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
     dqk.launch((_cdiv(sq, dqk.config["BLOCK_M"]), b * h, 1), q.device, (
-        *common, dq, *common_strides, *_strides(dq), h, sq, sk, sm_scale))
+        *common, dq, *common_strides, *_strides(dq), *tail))
 
     for written, wanted in zip((dq, dk, dv), grads):
         if written is not wanted:

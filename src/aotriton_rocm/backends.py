@@ -32,9 +32,29 @@ def reset_launch_counts() -> None:
     _LAUNCHES.clear()
 
 
-def _functional_key(kernel: str, dtype: str, head_dim: int, causal: bool | None) -> tuple:
-    # The preprocess kernel has no causal variant.
-    return (kernel, dtype, int(head_dim), None if kernel == "attn_bwd_preprocess" else bool(causal))
+def block_d(head_dim: int) -> int:
+    """The padded tile width the kernels use for a head dim: a power of two >= 16."""
+    return max(16, 1 << (int(head_dim) - 1).bit_length())
+
+
+def _functional_key(kernel: str, dtype: str, block: int, pad_head: bool | None) -> tuple:
+    # (kernel, dtype, padded head dim, masked head dim?); the preprocess kernel
+    # always masks the head dim and has no pad_head axis (None).
+    return (kernel, dtype, int(block), None if pad_head is None else bool(pad_head))
+
+
+def _candidate_keys(kernel: str, dtype: str, head_dim: int) -> tuple:
+    """Functional keys that can run `head_dim`, best first: the unmasked fast
+    path where head_dim is the tile width, else the masked variant."""
+    b = block_d(head_dim)
+    if kernel == "attn_bwd_preprocess":
+        return (_functional_key(kernel, dtype, b, None),)
+    masked = _functional_key(kernel, dtype, b, True)
+    return (_functional_key(kernel, dtype, b, False), masked) if b == head_dim else (masked,)
+
+
+def _pick(table: dict, kernel: str, dtype: str, head_dim: int):
+    return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim) if k in table), None)
 
 
 class KernelHandle:
@@ -53,12 +73,14 @@ class KernelHandle:
 class Backend:
     name = "?"
 
-    def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int, causal: bool,
+    def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int,
                            work: int = 0) -> str | None:
         raise NotImplementedError
 
-    def kernel(self, kernel: str, *, dtype: str, head_dim: int, causal: bool | None = None,
+    def kernel(self, kernel: str, *, dtype: str, head_dim: int,
                seqlen_q: int = 0, seqlen_k: int = 0) -> KernelHandle:
+        """The variant for a real head dim (the padded tile width and the
+        masked/unmasked choice are the backend's business)."""
         raise NotImplementedError
 
 
@@ -89,34 +111,34 @@ class AOTBackend(Backend):
             return
         for rec in self.archive.kernels:
             f = rec.functional
-            key = _functional_key(rec.kernel, f["dtype"], f["head_dim"], f.get("causal"))
+            key = _functional_key(rec.kernel, f["dtype"], f["head_dim"], f.get("pad_head"))
             self._records.setdefault(key, []).append(rec)
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, causal, work=0):
+    def unsupported_reason(self, kernel, *, dtype, head_dim, work=0):
         if self.problem:
             return self.problem
         needed = (kernel,) if kernel != "attn_fwd" else KERNELS
         for name in needed:
-            if _functional_key(name, dtype, head_dim, causal) not in self._records:
+            if _pick(self._records, name, dtype, head_dim) is None:
                 return (f"the {self.arch} image has no {name} kernel for dtype={dtype}, "
-                        f"head_dim={head_dim}, causal={causal}")
+                        f"head_dim={head_dim}")
         return None
 
-    def kernel(self, kernel, *, dtype, head_dim, causal=None, seqlen_q=0, seqlen_k=0):
-        key = _functional_key(kernel, dtype, head_dim, causal)
+    def kernel(self, kernel, *, dtype, head_dim, seqlen_q=0, seqlen_k=0):
+        key = (kernel, dtype, head_dim)
         handle = self._handles.get(key)
         if handle is None:
             with self._lock:
-                handle = self._handles.get(key) or self._make_handle(key)
+                handle = self._handles.get(key) or self._make_handle(kernel, dtype, head_dim)
                 self._handles[key] = handle
         return handle
 
-    def _make_handle(self, key: tuple) -> KernelHandle:
+    def _make_handle(self, kernel: str, dtype: str, head_dim: int) -> KernelHandle:
         from .driver.launcher import Kernel
 
         # Variants of one functional key differ only in tuning; the first is
         # the spec's default for this arch.
-        rec = self._records[key][0]
+        rec = _pick(self._records, kernel, dtype, head_dim)[0]
         backend = self.archive.manifest["backend"]
         compiled = Kernel(backend, self.archive.code_object(rec), rec.symbol, rec.num_warps,
                           rec.warp_size, rec.shared, [t for _, t in rec.args])
@@ -167,21 +189,21 @@ class InterpreterBackend(Backend):
         self._variants: dict[tuple, object] = {}
         for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
             f = v.functional
-            key = _functional_key(v.kernel, f["dtype"], f["head_dim"], f.get("causal"))
+            key = _functional_key(v.kernel, f["dtype"], f["head_dim"], f.get("pad_head"))
             self._variants.setdefault(key, v)  # the first config is the default
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, causal, work=0):
+    def unsupported_reason(self, kernel, *, dtype, head_dim, work=0):
         needed = (kernel,) if kernel != "attn_fwd" else KERNELS
         for name in needed:
-            if _functional_key(name, dtype, head_dim, causal) not in self._variants:
+            if _pick(self._variants, name, dtype, head_dim) is None:
                 return (f"the kernels have no {name} variant for dtype={dtype}, "
-                        f"head_dim={head_dim}, causal={causal}")
+                        f"head_dim={head_dim}")
         if work > INTERPRETER_MAX_WORK:
             return "too large for the CPU interpreter backend"
         return None
 
-    def kernel(self, kernel, *, dtype, head_dim, causal=None, seqlen_q=0, seqlen_k=0):
-        variant = self._variants[_functional_key(kernel, dtype, head_dim, causal)]
+    def kernel(self, kernel, *, dtype, head_dim, seqlen_q=0, seqlen_k=0):
+        variant = _pick(self._variants, kernel, dtype, head_dim)
         constexprs = dict(variant.constexprs)
         if "UPCAST_DOT" in constexprs:
             constexprs["UPCAST_DOT"] = True
@@ -206,7 +228,7 @@ class UnavailableBackend(Backend):
     def __init__(self, name: str, reason: str):
         self.name, self.reason = name, reason
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, causal, work=0):
+    def unsupported_reason(self, kernel, *, dtype, head_dim, work=0):
         return self.reason
 
 

@@ -43,7 +43,9 @@ OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_in
 REQUIRED_OPTIONS = ("num_warps", "num_stages")
 CONFIG_META_KEYS = ("archs", "head_dims")
 # functional name -> constexpr name (besides same-name-uppercased).
-FUNCTIONAL_CONSTEXPRS = {"head_dim": "HEAD_DIM", "causal": "IS_CAUSAL"}
+# head_dim is the padded tile width along the head dim (the real head dim is a
+# runtime argument of the kernels).
+FUNCTIONAL_CONSTEXPRS = {"head_dim": "BLOCK_D", "causal": "IS_CAUSAL"}
 # constexprs with a fixed value in compiled (not interpreted) code.
 FIXED_CONSTEXPRS = {"UPCAST_DOT": False}
 # Triton 3.9 appends these to every compiled kernel's argument list.
@@ -90,6 +92,8 @@ class KernelSpec:
     grid: Tuple[str, ...]
     functional: Tuple[Tuple[str, Tuple[Any, ...]], ...]
     configs: Tuple[ConfigSpec, ...]
+    # Partial functional points left out of the cartesian product.
+    exclude: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()
 
     @property
     def source_path_parts(self) -> Tuple[str, ...]:
@@ -98,7 +102,9 @@ class KernelSpec:
 
     def functional_combinations(self) -> List[Dict[str, Any]]:
         names = [n for n, _ in self.functional]
-        return [dict(zip(names, vals)) for vals in itertools.product(*(v for _, v in self.functional))]
+        combos = [dict(zip(names, vals)) for vals in itertools.product(*(v for _, v in self.functional))]
+        return [c for c in combos
+                if not any(all(c.get(k) == v for k, v in ex) for ex in self.exclude)]
 
 
 @dataclass(frozen=True)
@@ -279,6 +285,15 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
             if badd:
                 raise VariantSpecError(f"{where}: unknown dtype {badd}; known: {', '.join(DTYPES)}")
         functional.append((str(k), tuple(vals)))
+    exclude = []
+    fnames = {k: vals for k, vals in functional}
+    for ex in t.get("exclude") or ():
+        if not isinstance(ex, dict) or not ex:
+            raise VariantSpecError(f"{where}: each exclude entry must be a non-empty table")
+        for k, v in ex.items():
+            if k not in fnames or v not in fnames[k]:
+                raise VariantSpecError(f"{where}: exclude {ex!r}: {k}={v!r} is not a functional value")
+        exclude.append(tuple(ex.items()))
     configs = []
     for i, c in enumerate(t.get("configs") or ()):
         cw = f"{where} configs[{i}]"
@@ -302,7 +317,7 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
         raise VariantSpecError(f"{where} has no [[kernels.{name}.configs]]")
     return KernelSpec(name=name, module=module, function=function.strip(), args=tuple(args),
                       constexprs=constexprs, divisible_16=div, grid=grid,
-                      functional=tuple(functional), configs=tuple(configs))
+                      functional=tuple(functional), configs=tuple(configs), exclude=tuple(exclude))
 
 
 def load_variants(kernels_dir, path=None) -> VariantSpec:

@@ -12,6 +12,7 @@ before us, with a one-time warning naming the reason.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
@@ -41,15 +42,19 @@ def _warn_fallback(op: str, reason: str) -> None:
                   stacklevel=3)
 
 
-def _rng_outputs(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    # The shapes and dtypes torch's meta kernel gives this build. Without
-    # dropout nothing reads them, so they are left unfilled (a fill would cost
-    # a kernel launch per call).
+@functools.lru_cache(maxsize=None)
+def _aux_outputs(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """RNG state, ``unused`` and debug mask, as torch's meta kernel shapes them
+    for this build. Without dropout and without a debug mask nothing reads or
+    writes them, so one unfilled set per device and dtype serves every call
+    (allocating them costs more than the attention at small sizes)."""
     if torch.version.hip:
-        return (torch.empty((), dtype=torch.int64, device=device),
-                torch.empty((), dtype=torch.int64, device=device))
-    return (torch.empty((2,), dtype=torch.uint64, device=device),
-            torch.empty((), dtype=torch.uint64, device=device))
+        seed = torch.empty((), dtype=torch.int64, device=device)
+        offset = torch.empty((), dtype=torch.int64, device=device)
+    else:
+        seed = torch.empty((2,), dtype=torch.uint64, device=device)
+        offset = torch.empty((), dtype=torch.uint64, device=device)
+    return seed, offset, torch.empty(0, dtype=dtype, device=device)
 
 
 class _Overrides:
@@ -93,9 +98,12 @@ class _Overrides:
         if reason:
             return self._fallback(_FLASH, keyset, reason, query, key, value, dropout_p,
                                   is_causal, return_debug_mask, scale=scale)
-        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale)
-        seed, offset = _rng_outputs(query.device)
-        debug = torch.empty(0, dtype=query.dtype, device=query.device)
+        # On this op is_causal with seqlen_q != seqlen_k means bottom-right
+        # (torch's causal_lower_right calls it so; F.sdpa's selector sends it
+        # only square causal inputs).
+        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
+                                     causal_alignment="bottom_right")
+        seed, offset, debug = _aux_outputs(query.device, query.dtype)
         return out, lse, None, None, query.size(2), key.size(2), seed, offset, debug
 
     # aten::_scaled_dot_product_flash_attention_backward
@@ -109,7 +117,8 @@ class _Overrides:
                                   logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                   is_causal, philox_seed, philox_offset, scale=scale)
         return attention.backward(grad_out, query, key, value, out, logsumexp,
-                                  is_causal=is_causal, scale=scale)
+                                  is_causal=is_causal, scale=scale,
+                                  causal_alignment="bottom_right")
 
     # aten::_scaled_dot_product_flash_attention_for_cpu
     def _cpu_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False, *,
@@ -119,7 +128,9 @@ class _Overrides:
         if reason:
             return self._fallback(_CPU_FLASH, keyset, reason, query, key, value, dropout_p,
                                   is_causal, attn_mask=attn_mask, scale=scale)
-        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale)
+        # torch's CPU flash op (like its math backend) aligns causal top-left.
+        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
+                                     causal_alignment="top_left")
         b, h, sq, _ = query.shape
         # torch's CPU kernel returns logsumexp as a (B, Sq, H) buffer viewed (B, H, Sq).
         lse_cpu = torch.empty((b, sq, h), dtype=torch.float32).transpose(1, 2)
@@ -139,7 +150,8 @@ class _Overrides:
         grads = tuple(torch.empty_permuted(t.size(), (0, 2, 1, 3), dtype=t.dtype)
                       for t in (query, key, value))
         return attention.backward(grad_out, query, key, value, out, logsumexp,
-                                  is_causal=is_causal, scale=scale, grads=grads)
+                                  is_causal=is_causal, scale=scale, grads=grads,
+                                  causal_alignment="top_left")
 
 
 _active: _Overrides | None = None
