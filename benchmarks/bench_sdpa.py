@@ -69,18 +69,21 @@ def _triton_jit_forward():
         fn = kernel_spec.jit_function(spec.kernels["attn_fwd"])
     except ImportError:
         return None
-    variants = {(v.functional["head_dim"], v.functional["causal"]): v
+    # The unmasked (head_dim == tile width) forward variants, default config.
+    variants = {v.functional["head_dim"]: v
                 for v in reversed(spec.variants_for(kernel_spec.INTERPRETER_ARCH))
-                if v.kernel == "attn_fwd" and v.functional["dtype"] == "fp16"}
+                if v.kernel == "attn_fwd" and v.functional["dtype"] == "fp16"
+                and not v.functional["pad_head"]}
 
     def forward(q, k, v, causal):
         b, h, s, d = q.shape
-        variant = variants[(d, causal)]
+        variant = variants[d]
         o = torch.empty_like(q)
         lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
         grid = (-(-s // variant.config["BLOCK_M"]), b * h, 1)
         fn[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                 *o.stride()[:3], h, s, s, attention.default_scale(d),
+                 *o.stride()[:3], h, 1, s, s, d, attention.causal_shift(causal, s, s),
+                 attention.default_scale(d),
                  **variant.options, **variant.constexprs)
         return o
 
