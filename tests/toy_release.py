@@ -1,0 +1,108 @@
+"""Toy releases for the publishing tests: real wheels and .conda packages made
+by the real builders from this source tree stamped with another version, and
+fake archives (random bytes + a manifest; packaging treats archives as opaque).
+
+Each (version, local label) is built once per test session and shared by the
+modules that import this helper (tests/test_publish_index.py,
+tests/test_conda_pins.py, tests/test_release.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+from aotriton_rocm.tooling import package as pkg
+
+ROOT = Path(__file__).resolve().parents[1]
+ROCM = "6.4"
+ARCH = "gfx942"
+
+_BASE = Path(tempfile.mkdtemp(prefix="aotriton-toy-releases-"))
+atexit.register(shutil.rmtree, _BASE, True)
+_LOCK = threading.Lock()
+_KEY_LOCKS: Dict[Tuple, threading.Lock] = {}
+_DONE: Dict[Tuple, object] = {}
+
+
+def _once(key: Tuple, make):
+    with _LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _DONE:
+            _DONE[key] = make()
+        return _DONE[key]
+
+
+def source_tree(version: str) -> Path:
+    """This source tree as release ``version`` (``_version.py`` and the image
+    pins of pyproject's extras moved to that ABI line)."""
+    if version == pkg.read_version(ROOT):
+        return ROOT
+
+    def make() -> Path:
+        tree = pkg.snapshot_source(ROOT, _BASE / f"src-{version}")
+        v = tree / "src" / "aotriton_rocm" / "_version.py"
+        v.write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', v.read_text()))
+        abi = pkg.abi_version_of(version)
+        pp = tree / "pyproject.toml"
+        pp.write_text(re.sub(r"~=\d+\.\d+\.0", f"~={abi}.0", pp.read_text()))
+        return tree
+
+    return _once(("src", version), make)
+
+
+def archives(version: str, archs: Sequence[str] = (ARCH,)) -> Path:
+    def make() -> Path:
+        d = _BASE / f"archives-{version}-{'-'.join(archs)}"
+        d.mkdir(parents=True)
+        for arch in archs:
+            (d / f"{arch}.aotr").write_bytes(os.urandom(2048))
+            man = {"manifest": {"arch": arch, "package_version": version,
+                                "abi_version": pkg.abi_version_of(version), "rocm_profile": ROCM,
+                                "format_version": 1}, "kernels": []}
+            (d / f"{arch}.manifest.json").write_text(json.dumps(man), encoding="utf-8")
+        return d
+
+    return _once(("archives", version, tuple(archs)), make)
+
+
+def wheels(version: str, local: bool = False) -> List[Path]:
+    """``[runtime wheel, image wheel, sdist]`` of a toy release (``local``: the
+    per-ROCm build, ``X.Y.Z+rocm6.4``)."""
+    def make() -> List[Path]:
+        out = _BASE / f"wheels-{version}{'-local' if local else ''}"
+        return pkg.build_wheels(source_tree(version), archives(version), out, [ARCH], ROCM, local)
+
+    return _once(("wheels", version, local), make)
+
+
+def build_wheels_in_parallel(releases: Sequence[Tuple[str, bool]]) -> Dict[Tuple[str, bool], List[Path]]:
+    """The builds are mostly subprocesses: overlap them."""
+    with ThreadPoolExecutor(max_workers=len(releases)) as ex:
+        futs = {r: ex.submit(wheels, *r) for r in releases}
+        return {r: f.result() for r, f in futs.items()}
+
+
+def conda_packages(version: str) -> List[Path]:
+    """The .conda packages (runtime for this Python + the image) of a toy
+    release, in a channel of their own; the runtime repacks the toy wheel."""
+    def make() -> List[Path]:
+        from aotriton_rocm.tooling.conda import build_conda
+
+        import sys
+
+        out = _BASE / f"conda-{version}"
+        return build_conda(source_tree(version), archives(version), out, [ARCH], ROCM,
+                           python_versions=["%d.%d" % sys.version_info[:2]],
+                           runtime_wheel=wheels(version)[0], run_tests=False)
+
+    return _once(("conda", version), make)
