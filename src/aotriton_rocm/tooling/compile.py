@@ -31,8 +31,10 @@ __all__ = [
     "validate_output",
 ]
 
-# Environment every compile runs under (part of the cache key).
-COMPILE_ENV = {"TRITON_DEFAULT_FP_FUSION": "1"}
+# Environment every compile runs under (part of the cache key). No line info:
+# it embeds the kernel file's absolute path in the code object, so the same
+# sources in two checkouts (or on two build machines) gave different bytes.
+COMPILE_ENV = {"TRITON_DEFAULT_FP_FUSION": "1", "TRITON_DISABLE_LINE_INFO": "1"}
 ELF_MAGIC = b"\x7fELF"
 
 
