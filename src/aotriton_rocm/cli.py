@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tooling = {
         "build": ("compile the kernel archives ahead of time", "build"),
+        "merge": ("assemble the archives of a sharded build (build --shard K/N)", "merge"),
         "package": ("wheels and conda packages from built archives", "package"),
         "install-check": ("install the packages into fresh environments and smoke-test them",
                           "install_check"),

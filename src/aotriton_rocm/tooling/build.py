@@ -12,6 +12,21 @@ Output layout::
     OUT/cache/                 compiled code objects by content hash
     OUT/build-report.json      per arch: kernels, compiled vs cached, seconds, bytes
 
+Sharded (``--shard K/N``): the build compiles and validates only shard K of
+the unique compile tasks and writes ``OUT/cache/`` plus ``OUT/shard.json``
+(which keys it holds, the build inputs hash) instead of archives;
+``aotriton-rocm merge`` (merge.py) assembles the archives from all N shard
+outputs. Partition: the unique cache keys (sha256 of each compile's inputs,
+no paths, no ROCm profile) sorted, task i -> shard i mod N. It depends only
+on the build inputs, not on the machine, checkout path or enumeration order,
+shard sizes differ by at most one, and since the keys are hashes each shard
+gets a random mix of cheap and expensive kernels (contiguous ranges of the
+sorted variant names would put e.g. every backward kernel in one shard).
+
+Executors: ``local`` (a process pool, default), ``dask`` (a running Dask
+scheduler, ``--scheduler tcp://HOST:PORT``) and ``dask-local`` (a LocalCluster
+on 127.0.0.1); see dask_executor.py.
+
 Archives are only written when every variant of the build compiled and
 validated; each file is written atomically (temp file + rename), so a failed
 build leaves no partial archive and previous archives untouched.
@@ -39,6 +54,7 @@ from ..codeobject import ArchLimits, validate_kernel
 from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
 from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
                       validate_output, worker_init)
+from .dask_executor import EXECUTORS, ExecutorError
 from .progress import Progress, format_seconds
 from .targets import ArchSpec, TargetError, find_source_root, load_targets
 from ..kernel_spec import SCRATCH_ARGS, Variant, VariantSpecError, load_variants
@@ -54,6 +70,8 @@ __all__ = [
 ]
 
 REPORT_NAME = "build-report.json"
+SHARD_FILE = "shard.json"
+SHARD_KIND = "aotriton-rocm-build-shard"
 MAX_ERRORS_SHOWN = 10
 
 
@@ -89,6 +107,8 @@ class BuildResult:
     compiled: int
     cached: int
     seconds: float
+    shard: Optional[Tuple[int, int]] = None
+    shard_file: Optional[Path] = None
 
     @property
     def archives(self) -> Dict[str, Path]:
@@ -104,6 +124,24 @@ def _default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+def parse_shard(text: str) -> Tuple[int, int]:
+    """``"K/N"`` -> (K, N), 1 <= K <= N; ValueError with a clear message otherwise."""
+    try:
+        k_s, n_s = str(text).split("/")
+        k, n = int(k_s), int(n_s)
+    except ValueError:
+        raise ValueError(f"--shard takes K/N (e.g. 2/3), not {text!r}") from None
+    if n < 1 or not 1 <= k <= n:
+        raise ValueError(f"--shard {text}: need 1 <= K <= N")
+    return k, n
+
+
+def shard_keys(keys, k: int, n: int) -> List[str]:
+    """Shard ``k`` of ``n`` (1-based) of the unique cache ``keys``: sorted,
+    every n-th starting at k-1 (see the module docstring for why)."""
+    return sorted(set(keys))[k - 1::n]
 
 
 def _triton_version() -> str:
@@ -206,13 +244,37 @@ def format_arch_table(report: Dict[str, Any]) -> str:
                       for row in rows)
 
 
+def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache: str):
+    """Compile on a local process pool; yields (task, output) as they finish."""
+    ctx = multiprocessing.get_context("spawn")
+    pool = cf.ProcessPoolExecutor(max_workers=min(n_jobs, len(misses)), mp_context=ctx,
+                                  initializer=worker_init, initargs=(triton_cache,))
+    try:
+        futs = {pool.submit(compile_variant, t): t for t in misses}
+        for fut in cf.as_completed(futs):
+            t = futs[fut]
+            try:
+                res: CompileOutput = fut.result()
+            except Exception as e:  # worker died (e.g. killed for memory)
+                res = CompileOutput(t.cache_key, t.variant_key, t.arch, error=f"worker failed: {e!r}")
+            yield t, res
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
 def _write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, source_root=None,
           jobs: Optional[int] = None, *, kernels_dir=None, targets_path=None,
-          progress: bool = True, stream: Optional[TextIO] = None) -> BuildResult:
+          progress: bool = True, stream: Optional[TextIO] = None,
+          shard: Optional[Tuple[int, int]] = None, executor: str = "local",
+          scheduler: Optional[str] = None, compile_missing: bool = True,
+          expected_inputs_hash: Optional[str] = None) -> BuildResult:
     """Build one archive per arch for ROCm ``profile`` into ``out_dir``.
 
     ``archs``: arch names / families / "default" / "all" (comma lists allowed);
@@ -223,8 +285,29 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     all cores). Raises TargetError / VariantSpecError for bad requests or
     specs (before compiling anything) and BuildError if any variant fails to
     compile or validate (no archive is written then).
+
+    ``shard=(K, N)``: compile + validate shard K only and write
+    ``OUT/shard.json`` instead of archives. ``executor``: "local", "dask"
+    (needs ``scheduler``, tcp://HOST:PORT) or "dask-local" (LocalCluster on
+    127.0.0.1 with ``jobs`` workers). ``compile_missing=False`` (merge):
+    every code object must already be in the cache; ``expected_inputs_hash``:
+    refuse if the inputs hash differs (shards built from other inputs).
     """
     t_start = time.monotonic()
+    if executor not in EXECUTORS:
+        raise ExecutorError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    if executor == "dask" and not scheduler:
+        raise ExecutorError("--executor dask needs --scheduler tcp://HOST:PORT "
+                            "(or use --executor dask-local for a cluster on this machine)")
+    if executor != "dask" and scheduler:
+        raise ExecutorError(f"--scheduler is only used with --executor dask (got --executor {executor})")
+    if executor.startswith("dask"):
+        from .dask_executor import require_distributed
+        require_distributed()  # fail before compiling anything
+    if shard is not None:
+        k, n = shard
+        if n < 1 or not 1 <= k <= n:
+            raise ValueError(f"shard {k}/{n}: need 1 <= K <= N")
     stream = stream if stream is not None else sys.stderr
     if kernels_dir is None or targets_path is None:
         root = Path(source_root) if source_root is not None else find_source_root()
@@ -245,6 +328,10 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                          f"pip install triton=={_version.TRITON_VERSION}")
     sources_hash = kernel_sources_hash(kernels_dir)
     inputs_hash = build_inputs_hash(kernels_dir, spec.raw_bytes, targets.raw_bytes, triton_version)
+    if expected_inputs_hash is not None and expected_inputs_hash != inputs_hash:
+        raise BuildError(f"the shards were built from other inputs (build inputs hash "
+                         f"{expected_inputs_hash[:16]}...) than {kernels_dir} + {targets_path} "
+                         f"({inputs_hash[:16]}...): merge with the same checkout the shards used")
 
     # Enumerate (fails at once if an arch has nothing to compile).
     plan: Dict[str, List[Tuple[Variant, CompileTask]]] = {}
@@ -258,6 +345,14 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         warnings[a.name] = [f"kernel {k} has no config for {a.name}" for k in spec.kernels_without_variants(a)]
         plan[a.name] = [(v, _task_for(v, params_of[v.kernel], a, kernels_dir, sources_hash, triton_version))
                         for v in vs]
+    shard_key_list: List[str] = []
+    if shard is not None:
+        (out / SHARD_FILE).unlink(missing_ok=True)  # a failed rerun leaves no stale shard file
+    all_keys = {t.cache_key for items in plan.values() for _, t in items}
+    if shard is not None:
+        shard_key_list = shard_keys(all_keys, *shard)
+        mine = set(shard_key_list)
+        plan = {a: [(v, t) for v, t in items if t.cache_key in mine] for a, items in plan.items()}
 
     cache = CompileCache(out / "cache")
     results: Dict[str, Tuple[Dict[str, Any], bytes]] = {}  # cache key -> (meta, code)
@@ -286,21 +381,23 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         prog.write(f"note: ignoring {', '.join(ignored)} while compiling (they change code generation)")
     errors: List[str] = []
     n_jobs = max(1, int(jobs) if jobs else _default_jobs())
+    if misses and not compile_missing:
+        prog.close()
+        raise BuildError(f"{len(misses)} code object(s) are in none of the shard outputs, e.g. "
+                         f"{misses[0].arch} {misses[0].variant_key}; no archive written")
     if misses:
         tmp_root = out / ".tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
         triton_cache = tempfile.mkdtemp(prefix="triton-cache-", dir=tmp_root)
-        ctx = multiprocessing.get_context("spawn")
-        pool = cf.ProcessPoolExecutor(max_workers=min(n_jobs, len(misses)), mp_context=ctx,
-                                      initializer=worker_init, initargs=(triton_cache,))
+        if executor == "local":
+            outputs = _iter_compile_local(misses, n_jobs, triton_cache)
+        else:
+            from .dask_executor import iter_compile_dask
+            outputs = iter_compile_dask(misses, kernels_dir=kernels_dir, sources_hash=sources_hash,
+                                        scheduler=scheduler if executor == "dask" else None,
+                                        local_workers=min(n_jobs, len(misses)), log=prog.write)
         try:
-            futs = {pool.submit(compile_variant, t): t for t in misses}
-            for fut in cf.as_completed(futs):
-                t = futs[fut]
-                try:
-                    res: CompileOutput = fut.result()
-                except Exception as e:  # worker died (e.g. killed for memory)
-                    res = CompileOutput(t.cache_key, t.variant_key, t.arch, error=f"worker failed: {e!r}")
+            for t, res in outputs:
                 compile_seconds[t.arch] += res.seconds
                 if res.error:
                     first = res.error.strip().splitlines()[0]
@@ -314,11 +411,10 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                     results[t.cache_key] = (meta, res.code)
                     compiled_keys.add(t.cache_key)
                 prog.update(1, label=f"{t.arch} {t.variant_key}")
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
         finally:
-            pool.shutdown(wait=True)
+            close = getattr(outputs, "close", None)
+            if close is not None:
+                close()
             prog.close()
             shutil.rmtree(triton_cache, ignore_errors=True)
             try:
@@ -358,6 +454,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         "compiler_version": triton_version,
         "build_inputs_hash": inputs_hash,
         "jobs": n_jobs,
+        "executor": executor,
+        "shard": f"{shard[0]}/{shard[1]}" if shard else None,
         "kernels_dir": str(kernels_dir),
         "compile_env": dict(COMPILE_ENV),
         "ignored_env": scrubbed_env_names(),
@@ -368,7 +466,26 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     arch_dir = out / "archives"
 
     per_arch: Dict[str, ArchResult] = {}
-    if not errors:
+    shard_path: Optional[Path] = None
+    if shard is not None:
+        for a in arch_specs:
+            items = plan[a.name]
+            report["per_arch"][a.name] = {
+                "kernels": len(items),
+                "compiled": sum(1 for _, t in items if t.cache_key in compiled_keys),
+                "failed": sum(1 for _, t in items if t.cache_key not in results),
+                "compile_cpu_seconds": round(compile_seconds[a.name], 3),
+                "warnings": warnings[a.name],
+            }
+        if not errors:
+            # Written last: its presence means every listed key is in OUT/cache.
+            shard_path = out / SHARD_FILE
+            _write_json(shard_path, {
+                "kind": SHARD_KIND, "shard": shard[0], "shards": shard[1], "profile": prof.name,
+                "archs": [a.name for a in arch_specs], "compiler_version": triton_version,
+                "build_inputs_hash": inputs_hash, "total_keys": len(all_keys), "keys": shard_key_list,
+            })
+    elif not errors:
         for a in arch_specs:
             t0 = time.monotonic()
             items = plan[a.name]
@@ -434,7 +551,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
 
     return BuildResult(out_dir=out, profile=prof.name, archs=[a.name for a in arch_specs],
                        per_arch=per_arch, report_path=report_path, report=report,
-                       compiled=report["compiled"], cached=report["cached"], seconds=total_s)
+                       compiled=report["compiled"], cached=report["cached"], seconds=total_s,
+                       shard=shard, shard_file=shard_path)
 
 
 # -- CLI wiring -----------------------------------------------------------
@@ -458,19 +576,36 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="targets file (default: SOURCE_ROOT/ci/targets.toml)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="no progress bar")
+    parser.add_argument("--shard", dest="shard", default=None, metavar="K/N",
+                        help="compile only shard K of N (1-based) into OUT/cache + OUT/shard.json; "
+                             "assemble the archives with `aotriton-rocm merge`")
+    parser.add_argument("--executor", dest="executor", choices=EXECUTORS, default="local",
+                        help="where compiles run: local processes (default), a Dask cluster "
+                             "(dask, with --scheduler) or a Dask LocalCluster on 127.0.0.1 (dask-local)")
+    parser.add_argument("--scheduler", dest="scheduler", default=None, metavar="tcp://HOST:PORT",
+                        help="Dask scheduler address for --executor dask")
     return parser
 
 
 def run_build_command(args: argparse.Namespace) -> int:
     """Run ``build`` from parsed arguments; returns the process exit code
     (0 ok, 1 compile/validation failure, 2 bad request or spec)."""
+    shard = None
+    if getattr(args, "shard", None):
+        try:
+            shard = parse_shard(args.shard)
+        except ValueError as e:
+            print(f"aotriton-rocm build: error: {e}", file=sys.stderr)
+            return 2
     try:
         res = build(getattr(args, "rocm", None), getattr(args, "arch", None),
                     getattr(args, "out", "build"), source_root=getattr(args, "source_root", None),
                     jobs=getattr(args, "jobs", None), kernels_dir=getattr(args, "kernels_dir", None),
                     targets_path=getattr(args, "targets", None),
-                    progress=getattr(args, "progress", True))
-    except (TargetError, VariantSpecError) as e:
+                    progress=getattr(args, "progress", True), shard=shard,
+                    executor=getattr(args, "executor", "local") or "local",
+                    scheduler=getattr(args, "scheduler", None))
+    except (TargetError, VariantSpecError, ExecutorError) as e:
         print(f"aotriton-rocm build: error: {e}", file=sys.stderr)
         return 2
     except BuildError as e:
@@ -483,6 +618,12 @@ def run_build_command(args: argparse.Namespace) -> int:
         rel = os.path.relpath(p)
         return str(p) if rel.startswith("..") else rel
 
+    if res.shard is not None:
+        k, n = res.shard
+        print(f"ROCm {res.profile}: shard {k}/{n}: {res.compiled} compiled, {res.cached} cached in "
+              f"{format_seconds(res.seconds)}; shard output: {show(res.shard_file)} "
+              f"(assemble with: aotriton-rocm merge SHARD_OUTPUTS... --out DIR)")
+        return 0
     print(format_arch_table(res.report))
     print(f"ROCm {res.profile}: {res.compiled} compiled, {res.cached} cached in "
           f"{format_seconds(res.seconds)}; report: {show(res.report_path)}")

@@ -1,0 +1,147 @@
+"""``aotriton-rocm merge SHARD_OUTPUTS... --out DIR``: archives from a sharded build.
+
+Build-time only. Each ``aotriton-rocm build --shard K/N --out SHARD_DIR``
+leaves ``SHARD_DIR/cache/`` (its code objects, content-addressed) and
+``SHARD_DIR/shard.json`` (shard K of N, profile, archs, build inputs hash,
+the cache keys it holds). Merge checks that exactly shards 1..N of one build
+are given (none missing, none twice, same inputs), copies their cache entries
+(sha256-checked) into ``DIR/cache`` and then runs the ordinary archive step
+of ``build`` over them with compiling switched off. The archives and
+manifests are therefore produced by the same writer from the same code
+objects as an unsharded build: byte-identical (nothing in them records a
+path, a shard or a time). Merge needs the same checkout (kernels/, ci/) the
+shards were built from; a different one is refused by the inputs hash.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, TextIO
+
+from .build import (SHARD_FILE, SHARD_KIND, BuildError, BuildResult, _write_json, build,
+                    format_arch_table)
+from .cache import CompileCache
+from .progress import format_seconds
+from .targets import TargetError
+from ..kernel_spec import VariantSpecError
+
+__all__ = ["ShardError", "read_shard", "check_shards", "merge", "add_merge_arguments", "run_merge_command"]
+
+_SAME = ("profile", "archs", "build_inputs_hash", "compiler_version", "total_keys")
+
+
+class ShardError(RuntimeError):
+    """The shard outputs given to merge are incomplete, duplicated or inconsistent."""
+
+
+def read_shard(shard_dir) -> Dict[str, Any]:
+    d = Path(shard_dir)
+    f = d / SHARD_FILE
+    try:
+        doc = json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ShardError(f"{d}: not a complete shard output (no {SHARD_FILE}); build it with "
+                         f"`aotriton-rocm build --shard K/N --out {d}` and wait for it to finish") from None
+    except (OSError, ValueError) as e:
+        raise ShardError(f"{f}: unreadable shard file: {e}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != SHARD_KIND:
+        raise ShardError(f"{f}: not an aotriton-rocm shard file")
+    return doc
+
+
+def check_shards(dirs: Sequence[Path], docs: Sequence[Dict[str, Any]]) -> int:
+    """Refuse anything but shards 1..N of one build, each given once; returns N."""
+    if not docs:
+        raise ShardError("no shard outputs given")
+    first = docs[0]
+    n = int(first["shards"])
+    for d, doc in zip(dirs[1:], docs[1:]):
+        if int(doc["shards"]) != n:
+            raise ShardError(f"{d} is shard {doc['shard']}/{doc['shards']}, {dirs[0]} is "
+                             f"{first['shard']}/{n}: shards of different partitions cannot be merged")
+        for k in _SAME:
+            if doc.get(k) != first.get(k):
+                raise ShardError(f"{d} and {dirs[0]} come from different builds ({k}: "
+                                 f"{doc.get(k)!r} vs {first.get(k)!r})")
+    by_index: Dict[int, List[Path]] = {}
+    for d, doc in zip(dirs, docs):
+        by_index.setdefault(int(doc["shard"]), []).append(d)
+    twice = {k: ds for k, ds in by_index.items() if len(ds) > 1}
+    if twice:
+        k, ds = min(twice.items())
+        raise ShardError(f"shard {k}/{n} given more than once: {', '.join(map(str, ds))}")
+    missing = sorted(set(range(1, n + 1)) - set(by_index))
+    if missing:
+        got = ", ".join(f"{k}/{n}" for k in sorted(by_index))
+        raise ShardError(f"missing shard(s) {', '.join(f'{k}/{n}' for k in missing)} "
+                         f"(got {got}); merge needs all {n} shard outputs")
+    keys = [k for doc in docs for k in doc["keys"]]
+    if len(set(keys)) != len(keys) or len(keys) != int(first["total_keys"]):
+        raise ShardError(f"the shard files list {len(set(keys))} distinct of {len(keys)} keys, the build "
+                         f"has {first['total_keys']}: corrupted shard files")
+    return n
+
+
+def merge(shard_dirs: Sequence, out_dir, source_root=None, *, kernels_dir=None, targets_path=None,
+          progress: bool = False, stream: Optional[TextIO] = None) -> BuildResult:
+    """Assemble the archives of a sharded build into ``out_dir`` (see module doc).
+
+    Raises ShardError for missing/duplicate/inconsistent shards or a broken
+    cache entry, BuildError if validation fails or the checkout differs.
+    """
+    dirs = [Path(d).resolve() for d in shard_dirs]
+    docs = [read_shard(d) for d in dirs]
+    n = check_shards(dirs, docs)
+    out = Path(out_dir).resolve()
+    dest = CompileCache(out / "cache")
+    for d, doc in zip(dirs, docs):
+        src = CompileCache(d / "cache")
+        for key in doc["keys"]:
+            hit = src.get(key)
+            if hit is None:
+                raise ShardError(f"{d}: cache entry {key} of shard {doc['shard']}/{n} is missing or "
+                                 f"corrupted; rebuild that shard")
+            if src.root != dest.root and dest.get(key) is None:
+                dest.put(key, hit[0], hit[1])
+    first = docs[0]
+    res = build(first["profile"], list(first["archs"]), out, source_root=source_root, jobs=1,
+                kernels_dir=kernels_dir, targets_path=targets_path, progress=progress, stream=stream,
+                compile_missing=False, expected_inputs_hash=first["build_inputs_hash"])
+    res.report["merged_from"] = [{"shard": f"{doc['shard']}/{n}", "keys": len(doc["keys"])}
+                                 for doc in sorted(docs, key=lambda x: x["shard"])]
+    _write_json(res.report_path, res.report)
+    return res
+
+
+def add_merge_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("shards", nargs="+", metavar="SHARD_OUTPUT",
+                        help="output directories of `aotriton-rocm build --shard K/N` (all N of them)")
+    parser.add_argument("--out", "-o", dest="out", required=True, metavar="DIR",
+                        help="output directory: archives/, cache/, build-report.json")
+    parser.add_argument("--source-root", dest="source_root", default=None, metavar="DIR",
+                        help="the checkout the shards were built from (default: found from the cwd)")
+    parser.add_argument("--kernels-dir", dest="kernels_dir", default=None, metavar="DIR")
+    parser.add_argument("--targets", dest="targets", default=None, metavar="FILE")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    return parser
+
+
+def run_merge_command(args: argparse.Namespace) -> int:
+    """0 ok, 1 validation failure, 2 bad/missing/duplicate shards or bad request."""
+    try:
+        res = merge(args.shards, args.out, source_root=getattr(args, "source_root", None),
+                    kernels_dir=getattr(args, "kernels_dir", None), targets_path=getattr(args, "targets", None),
+                    progress=getattr(args, "progress", True))
+    except (ShardError, TargetError, VariantSpecError) as e:
+        print(f"aotriton-rocm merge: error: {e}", file=sys.stderr)
+        return 2
+    except BuildError as e:
+        print(f"aotriton-rocm merge: {e}", file=sys.stderr)
+        return 1
+    print(format_arch_table(res.report))
+    print(f"ROCm {res.profile}: merged {len(args.shards)} shard(s) into {os.path.relpath(res.out_dir)} in "
+          f"{format_seconds(res.seconds)}; report: {os.path.relpath(res.report_path)}")
+    return 0
