@@ -811,6 +811,13 @@ def run_package_command(args: argparse.Namespace) -> int:
         return 1
     if made:
         write_sha256sums(out, made)
+        from .sbom import write_sbom
+
+        # CycloneDX SBOM of everything SHA256SUMS lists (this run's and earlier runs')
+        sbom = write_sbom(out, str(report.get("version") or read_version(root)), source_root=root,
+                          rocm_profile=report.get("rocm_profile") or args.rocm)
+        write_sha256sums(out, [sbom])
+        print(f"SBOM: {sbom}", file=sys.stderr)
     for p in made:
         print(p)
     if report.get("runtime_tags"):

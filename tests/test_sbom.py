@@ -1,0 +1,173 @@
+"""CycloneDX SBOM of a release: `aotriton-rocm package` writes
+aotriton-rocm-<version>.cdx.json next to the artifacts. The builders are
+replaced by copies of a toy release's real wheels and .conda packages
+(tests/toy_release.py; built once per session), so this checks the command's
+wiring and the document, not the builders again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import toy_release as TR
+
+pytest.importorskip("build")
+pytest.importorskip("rattler_build")
+
+from aotriton_rocm import _version, torch_compat  # noqa: E402
+from aotriton_rocm.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.tooling import conda as C  # noqa: E402
+from aotriton_rocm.tooling import package as pkg  # noqa: E402
+from aotriton_rocm.tooling import sbom as S  # noqa: E402
+
+VERSION = pkg.read_version(TR.ROOT)
+
+# CycloneDX 1.5 JSON schema: required top-level fields and the enums used here.
+COMPONENT_TYPES = {"application", "framework", "library", "container", "platform",
+                   "operating-system", "device", "device-driver", "firmware", "file",
+                   "machine-learning-model", "data"}
+HASH_ALGS = {"MD5", "SHA-1", "SHA-256", "SHA-384", "SHA-512", "SHA3-256", "SHA3-384", "SHA3-512",
+             "BLAKE2b-256", "BLAKE2b-384", "BLAKE2b-512", "BLAKE3"}
+
+
+def check_cyclonedx(doc: dict) -> None:
+    """The structure rules of the CycloneDX 1.5 JSON schema this SBOM relies on."""
+    assert doc["bomFormat"] == "CycloneDX"
+    assert doc["specVersion"] in ("1.5", "1.6")
+    assert re.fullmatch(r"urn:uuid:[0-9a-f]{8}-[0-9a-f]{4}-[1-5][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
+                        doc["serialNumber"])
+    assert isinstance(doc["version"], int) and doc["version"] >= 1
+    allowed = {"$schema", "bomFormat", "specVersion", "serialNumber", "version", "metadata",
+               "components", "services", "externalReferences", "dependencies", "compositions",
+               "properties", "vulnerabilities", "annotations", "formulation", "definitions",
+               "signature"}
+    assert set(doc) <= allowed, set(doc) - allowed
+    meta = doc["metadata"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta["timestamp"])
+    refs = []
+
+    def component(c):
+        assert c["type"] in COMPONENT_TYPES and isinstance(c["name"], str) and c["name"]
+        for h in c.get("hashes", []):
+            assert h["alg"] in HASH_ALGS and re.fullmatch(r"[0-9a-f]{32,128}", h["content"])
+        for p in c.get("properties", []):
+            assert set(p) <= {"name", "value"} and isinstance(p["name"], str)
+        if "bom-ref" in c:
+            refs.append(c["bom-ref"])
+
+    for c in meta["tools"]["components"]:
+        component(c)
+    component(meta["component"])
+    for c in doc["components"]:
+        component(c)
+    assert len(refs) == len(set(refs)), "bom-refs must be unique"
+    for d in doc["dependencies"]:
+        assert d["ref"] in refs and set(d.get("dependsOn", [])) <= set(refs), d
+
+
+@pytest.fixture(scope="module")
+def release_dir(tmp_path_factory):
+    """`aotriton-rocm package` run twice into one directory (wheels, then conda
+    packages), the builders handing back copies of the toy release's files."""
+    out = tmp_path_factory.mktemp("release")
+    wheels = TR.wheels(VERSION)
+    condas = TR.conda_packages(VERSION)
+    archives = TR.archives(VERSION)
+
+    def fake_wheels(root, archives_dir, out_dir, *a, report=None, **k):
+        files = [Path(shutil.copy2(w, Path(out_dir) / w.name)) for w in wheels]
+        pkg.write_sha256sums(out_dir, files)
+        if report is not None:
+            report.update({"version": VERSION, "rocm_profile": TR.ROCM})
+        return files
+
+    def fake_conda(root, archives_dir, out_dir, *a, **k):
+        made = []
+        for c in condas:
+            (Path(out_dir) / c.parent.name).mkdir(parents=True, exist_ok=True)
+            made.append(Path(shutil.copy2(c, Path(out_dir) / c.parent.name / c.name)))
+        return made
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pkg, "build_wheels", fake_wheels)
+        mp.setattr(C, "build_conda", fake_conda)
+        common = ["package", "--archives", str(archives), "--out", str(out), "--rocm", TR.ROCM,
+                  "--source-root", str(TR.ROOT)]
+        assert cli_main([*common, "--no-conda"]) == 0
+        assert cli_main([*common, "--no-wheels"]) == 0
+    return out, wheels, condas
+
+
+def test_package_writes_a_cyclonedx_sbom(release_dir):
+    out, wheels, condas = release_dir
+    path = out / f"aotriton-rocm-{VERSION}.cdx.json"
+    doc = json.loads(path.read_text())
+    check_cyclonedx(doc)
+    assert doc["specVersion"] == S.SPEC_VERSION == "1.5"
+    # every artifact (from both runs) with its sha256
+    listed = {c["bom-ref"].split(":", 1)[1]: c for c in doc["components"] if "hashes" in c}
+    want = [w.name for w in wheels] + [f"conda/{c.parent.name}/{c.name}" for c in condas]
+    assert sorted(listed) == sorted(want)
+    for rel, c in listed.items():
+        assert c["hashes"] == [{"alg": "SHA-256",
+                                "content": hashlib.sha256((out / rel).read_bytes()).hexdigest()}]
+        assert c["version"] == VERSION
+        assert c["purl"].startswith(("pkg:pypi/aotriton-rocm", "pkg:conda/aotriton-rocm"))
+    # the compiler is the build tool, pinned
+    [tool] = doc["metadata"]["tools"]["components"]
+    assert (tool["name"], tool["version"]) == ("triton", _version.TRITON_VERSION) == ("triton", "3.9.0")
+    assert tool["purl"] == "pkg:pypi/triton@3.9.0"
+    assert doc["metadata"]["component"]["version"] == VERSION
+    # the runtime's dependencies: torch (supported versions), image -> runtime, conda's glibc floor
+    [torch] = [c for c in doc["components"] if c["name"] == "torch"]
+    assert [p["value"] for p in torch["properties"]] == torch_compat.supported_torch(
+        pkg.abi_version_of(VERSION))
+    deps = {d["ref"]: d["dependsOn"] for d in doc["dependencies"]}
+    rt_wheel = f"wheel:{wheels[0].name}"
+    assert deps[rt_wheel] == ["requirement:torch"]
+    assert deps[f"wheel:{wheels[1].name}"] == [rt_wheel]
+    image_conda = next(f"conda/{c.parent.name}/{c.name}" for c in condas if c.parent.name == "noarch")
+    rt_conda = next(f"conda/{c.parent.name}/{c.name}" for c in condas if c.parent.name != "noarch")
+    assert deps["conda:" + image_conda] == ["conda:" + rt_conda]
+    assert deps["conda:" + rt_conda] == ["requirement:torch"]
+
+    def requires(rel):
+        return [p["value"] for p in listed[rel]["properties"] if p["name"] == "aotriton-rocm:requires"]
+
+    assert requires(rt_conda) == ["__glibc >=2.28"]
+    assert requires(image_conda) == [f"aotriton-rocm >={VERSION},<0.2.0a0 *_rocm64_*"]
+    assert requires(wheels[1].name) == [f"aotriton-rocm~={pkg.abi_version_of(VERSION)}.0"]
+    # SHA256SUMS covers the SBOM too, and checks out
+    sums = (out / "SHA256SUMS").read_text()
+    assert path.name in sums
+    proc = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_sbom_is_reproducible(release_dir, monkeypatch):
+    out, _, _ = release_dir
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    a = S.build_sbom(out, VERSION, source_root=TR.ROOT, rocm_profile=TR.ROCM)
+    b = S.build_sbom(out, VERSION, source_root=TR.ROOT, rocm_profile=TR.ROCM)
+    assert a == b and a["metadata"]["timestamp"] == "2023-11-14T22:13:20Z"
+    check_cyclonedx(a)
+
+
+def test_validator_rejects_broken_documents():
+    good = {"bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1,
+            "serialNumber": "urn:uuid:3e671687-395b-41f5-a30f-a58921a69b79",
+            "metadata": {"timestamp": "2024-01-01T00:00:00Z", "tools": {"components": []},
+                         "component": {"type": "library", "name": "x", "bom-ref": "x"}},
+            "components": [], "dependencies": [{"ref": "x", "dependsOn": []}]}
+    check_cyclonedx(good)
+    for broken in ({"bomFormat": "SPDX"}, {"specVersion": "1.2"}, {"serialNumber": "42"},
+                   {"dependencies": [{"ref": "nope"}]},
+                   {"components": [{"type": "wheel", "name": "y"}]}):
+        with pytest.raises((AssertionError, KeyError)):
+            check_cyclonedx({**good, **broken})
