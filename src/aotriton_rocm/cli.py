@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                       "abi_check"),
         "validate": ("statically validate the AMD code objects of kernel archives", "validate"),
         "pin": ("requirement and conda spec lines for a torch version", "pin"),
+        "release": ("gated release: build, package, install-check, abi-check, changelog, "
+                    "credentials, publish (--dry-run by default)", "release"),
     }
     for name, (help_text, module) in tooling.items():
         p = sub.add_parser(name, help=help_text)
