@@ -82,7 +82,7 @@ def _triton_jit_forward():
         lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
         grid = (-(-s // variant.config["BLOCK_M"]), b * h, 1)
         fn[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                 *o.stride()[:3], h, 1, s, s, d, attention.causal_shift(causal, s, s),
+                 *o.stride()[:3], h, 1, s, s, d, *attention.mask_args(causal, s, s),
                  attention.default_scale(d),
                  **variant.options, **variant.constexprs)
         return o

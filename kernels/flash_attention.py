@@ -29,16 +29,25 @@ Conventions shared by all kernels:
   elements and keeps 16-byte vector loads. Without ``PAD_HEAD`` the d axis is
   unmasked (``head_dim == BLOCK_D``: the fast path). ``attn_bwd_preprocess``
   is memory-bound and always masks d;
-* causal: key column ``j`` is visible from query row ``i`` iff
-  ``j <= i + causal_shift``. ``causal_shift = seqlen_k - seqlen_q`` is the
-  bottom-right alignment (torch's CUDA flash op, flash-attn),
-  ``causal_shift = 0`` the top-left one (torch's math backend and CPU flash
-  op), and ``causal_shift = seqlen_k`` makes every key visible (non-causal).
-  Causality is a runtime argument, not a compiled variant: the mask is only
-  evaluated in the few blocks that straddle the diagonal or the ragged end,
-  which exist anyway. A row that sees no key (bottom-right with
-  seqlen_q > seqlen_k) gets output 0 and LSE = +inf (as FlashAttention-2),
-  which makes its P exactly 0 in the backward kernels;
+* causal and sliding window: key column ``j`` is visible from query row ``i``
+  iff ``i + causal_shift - window_left <= j <= i + causal_shift +
+  window_right`` (flash-attn's local attention), where a negative
+  ``window_left`` / ``window_right`` leaves that side unbounded. The
+  diagonal ``causal_shift = seqlen_k - seqlen_q`` is the bottom-right
+  alignment (torch's CUDA flash op, flash-attn), ``causal_shift = 0`` the
+  top-left one (torch's math backend and CPU flash op). Causal attention is
+  ``window_right = 0``; ``window_left = window_right = -1`` makes every key
+  visible (non-causal). The kernels turn these into per-row column bounds
+  ``[i + lo_shift, i + hi_shift]``. Causality and windows are runtime
+  arguments, not compiled variants: the loops visit only the key (query)
+  blocks some row of the tile can see, and the mask is only evaluated in the
+  few blocks that straddle a window edge or the ragged end, which exist
+  anyway (the masked blocks on both sides are walked as one loop, so the
+  body is instantiated twice, not three times). A row that sees no key
+  (bottom-right with seqlen_q > seqlen_k, or a window that misses every key)
+  gets output 0 and LSE = +inf (as FlashAttention-2), which makes its P
+  exactly 0 in the backward kernels; the host clamps window sizes to
+  ``seqlen_q + seqlen_k`` so that no bound overflows int32;
 * offsets that grow with the tensor (batch, head, row-block start) are
   computed in int64 on scalars (program ids and strides are cast before they
   are multiplied); the element offsets inside one block (< BLOCK * row stride)
@@ -85,7 +94,8 @@ def attn_fwd(
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
     stride_oz, stride_oh, stride_om,
-    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift, sm_scale,
+    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift,
+    window_left, window_right, sm_scale,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -135,18 +145,33 @@ def attn_fwd(
 
     # K blocks [0, full_end) are visible to every row of this block and need
     # no mask; [full_end, hi) are masked.
+    # Row i sees columns [i + lo_shift, i + hi_shift] (see the module docstring).
+    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
+    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
     n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + causal_shift, seqlen_k), 0)
-    full_end = tl.minimum((tl.maximum(start_m + causal_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full)
+    # Blocks [lo, hi) hold every column some row of this block sees; of them
+    # [f_lo, f_hi) are seen entirely by every row (no mask).
+    lo = (tl.maximum(start_m + lo_shift, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + hi_shift, seqlen_k), lo)
+    f_lo = tl.minimum(tl.maximum(
+        ((tl.maximum(start_m + BLOCK_M - 1 + lo_shift, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
+    f_hi = tl.maximum(tl.minimum((tl.maximum(start_m + hi_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full),
+                      f_lo)
 
     for phase in tl.static_range(2):
         if phase == 0:
-            lo = 0
-            up = full_end
+            lo_p = f_lo
+            up_p = f_hi
         else:
-            lo = full_end
-            up = hi
-        for start_n in range(lo, up, BLOCK_N):
+            # The masked blocks [lo, f_lo) and [f_hi, hi), walked as one range
+            # (x >= f_lo jumps over the unmasked blocks).
+            lo_p = lo
+            up_p = hi - (f_hi - f_lo)
+        for start_x in range(lo_p, up_p, BLOCK_N):
+            if phase == 0:
+                start_n = start_x
+            else:
+                start_n = start_x + (start_x >= f_lo).to(tl.int32) * (f_hi - f_lo)
             start_n = tl.multiple_of(start_n, BLOCK_N)
             cols = start_n + offs_n
             n_off64 = tl.cast(start_n, tl.int64)
@@ -166,7 +191,8 @@ def attn_fwd(
                 k = k.to(tl.float32)
             qk = tl.dot(q, tl.trans(k)) * qk_scale
             if phase == 1:
-                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + causal_shift)[:, None])
+                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
+                    & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 qk = tl.where(keep, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max))
             if phase == 1:
@@ -174,7 +200,7 @@ def attn_fwd(
                 # instead, so that p = alpha = 0 rather than NaN.
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             else:
-                # Every row sees column 0 of its first block: m_new is finite.
+                # Unmasked blocks come first and every row sees all of them: m_new is finite.
                 m_use = m_new
             p = tl.math.exp2(qk - m_use[:, None])
             alpha = tl.math.exp2(m_i - m_use)
@@ -249,7 +275,8 @@ def attn_bwd_dkdv(
     stride_doz, stride_doh, stride_dom,
     stride_dkz, stride_dkh, stride_dkn,
     stride_dvz, stride_dvh, stride_dvn,
-    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift, sm_scale,
+    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift,
+    window_left, window_right, sm_scale,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -301,14 +328,22 @@ def attn_bwd_dkdv(
     dk = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
     dv = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
 
-    # Q blocks: [lo, mid) straddle the causal diagonal (masked), [mid, m_full)
-    # are complete and see every key of this block (unmasked), [max(mid,
-    # m_full), seqlen_q) is the ragged tail (masked). Rows before lo see none
-    # of these keys. Key columns >= seqlen_k only feed rows of dK/dV that are
-    # never stored, so they need no mask.
+    # Row i sees this block's key j iff j - hi_shift <= i <= j - lo_shift
+    # (see the module docstring). Q blocks [lo, up) hold every row that sees
+    # some key of this block; of them [f_lo, f_hi) are complete and see every
+    # key of this block (unmasked); the rest, [lo, f_lo) and [f_hi, up) (the
+    # window edges, the causal diagonal, the ragged tail), are masked. Key
+    # columns >= seqlen_k only feed rows of dK/dV that are never stored, so
+    # they need no mask.
+    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
+    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
     m_full = (seqlen_q // BLOCK_M) * BLOCK_M
-    lo = (tl.maximum(start_n - causal_shift, 0) // BLOCK_M) * BLOCK_M
-    mid = ((tl.maximum(start_n + BLOCK_N - causal_shift, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M
+    lo = (tl.maximum(start_n - hi_shift, 0) // BLOCK_M) * BLOCK_M
+    up = tl.maximum(tl.minimum(start_n + BLOCK_N - lo_shift, seqlen_q), lo)
+    f_lo = tl.minimum(tl.maximum(
+        ((tl.maximum(start_n + BLOCK_N - 1 - hi_shift, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), up)
+    f_hi = tl.maximum(tl.minimum((tl.maximum(start_n - lo_shift + 1, 0) // BLOCK_M) * BLOCK_M, m_full),
+                      f_lo)
 
     for g in range(0, gqa_group):
         off_zh = off_z * num_heads + off_hk * gqa_group + g
@@ -317,23 +352,25 @@ def attn_bwd_dkdv(
         do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64)
         lse_base = LSE + off_zh * seqlen_q
         delta_base = Delta + off_zh * seqlen_q
-        for phase in tl.static_range(3):
+        for phase in tl.static_range(2):
             if phase == 0:
-                lo_p = lo
-                hi_p = tl.minimum(mid, seqlen_q)
-            elif phase == 1:
-                lo_p = mid
-                hi_p = m_full
+                lo_p = f_lo
+                hi_p = f_hi
             else:
-                lo_p = tl.maximum(mid, m_full)
-                hi_p = seqlen_q
-            for start_m in range(lo_p, hi_p, BLOCK_M):
+                # [lo, f_lo) and [f_hi, up) as one range (x >= f_lo jumps).
+                lo_p = lo
+                hi_p = up - (f_hi - f_lo)
+            for start_x in range(lo_p, hi_p, BLOCK_M):
+                if phase == 0:
+                    start_m = start_x
+                else:
+                    start_m = start_x + (start_x >= f_lo).to(tl.int32) * (f_hi - f_lo)
                 start_m = tl.multiple_of(start_m, BLOCK_M)
                 rows = start_m + offs_m0
                 m_off64 = tl.cast(start_m, tl.int64)
                 q_blk = q_base + m_off64 * stride_qm64
                 do_blk = do_base + m_off64 * stride_dom64
-                if phase == 1:
+                if phase == 0:
                     if PAD_HEAD:
                         q = tl.load(q_blk + q_offs, mask=d_valid[None, :], other=0.0)
                         do = tl.load(do_blk + do_offs, mask=d_valid[None, :], other=0.0)
@@ -359,8 +396,9 @@ def attn_bwd_dkdv(
                 # Transposed scores: (BLOCK_N, BLOCK_M).
                 qkT = tl.dot(k, tl.trans(q))
                 pT = tl.math.exp2(qkT * qk_scale - (lse * LOG2E)[None, :])
-                if phase != 1:
-                    pT = tl.where((rows + causal_shift)[None, :] >= offs_n[:, None], pT, 0.0)
+                if phase == 1:
+                    pT = tl.where(((rows + hi_shift)[None, :] >= offs_n[:, None])
+                                  & ((rows + lo_shift)[None, :] <= offs_n[:, None]), pT, 0.0)
                 pT_lp = pT.to(DO.dtype.element_ty)
                 if UPCAST_DOT:
                     pT_lp = pT_lp.to(tl.float32)
@@ -387,7 +425,8 @@ def attn_bwd_dq(
     stride_vz, stride_vh, stride_vn,
     stride_doz, stride_doh, stride_dom,
     stride_dqz, stride_dqh, stride_dqm,
-    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift, sm_scale,
+    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift,
+    window_left, window_right, sm_scale,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -443,18 +482,33 @@ def attn_bwd_dq(
     # the padded key columns matters here: with K = 0 there, P = exp(-lse)
     # can overflow and inf * 0 would poison dQ. Rows that see no key have
     # LSE = +inf, so their P is 0.
+    # Row i sees columns [i + lo_shift, i + hi_shift] (see the module docstring).
+    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
+    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
     n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + causal_shift, seqlen_k), 0)
-    full_end = tl.minimum((tl.maximum(start_m + causal_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full)
+    # Blocks [lo, hi) hold every column some row of this block sees; of them
+    # [f_lo, f_hi) are seen entirely by every row (no mask).
+    lo = (tl.maximum(start_m + lo_shift, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + hi_shift, seqlen_k), lo)
+    f_lo = tl.minimum(tl.maximum(
+        ((tl.maximum(start_m + BLOCK_M - 1 + lo_shift, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
+    f_hi = tl.maximum(tl.minimum((tl.maximum(start_m + hi_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full),
+                      f_lo)
 
     for phase in tl.static_range(2):
         if phase == 0:
-            lo = 0
-            up = full_end
+            lo_p = f_lo
+            up_p = f_hi
         else:
-            lo = full_end
-            up = hi
-        for start_n in range(lo, up, BLOCK_N):
+            # The masked blocks [lo, f_lo) and [f_hi, hi), walked as one range
+            # (x >= f_lo jumps over the unmasked blocks).
+            lo_p = lo
+            up_p = hi - (f_hi - f_lo)
+        for start_x in range(lo_p, up_p, BLOCK_N):
+            if phase == 0:
+                start_n = start_x
+            else:
+                start_n = start_x + (start_x >= f_lo).to(tl.int32) * (f_hi - f_lo)
             start_n = tl.multiple_of(start_n, BLOCK_N)
             cols = start_n + offs_n0
             n_off64 = tl.cast(start_n, tl.int64)
@@ -479,7 +533,8 @@ def attn_bwd_dq(
             qk = tl.dot(q, tl.trans(k))
             p = tl.math.exp2(qk * qk_scale - lse2[:, None])
             if phase == 1:
-                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + causal_shift)[:, None])
+                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
+                    & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 p = tl.where(keep, p, 0.0)
             dp = tl.dot(do, tl.trans(v))
             ds = p * (dp - delta[:, None])

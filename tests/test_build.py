@@ -238,7 +238,7 @@ def test_real_flash_kernels_gfx942(tmp_path):
             assert r.stats["mfma"], r.key
     (fwd,) = a.find("attn_fwd", dtype="fp16", head_dim=128, pad_head=False)
     assert fwd.args[-2:] == (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
-    assert len(fwd.args) == 24 + 2
+    assert len(fwd.args) == 26 + 2  # 26 kernel arguments (incl. window_left/right) + 2 scratch
 
 
 def test_codegen_env_is_scrubbed(toy_root, tmp_path, monkeypatch):

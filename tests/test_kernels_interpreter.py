@@ -92,9 +92,30 @@ def _nan_like(t, dtype=None):
     return torch.full_like(t, float("nan"), dtype=dtype)
 
 
-def _shift(causal, Sq, Sk):
-    """causal: False, "br" (bottom-right) or "tl" (top-left)."""
-    return {False: Sk, "br": Sk - Sq, "tl": 0}[causal]
+def _mask(causal, Sq, Sk, window=(-1, -1)):
+    """The kernels' (causal_shift, window_left, window_right).
+
+    causal: False, "br" (bottom-right) or "tl" (top-left); window: flash-attn's
+    (left, right), -1 unbounded, aligned like causal (bottom-right if False).
+    """
+    shift = 0 if causal == "tl" else Sk - Sq
+    left, right = window
+    if causal:
+        right = 0
+    return shift, left, right
+
+
+def _visible(causal, Sq, Sk, window=(-1, -1)):
+    """Explicit (Sq, Sk) visibility mask, written from the definition."""
+    shift, left, right = _mask(causal, Sq, Sk, window)
+    i = torch.arange(Sq)[:, None]
+    j = torch.arange(Sk)[None, :]
+    visible = torch.ones(Sq, Sk, dtype=torch.bool)
+    if right >= 0:
+        visible &= j <= i + shift + right
+    if left >= 0:
+        visible &= j >= i + shift - left
+    return visible
 
 
 def _d_consts(D):
@@ -104,7 +125,7 @@ def _d_consts(D):
     return {"BLOCK_D": bd, "PAD_HEAD": D != bd}
 
 
-def kernel_forward(q, k, v, sm_scale, causal):
+def kernel_forward(q, k, v, sm_scale, causal, window=(-1, -1)):
     B, H, Sq, D = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
     o = _nan_like(q)
@@ -112,12 +133,12 @@ def kernel_forward(q, k, v, sm_scale, causal):
     bm, bn = _blocks("attn_fwd", D)
     FWD[(_cdiv(Sq, bm), B * H, 1)](
         q, k, v, o, lse, *_s3(q), *_s3(k), *_s3(v), *_s3(o),
-        H, H // Hk, Sq, Sk, D, _shift(causal, Sq, Sk), sm_scale,
+        H, H // Hk, Sq, Sk, D, *_mask(causal, Sq, Sk, window), sm_scale,
         BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_d_consts(D))
     return o, lse
 
 
-def kernel_backward(q, k, v, o, lse, do, sm_scale, causal):
+def kernel_backward(q, k, v, o, lse, do, sm_scale, causal, window=(-1, -1)):
     B, H, Sq, D = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
     delta = torch.full((B, H, Sq), float("nan"), dtype=torch.float32)
@@ -126,7 +147,7 @@ def kernel_backward(q, k, v, o, lse, do, sm_scale, causal):
                                    BLOCK_D=_block_d(D), BLOCK_M=bm)
 
     dq, dk, dv = _nan_like(q), _nan_like(k), _nan_like(v)
-    tail = (H, H // Hk, Sq, Sk, D, _shift(causal, Sq, Sk), sm_scale)
+    tail = (H, H // Hk, Sq, Sk, D, *_mask(causal, Sq, Sk, window), sm_scale)
     bm, bn = _blocks("attn_bwd_dkdv", D)
     DKDV[(_cdiv(Sk, bn), B * Hk, 1)](
         q, k, v, do, lse, delta, dk, dv,
@@ -140,11 +161,12 @@ def kernel_backward(q, k, v, o, lse, do, sm_scale, causal):
     return delta, dq, dk, dv
 
 
-def reference(q, k, v, do, sm_scale, causal, dtype):
+def reference(q, k, v, do, sm_scale, causal, dtype, window=(-1, -1)):
     """Explicit attention in `dtype`; returns out, lse, dq, dk, dv.
 
     GQA: K/V heads are repeated over their query-head groups. Rows that see no
-    key (bottom-right causal, Sq > Sk) have output 0 and lse +inf (the
+    key (bottom-right causal, Sq > Sk, or a window that misses every key)
+    have output 0 and lse +inf (the
     kernels' convention, FlashAttention-2's).
     """
     q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
@@ -152,10 +174,7 @@ def reference(q, k, v, do, sm_scale, causal, dtype):
     kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = torch.matmul(q, kr.transpose(-1, -2)) * sm_scale
     Sq, Sk = s.shape[-2:]
-    visible = torch.ones(Sq, Sk, dtype=torch.bool)
-    if causal:
-        shift = _shift(causal, Sq, Sk)
-        visible = torch.arange(Sk)[None, :] <= torch.arange(Sq)[:, None] + shift
+    visible = _visible(causal, Sq, Sk, window)
     s = s.masked_fill(~visible, float("-inf"))
     any_visible = visible.any(-1)
     p = torch.softmax(s.masked_fill(~any_visible[:, None], 0.0), dim=-1) * any_visible[:, None]
@@ -239,7 +258,8 @@ def _id(c):
     return f"{str(dtype).split('.')[-1]}-d{d}-{mode}-q{sq}-k{sk}{gqa}"
 
 
-def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, seed=0):
+def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, seed=0,
+             window=(-1, -1)):
     """Forward + backward through the kernels, judged against the reference."""
     gen = torch.Generator().manual_seed(seed)
     q = _make((B, Sq, H, D), dtype, gen, bshd)
@@ -248,15 +268,15 @@ def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, see
     do = _make((B, Sq, H, D), dtype, gen, bshd)
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale
 
-    o, lse = kernel_forward(q, k, v, sm_scale, causal)
-    golden = reference(q, k, v, do, sm_scale, causal, torch.float32)
-    lp = reference(q, k, v, do, sm_scale, causal, dtype)
+    o, lse = kernel_forward(q, k, v, sm_scale, causal, window)
+    golden = reference(q, k, v, do, sm_scale, causal, torch.float32, window)
+    lp = reference(q, k, v, do, sm_scale, causal, dtype, window)
     _check("out", o, golden["out"], lp["out"], dtype)
     _check("lse", lse, golden["lse"], lp["lse"], dtype)
     # LSE is accumulated in fp32 from exact products: much tighter than the model.
     torch.testing.assert_close(lse, golden["lse"], rtol=1e-5, atol=1e-4)
 
-    delta, dq, dk, dv = kernel_backward(q, k, v, o, lse, do, sm_scale, causal)
+    delta, dq, dk, dv = kernel_backward(q, k, v, o, lse, do, sm_scale, causal, window)
     ref_delta = (o.float() * do.float()).sum(-1)
     torch.testing.assert_close(delta, ref_delta, rtol=1e-5, atol=1e-5)
     _check("dq", dq, golden["dq"], lp["dq"], dtype)
@@ -272,6 +292,50 @@ def test_attention_fwd_bwd(case):
     run_case(dtype, D, causal, Sq, Sk, H, Hk, bshd=Sq != 63,
              sm_scale=None if Sq in (1, 63) else 0.3,
              seed=1000 * Sq + 7 * Sk + D + 3 * H + Hk + len(str(causal)))
+
+
+# Sliding windows (flash-attn's window_size = (left, right), -1 unbounded),
+# judged against the explicit masked reference: (dtype, head_dim, causal, Sq,
+# Sk, H, Hk, window). Causal sets right = 0.
+WINDOW_CASES = [
+    # several blocks: masked blocks on both sides of an unmasked middle in
+    # every kernel, and blocks left of the window skipped
+    (F16, 64, False, 300, 300, 1, 1, (150, 150)),
+    (BF16, 64, False, 130, 130, 2, 2, (8, 8)),
+    (F16, 40, "br", 70, 70, 2, 2, (5, -1)),
+    (BF16, 64, "br", 33, 70, 2, 2, (20, -1)),
+    (F16, 72, "tl", 70, 33, 2, 2, (3, -1)),
+    (F16, 64, False, 17, 40, 2, 2, (-1, 3)),  # right bound only
+    (BF16, 64, False, 40, 17, 2, 2, (4, -1)),  # left bound only
+    # windows that leave rows empty (output 0, lse +inf)
+    (F16, 64, False, 40, 10, 2, 2, (0, 0)),
+    (BF16, 32, False, 17, 5, 2, 2, (2, 1)),
+    (F16, 64, "br", 70, 33, 2, 2, (0, -1)),
+    # window wider than the sequences (the same as no window), GQA
+    (F16, 64, False, 20, 20, 2, 2, (1000, 1000)),
+    (BF16, 72, False, 47, 33, 4, 2, (7, 2)),
+    (F16, 64, "br", 33, 47, 6, 1, (9, -1)),
+]
+
+
+def _wid(c):
+    return _id(c[:7]) + f"-w{c[7][0]}_{c[7][1]}"
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=[_wid(c) for c in WINDOW_CASES])
+def test_attention_sliding_window(case):
+    dtype, D, causal, Sq, Sk, H, Hk, window = case
+    run_case(dtype, D, causal, Sq, Sk, H, Hk, B=1 if Sq >= 130 else 2, bshd=Sq != 40,
+             sm_scale=0.3, seed=11 * Sq + Sk + D + H + window[0] + 5 * window[1], window=window)
+
+
+def test_window_mask_reference_is_flash_attn_semantics():
+    # i = 5, Sq = Sk = 10, window (2, 1): keys 3..6 visible.
+    vis = _visible(False, 10, 10, (2, 1))
+    assert vis[5].nonzero().flatten().tolist() == [3, 4, 5, 6]
+    # causal = right 0; bottom-right alignment for Sq != Sk
+    vis = _visible("br", 3, 6, (1, -1))
+    assert [r.nonzero().flatten().tolist() for r in vis] == [[2, 3], [3, 4], [4, 5]]
 
 
 # --- property-based: random small shapes, strides, GQA ratios, causal modes ---------
@@ -297,6 +361,8 @@ def _property_cases(draw):
         bshd=draw(st.booleans()),  # (B, S, H, D) storage or contiguous (B, H, S, D)
         sm_scale=draw(st.sampled_from([None, 0.3])),
         seed=draw(st.integers(0, 2**16)),
+        window=draw(st.one_of(st.just((-1, -1)),
+                              st.tuples(st.integers(-1, 12), st.integers(-1, 12)))),
     )
 
 

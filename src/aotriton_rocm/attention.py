@@ -123,9 +123,7 @@ def default_scale(head_dim: int) -> float:
 
 def causal_shift(is_causal: bool, seqlen_q: int, seqlen_k: int,
                  causal_alignment: str = "bottom_right") -> int:
-    """The kernels' ``causal_shift``: key j is visible from query i iff j <= i + shift."""
-    if not is_causal:
-        return seqlen_k  # every key is visible
+    """The mask diagonal: with ``is_causal`` key j is visible from query i iff j <= i + shift."""
     if causal_alignment == "bottom_right":
         return seqlen_k - seqlen_q
     if causal_alignment == "top_left":
@@ -133,21 +131,55 @@ def causal_shift(is_causal: bool, seqlen_q: int, seqlen_k: int,
     raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {causal_alignment!r}")
 
 
+def mask_args(is_causal: bool, seqlen_q: int, seqlen_k: int,
+              causal_alignment: str = "bottom_right",
+              window_size: tuple[int, int] = (-1, -1)) -> tuple[int, int, int]:
+    """The kernels' ``(causal_shift, window_left, window_right)``.
+
+    Key j is visible from query i iff ``i + shift - left <= j <= i + shift +
+    right``, a negative size leaving that side unbounded (flash-attn's
+    ``window_size``; causal is ``right = 0``). Sizes are clamped to
+    ``seqlen_q + seqlen_k`` (the same mask) so that no bound overflows int32.
+    """
+    shift = causal_shift(is_causal, seqlen_q, seqlen_k, causal_alignment)
+    left, right = (int(w) for w in window_size)
+    if is_causal:
+        right = 0
+    cap = seqlen_q + seqlen_k
+    left = -1 if left < 0 else min(left, cap)
+    right = -1 if right < 0 else min(right, cap)
+    return shift, left, right
+
+
+def flash_attn_window(window_size_left, window_size_right, seqlen_k: int) -> tuple[int, int]:
+    """flash-attn's normalisation of a window (its ``mha_fwd``): None or -1 is
+    unbounded, and so is a size >= seqlen_k (this differs from the plain rule
+    only for rows a bound would push past every key, e.g. seqlen_q > 2 *
+    seqlen_k)."""
+    left = -1 if window_size_left is None else int(window_size_left)
+    right = -1 if window_size_right is None else int(window_size_right)
+    return (-1 if left >= seqlen_k else left), (-1 if right >= seqlen_k else right)
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
             scale: float | None = None, out: torch.Tensor | None = None,
-            causal_alignment: str = "bottom_right") -> tuple[torch.Tensor, torch.Tensor]:
+            causal_alignment: str = "bottom_right",
+            window_size: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (like ``out`` or ``empty_like(q)``) and the fp32 logsumexp (B, H, Sq).
 
     k and v may have fewer heads than q (GQA/MQA: query head h reads key/value
     head h // (Hq // Hkv)). With ``is_causal`` and seqlen_q != seqlen_k the mask
     is aligned as ``causal_alignment`` says; query rows that see no key
     (bottom-right, seqlen_q > seqlen_k) get output 0 and logsumexp +inf.
+    ``window_size = (left, right)`` restricts row i to keys
+    ``i + shift - left .. i + shift + right`` (see :func:`mask_args`; -1:
+    unbounded); rows whose window holds no key get output 0 too.
     The caller has checked :func:`unsupported_reason`.
     """
     backend: Backend = backend_for(q)
     b, h, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
-    shift = causal_shift(is_causal, sq, sk, causal_alignment)
+    shift, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
     sm_scale = default_scale(d) if scale is None else float(scale)
     qp, kp, vp = _prepared(q), _prepared(k), _prepared(v)
     if out is None:
@@ -160,7 +192,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     kernel.launch(grid, q.device, (
         qp, kp, vp, o, lse,
         *_strides(qp), *_strides(kp), *_strides(vp), *_strides(o),
-        h, h // hk, sq, sk, d, shift, sm_scale))
+        h, h // hk, sq, sk, d, shift, left, right, sm_scale))
     if o is not out:
         out.copy_(o)
     return out, lse
@@ -170,7 +202,8 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
              out: torch.Tensor, lse: torch.Tensor, *, is_causal: bool = False,
              scale: float | None = None,
              grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-             causal_alignment: str = "bottom_right"
+             causal_alignment: str = "bottom_right",
+             window_size: tuple[int, int] = (-1, -1)
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (written into ``grads`` if given, else like q, k, v).
 
@@ -180,7 +213,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     backend: Backend = backend_for(q)
     b, h, sq, d = q.shape
     hk, sk = k.shape[1], k.shape[2]
-    shift = causal_shift(is_causal, sq, sk, causal_alignment)
+    shift, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
     sm_scale = default_scale(d) if scale is None else float(scale)
     dtype = DTYPE_NAMES[q.dtype]
     qp, kp, vp, op, dop = (_prepared(t) for t in (q, k, v, out, grad_out))
@@ -197,7 +230,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
 
     common = (qp, kp, vp, dop, lse, delta)
     common_strides = (*_strides(qp), *_strides(kp), *_strides(vp), *_strides(dop))
-    tail = (h, h // hk, sq, sk, d, shift, sm_scale)
+    tail = (h, h // hk, sq, sk, d, shift, left, right, sm_scale)
     dkdv = backend.kernel("attn_bwd_dkdv", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
     dkdv.launch((_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk, 1), q.device, (
         *common, dk, dv, *common_strides, *_strides(dk), *_strides(dv), *tail))
