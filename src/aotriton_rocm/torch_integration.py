@@ -28,6 +28,8 @@ _FLASH = "aten::_scaled_dot_product_flash_attention"
 _FLASH_BWD = "aten::_scaled_dot_product_flash_attention_backward"
 _CPU_FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 _CPU_FLASH_BWD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+_FA = "aten::_flash_attention_forward"
+_FA_BWD = "aten::_flash_attention_backward"
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -57,6 +59,65 @@ def _aux_outputs(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor
     return seed, offset, torch.empty(0, dtype=dtype, device=device)
 
 
+class Unsupported(Exception):
+    """Raised by the op functions below when our kernels don't cover a call;
+    the message is the reason (the override falls back to torch's kernel)."""
+
+
+def _fa_reason(query, key, value, cum_seq_q, cum_seq_k, dropout_p, return_debug_mask=False,
+               **unsupported_kwargs) -> str | None:
+    if cum_seq_q is not None or cum_seq_k is not None:
+        return "variable-length batches (cum_seq_q/cum_seq_k) are not supported yet"
+    for name, val in unsupported_kwargs.items():
+        if val is not None:
+            return f"{name} is not supported yet"
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
+    return attention.unsupported_reason(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+        dropout_p=dropout_p, return_debug_mask=return_debug_mask)
+
+
+def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
+                            dropout_p, is_causal, return_debug_mask, *, scale=None,
+                            window_size_left=None, window_size_right=None, seqused_k=None,
+                            alibi_slopes=None, block_table=None, num_splits=None):
+    """``aten::_flash_attention_forward`` on our kernels: (B, S, H, D) tensors,
+    bottom-right causal, flash-attn's sliding window. Outputs are shaped as
+    torch's meta kernel shapes them. Raises :class:`Unsupported`."""
+    reason = _fa_reason(query, key, value, cum_seq_q, cum_seq_k, dropout_p, return_debug_mask,
+                        seqused_k=seqused_k, alibi_slopes=alibi_slopes,
+                        block_table=block_table, num_splits=num_splits)
+    if reason:
+        raise Unsupported(reason)
+    window = attention.flash_attn_window(window_size_left, window_size_right, key.size(1))
+    out = torch.empty_like(query)
+    _, lse = attention.forward(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                               is_causal=is_causal, scale=scale, out=out.transpose(1, 2),
+                               causal_alignment="bottom_right", window_size=window)
+    seed, offset, debug = _aux_outputs(query.device, query.dtype)
+    return out, lse, seed, offset, debug
+
+
+def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                             max_q, max_k, dropout_p, is_causal, rng_state, unused, *,
+                             scale=None, window_size_left=None, window_size_right=None):
+    """``aten::_flash_attention_backward`` on our kernels (see
+    :func:`flash_attention_forward`); gradients are ``empty_like`` the inputs,
+    as torch's meta kernel. Raises :class:`Unsupported`."""
+    reason = _fa_reason(query, key, value, cum_seq_q, cum_seq_k, dropout_p)
+    if reason:
+        raise Unsupported(reason)
+    window = attention.flash_attn_window(window_size_left, window_size_right, key.size(1))
+    grads = tuple(torch.empty_like(t) for t in (query, key, value))
+    attention.backward(grad_out.transpose(1, 2), query.transpose(1, 2), key.transpose(1, 2),
+                       value.transpose(1, 2), out.transpose(1, 2), logsumexp,
+                       is_causal=is_causal, scale=scale,
+                       grads=tuple(g.transpose(1, 2) for g in grads),
+                       causal_alignment="bottom_right", window_size=window)
+    return grads
+
+
 class _Overrides:
     """The kernels we put on the dispatcher; ``remove()`` gives torch's back."""
 
@@ -65,6 +126,8 @@ class _Overrides:
         self._orig = {}
         self._register(_FLASH, "CUDA", self._flash_fwd)
         self._register(_FLASH_BWD, "CUDA", self._flash_bwd)
+        self._register(_FA, "CUDA", self._fa_fwd)
+        self._register(_FA_BWD, "CUDA", self._fa_bwd)
         if cpu:
             self._register(_CPU_FLASH, "CPU", self._cpu_fwd)
             self._register(_CPU_FLASH_BWD, "CPU", self._cpu_bwd)
@@ -119,6 +182,20 @@ class _Overrides:
         return attention.backward(grad_out, query, key, value, out, logsumexp,
                                   is_causal=is_causal, scale=scale,
                                   causal_alignment="bottom_right")
+
+    # aten::_flash_attention_forward ((B, S, H, D); torch 2.13 adds block_table, num_splits)
+    def _fa_fwd(self, keyset, *args, **kwargs):
+        try:
+            return flash_attention_forward(*args, **kwargs)
+        except Unsupported as exc:
+            return self._fallback(_FA, keyset, str(exc), *args, **kwargs)
+
+    # aten::_flash_attention_backward
+    def _fa_bwd(self, keyset, *args, **kwargs):
+        try:
+            return flash_attention_backward(*args, **kwargs)
+        except Unsupported as exc:
+            return self._fallback(_FA_BWD, keyset, str(exc), *args, **kwargs)
 
     # aten::_scaled_dot_product_flash_attention_for_cpu
     def _cpu_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False, *,

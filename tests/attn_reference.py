@@ -1,0 +1,78 @@
+"""Explicit masked attention (the math reference) and PyTorch's tolerance
+model, shared by the tests of the op overrides, the direct API and the
+TorchFunctionMode route. Tensors are (B, H, S, D); k/v may have fewer heads
+(GQA: repeated over their query-head groups)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FUDGE = {"out": 4.0, "lse": 4.0, "dq": 180.0, "dk": 16.0, "dv": 4.0}
+GRAD_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def visible(sq: int, sk: int, causal: bool, window=(-1, -1), alignment="bottom_right"):
+    """key j visible from query i iff i + shift - left <= j <= i + shift + right."""
+    shift = sk - sq if alignment == "bottom_right" else 0
+    left, right = window
+    if causal:
+        right = 0
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    vis = torch.ones(sq, sk, dtype=torch.bool)
+    if right >= 0:
+        vis &= j <= i + shift + right
+    if left >= 0:
+        vis &= j >= i + shift - left
+    return vis
+
+
+def attention(q, k, v, grad_out=None, *, scale=None, causal=False, window=(-1, -1),
+              alignment="bottom_right", dtype=torch.float32):
+    """out, lse and (with grad_out) dq, dk, dv computed in `dtype`; rows that
+    see no key: output 0, lse +inf."""
+    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.matmul(q, kr.transpose(-1, -2)) * scale
+    vis = visible(s.shape[-2], s.shape[-1], causal, window, alignment)
+    s = s.masked_fill(~vis, float("-inf"))
+    rows = vis.any(-1)
+    p = torch.softmax(s.masked_fill(~rows[:, None], 0.0), dim=-1) * rows[:, None]
+    out = torch.matmul(p.to(dtype), vr)
+    lse = torch.logsumexp(s.detach().float(), dim=-1).masked_fill(~rows, float("inf"))
+    res = {"out": out.detach(), "lse": lse}
+    if grad_out is not None:
+        out.backward(grad_out.to(dtype))
+        res.update(dq=q.grad, dk=k.grad, dv=v.grad)
+    return res
+
+
+def check(name, test, golden, lp_ref, dtype):
+    """PyTorch's rule: max|golden - test| <= max(floor, fudge * max|golden - lp_ref|)."""
+    test, golden, lp_ref = test.float(), golden.float(), lp_ref.float()
+    assert test.shape == golden.shape, (name, test.shape, golden.shape)
+    assert not torch.isnan(test).any(), f"{name}: NaN"
+    inf = torch.isinf(golden)
+    assert torch.equal(test[inf], golden[inf]), f"{name}: infinities differ"
+    test, golden, lp_ref = test[~inf], golden[~inf], lp_ref[~inf]
+    if golden.numel() == 0:
+        return
+    err = (golden - test).abs().max().item()
+    ref_err = (golden - lp_ref).abs().max().item()
+    floor = 1e-5
+    if name in ("dq", "dk", "dv"):
+        floor = max(floor, GRAD_FLOOR[dtype] * max(1.0, golden.abs().max().item()) / 8)
+    tol = max(floor, FUDGE[name] * ref_err)
+    assert err <= tol, f"{name}: max err {err:.3e} > tol {tol:.3e} (lp ref err {ref_err:.3e})"
+
+
+def check_all(results: dict, q, k, v, grad_out=None, **mask):
+    """Judge `results` (names as in :func:`attention`) against the reference."""
+    golden = attention(q, k, v, grad_out, dtype=torch.float32, **mask)
+    lp = attention(q, k, v, grad_out, dtype=q.dtype, **mask)
+    for name, value in results.items():
+        check(name, value, golden[name], lp[name], q.dtype)

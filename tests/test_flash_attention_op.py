@@ -1,0 +1,130 @@
+"""aten::_flash_attention_forward / _flash_attention_backward overrides
+((B, S, H, D), bottom-right causal, sliding window). These ops have no CPU
+kernel, so the op functions the CUDA-key overrides call are run directly on
+CPU tensors (interpreter backend), against the explicit masked math
+reference; outputs are checked against torch's meta kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attn_reference as ref
+from aotriton_rocm import backends, torch_integration as ti
+
+pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
+
+FA = torch.ops.aten._flash_attention_forward.default
+FA_BWD = torch.ops.aten._flash_attention_backward.default
+
+
+def _bshd(b, s, h, d, dtype, gen):
+    return torch.randn(b, s, h, d, generator=gen).to(dtype)
+
+
+def _meta(t):
+    return t.to("meta")
+
+
+# (dtype, D, Sq, Sk, H, Hk, is_causal, window_left, window_right)
+CASES = [
+    (torch.float16, 64, 33, 33, 2, 2, False, None, None),
+    (torch.bfloat16, 64, 17, 40, 2, 2, True, None, None),
+    (torch.float16, 72, 40, 17, 2, 2, True, None, None),  # rows with no key
+    (torch.float16, 64, 70, 70, 2, 2, False, 8, 8),
+    (torch.bfloat16, 40, 33, 47, 4, 2, True, 6, None),
+    (torch.float16, 64, 40, 10, 2, 1, False, 0, 0),  # window leaves rows empty
+    (torch.float16, 32, 20, 20, 2, 2, False, -1, 3),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)).replace("torch.", ""))
+def test_flash_attention_op_fwd_bwd(case):
+    dtype, d, sq, sk, h, hk, causal, wl, wr = case
+    gen = torch.Generator().manual_seed(sq * 31 + sk + d)
+    b = 2
+    q, k, v, g = (_bshd(b, s, n, d, dtype, gen) for s, n in ((sq, h), (sk, hk), (sk, hk), (sq, h)))
+    scale = 0.3
+    backends.reset_launch_counts()
+    out, lse, seed, offset, debug = ti.flash_attention_forward(
+        q, k, v, None, None, sq, sk, 0.0, causal, False, scale=scale,
+        window_size_left=wl, window_size_right=wr, block_table=None, num_splits=None)
+    dq, dk, dv = ti.flash_attention_backward(
+        g, q, k, v, out, lse, None, None, sq, sk, 0.0, causal, seed, offset, scale=scale,
+        window_size_left=wl, window_size_right=wr)
+    counts = backends.launch_counts()
+    assert counts[("interpreter:cpu", "attn_fwd")] == 1
+    assert counts[("interpreter:cpu", "attn_bwd_dq")] == 1
+
+    # Outputs as torch's meta kernel shapes them (sizes, strides, dtypes).
+    m_out = FA(_meta(q), _meta(k), _meta(v), None, None, sq, sk, 0.0, causal, False,
+               scale=scale, window_size_left=wl, window_size_right=wr)
+    for mine, meta in zip((out, lse, seed, offset, debug), m_out):
+        assert (mine.shape, mine.stride(), mine.dtype) == (meta.shape, meta.stride(), meta.dtype)
+    m_grads = FA_BWD(*map(_meta, (g, q, k, v, out, lse)), None, None, sq, sk, 0.0, causal,
+                     _meta(seed), _meta(offset), scale=scale,
+                     window_size_left=wl, window_size_right=wr)
+    for mine, meta in zip((dq, dk, dv), m_grads):
+        assert (mine.shape, mine.stride(), mine.dtype) == (meta.shape, meta.stride(), meta.dtype)
+
+    t = lambda x: x.transpose(1, 2)  # noqa: E731  (B, S, H, D) -> (B, H, S, D)
+    window = (-1 if wl is None else wl, -1 if wr is None else wr)
+    ref.check_all({"out": t(out), "lse": lse, "dq": t(dq), "dk": t(dk), "dv": t(dv)},
+                  t(q), t(k), t(v), t(g), scale=scale, causal=causal, window=window)
+
+
+def test_flash_attention_op_window_as_flash_attn_normalises():
+    # flash-attn treats a window size >= seqlen_k as unbounded: with Sq > 2 Sk
+    # a right bound of Sk would otherwise leave the first rows empty.
+    gen = torch.Generator().manual_seed(0)
+    q = _bshd(1, 25, 1, 16, torch.float16, gen)
+    k = _bshd(1, 8, 1, 16, torch.float16, gen)
+    out, lse, *_ = ti.flash_attention_forward(q, k, k, None, None, 25, 8, 0.0, False, False,
+                                              window_size_left=8, window_size_right=8)
+    assert torch.isfinite(lse).all()
+    ref.check_all({"out": out.transpose(1, 2)}, q.transpose(1, 2), k.transpose(1, 2),
+                  k.transpose(1, 2))
+
+
+@pytest.mark.parametrize("kwargs,reason", [
+    (dict(cum_seq_q=torch.tensor([0, 8], dtype=torch.int32),
+          cum_seq_k=torch.tensor([0, 8], dtype=torch.int32)), "variable-length"),
+    (dict(dropout_p=0.1), "dropout"),
+    (dict(return_debug_mask=True), "return_debug_mask"),
+    (dict(block_table=torch.zeros(1, 1, dtype=torch.int32)), "block_table"),
+    (dict(num_splits=2), "num_splits"),
+    (dict(seqused_k=torch.tensor([8], dtype=torch.int32)), "seqused_k"),
+    (dict(alibi_slopes=torch.zeros(1, 1)), "alibi_slopes"),
+])
+def test_flash_attention_op_falls_back_with_reason(kwargs, reason):
+    q = torch.randn(1, 8, 1, 16, dtype=torch.float16)
+    args = dict(cum_seq_q=None, cum_seq_k=None, max_q=8, max_k=8, dropout_p=0.0,
+                is_causal=False, return_debug_mask=False)
+    args.update(kwargs)
+    pos = [args.pop(n) for n in ("cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p",
+                                 "is_causal", "return_debug_mask")]
+    with pytest.raises(ti.Unsupported, match=reason):
+        ti.flash_attention_forward(q, q, q, *pos, **args)
+
+    # The override hands the very same call to torch's kernel, with the reason.
+    calls = []
+
+    class Orig:
+        def call_boxed(self, keyset, *a, **kw):
+            calls.append((keyset, a, kw))
+            return "torch's result"
+
+    ov = ti._Overrides.__new__(ti._Overrides)
+    ov._orig = {ti._FA: Orig()}
+    ti._warned.clear()  # the warning is once per reason
+    with pytest.warns(UserWarning, match=reason):
+        assert ov._fa_fwd("keyset", q, q, q, *pos, **args) == "torch's result"
+    assert calls[0][0] == "keyset" and calls[0][2] == args
+
+
+def test_flash_attention_backward_falls_back_on_varlen():
+    q = torch.randn(1, 8, 1, 16, dtype=torch.float16)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ti.Unsupported, match="variable-length"):
+        ti.flash_attention_backward(q, q, q, q, q, torch.zeros(1, 1, 8), cu, cu, 8, 8, 0.0,
+                                    False, None, None)
