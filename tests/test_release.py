@@ -115,3 +115,50 @@ def test_changelog_sections(tmp_path):
 def test_publish_refuses_skipped_gates(capsys):
     assert cli_main(["release", "--publish", "--skip", "install-check"]) == 2
     assert "dry runs only" in capsys.readouterr().err
+
+
+def test_publish_uploads_to_a_real_index_and_channel(toy, capsys, monkeypatch, tmp_path):
+    """--publish to pypiserver on 127.0.0.1 (htpasswd) and a channel directory.
+    The install-check gate is stubbed here: fake archives cannot pass the smoke
+    test (tests/test_packaging.py and install-check's own tests cover it)."""
+    pytest.importorskip("pypiserver")
+    pytest.importorskip("passlib")
+    import json
+
+    from passlib.apache import HtpasswdFile
+
+    from test_publish_index import USER, Index
+
+    cl = toy["tree"] / "CHANGELOG.md"
+    if f"## {VERSION}\n" not in cl.read_text():
+        cl.write_text(cl.read_text().replace("## Unreleased", f"## {VERSION}\n\n## Unreleased", 1))
+    ht = HtpasswdFile(str(tmp_path / "htpasswd"), new=True)
+    ht.set_password(USER, SECRET)
+    ht.save()
+    monkeypatch.setenv("TWINE_USERNAME", USER)
+    monkeypatch.setenv("TWINE_PASSWORD", SECRET)
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
+    monkeypatch.setattr(R, "gate_install_check", lambda ctx: "stubbed in this test")
+    monkeypatch.setitem(R._GATE_FUNCS, "install-check", R.gate_install_check)
+    index = Index("", tmp_path / "index", tmp_path / "htpasswd", tmp_path / "pypi.log")
+    try:
+        chan = tmp_path / "channel"
+        rc = cli_main(["release", "--publish", "--source-root", str(toy["tree"]),
+                       "--build-dir", str(toy["build"]), "--out", str(tmp_path / "dist"),
+                       "--rocm", TR.ROCM, "--python", "%d.%d" % __import__("sys").version_info[:2],
+                       "--index-url", index.url, "--channel", str(chan)])
+        cap = capsys.readouterr()
+        out = cap.out
+        assert rc == 0, cap.out + cap.err
+        assert set(_verdicts(out).values()) <= {"PASS", "SKIPPED"}, out
+        assert _verdicts(out)["publish"] == "PASS" and f"release {VERSION}: PUBLISHED" in out
+        assert SECRET not in cap.out + cap.err
+        served = sorted(p.name for p in index.root.iterdir())
+        assert served == sorted(p.name for p in (tmp_path / "dist").iterdir()
+                                if p.name.endswith((".whl", ".tar.gz"))), served
+        assert any(n.startswith(f"aotriton_rocm-{VERSION}-") and n.endswith(".whl") for n in served)
+        rt = json.loads((chan / "linux-64" / "repodata.json").read_text())["packages.conda"]
+        img = json.loads((chan / "noarch" / "repodata.json").read_text())["packages.conda"]
+        assert [r["version"] for r in rt.values()] == [VERSION] == [r["version"] for r in img.values()]
+    finally:
+        index.stop()
