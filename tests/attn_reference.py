@@ -38,7 +38,7 @@ def attention(q, k, v, grad_out=None, *, scale=None, causal=False, window=(-1, -
     kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = torch.matmul(q, kr.transpose(-1, -2)) * scale
-    vis = visible(s.shape[-2], s.shape[-1], causal, window, alignment)
+    vis = visible(s.shape[-2], s.shape[-1], causal, window, alignment).to(s.device)
     s = s.masked_fill(~vis, float("-inf"))
     rows = vis.any(-1)
     p = torch.softmax(s.masked_fill(~rows[:, None], 0.0), dim=-1) * rows[:, None]

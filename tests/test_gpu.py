@@ -64,3 +64,62 @@ def test_dropout_falls_back_to_torch(enabled):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
     assert not backends.launch_counts()
+
+
+# --- sliding window, the (B, S, H, D) flash op, the direct API, AttentionMode ------
+
+import attn_reference as ref  # noqa: E402
+
+
+def _arch_key(kernel):
+    return (f"aot:{device.arch_of(torch.cuda.current_device())}", kernel)
+
+
+@pytest.mark.parametrize("causal,wl,wr,sq,sk", [
+    (False, 64, 64, 1024, 1024), (True, 100, None, 777, 1024), (False, 0, 0, 300, 100),
+    (True, None, None, 300, 129),
+])
+def test_flash_attention_forward_op_window_on_gpu(enabled, causal, wl, wr, sq, sk):
+    gen = torch.Generator("cuda").manual_seed(7)
+    q = torch.randn(2, sq, 4, 128, device="cuda", dtype=torch.float16, generator=gen)
+    k = torch.randn(2, sk, 2, 128, device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn(2, sk, 2, 128, device="cuda", dtype=torch.float16, generator=gen)
+    g = torch.randn_like(q)
+    out, lse, seed, offset, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, None, None, sq, sk, 0.0, causal, False,
+        window_size_left=wl, window_size_right=wr)
+    dq, dk, dv = torch.ops.aten._flash_attention_backward(
+        g, q, k, v, out, lse, None, None, sq, sk, 0.0, causal, seed, offset,
+        window_size_left=wl, window_size_right=wr)
+    assert backends.launch_counts()[_arch_key("attn_fwd")] == 1
+    assert backends.launch_counts()[_arch_key("attn_bwd_dkdv")] == 1
+    window = (-1 if wl is None or wl >= sk else wl, -1 if wr is None or wr >= sk else wr)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    ref.check_all({"out": t(out), "lse": lse, "dq": t(dq), "dk": t(dk), "dv": t(dv)},
+                  t(q), t(k), t(v), t(g), causal=causal, window=window)
+
+
+def test_flash_attn_func_on_gpu():
+    backends.reset_launch_counts()
+    q = torch.randn(2, 300, 8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 257, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 257, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(q)
+    out = aotriton_rocm.flash_attn_func(q, k, v, causal=True, window_size=(50, -1))
+    out.backward(g)
+    assert backends.launch_counts()[_arch_key("attn_bwd_dq")] == 1
+    t = lambda x: x.detach().transpose(1, 2)  # noqa: E731
+    ref.check_all({"out": t(out), "dq": t(q.grad), "dk": t(k.grad), "dv": t(v.grad)},
+                  t(q), t(k), t(v), t(g), causal=True, window=(50, -1))
+
+
+def test_attention_mode_on_gpu():
+    backends.reset_launch_counts()
+    q, k, v = (torch.randn(2, 4, 200, 96, device="cuda", dtype=torch.float16) for _ in range(3))
+    with aotriton_rocm.AttentionMode() as mode:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(
+            200, 200, dtype=torch.bool, device="cuda"))
+    assert backends.launch_counts()[_arch_key("attn_fwd")] == 1
+    assert mode.passed_through and masked.shape == q.shape
+    ref.check_all({"out": out}, q, k, v, causal=True, alignment="top_left")
