@@ -32,6 +32,7 @@ import importlib.util
 import math
 import pathlib
 
+import attn_reference
 import pytest
 import torch
 from triton.runtime.interpreter import InterpretedFunction
@@ -106,16 +107,9 @@ def _mask(causal, Sq, Sk, window=(-1, -1)):
 
 
 def _visible(causal, Sq, Sk, window=(-1, -1)):
-    """Explicit (Sq, Sk) visibility mask, written from the definition."""
-    shift, left, right = _mask(causal, Sq, Sk, window)
-    i = torch.arange(Sq)[:, None]
-    j = torch.arange(Sk)[None, :]
-    visible = torch.ones(Sq, Sk, dtype=torch.bool)
-    if right >= 0:
-        visible &= j <= i + shift + right
-    if left >= 0:
-        visible &= j >= i + shift - left
-    return visible
+    """Explicit (Sq, Sk) visibility mask, from the shared reference."""
+    return attn_reference.visible(Sq, Sk, bool(causal), window,
+                                  "top_left" if causal == "tl" else "bottom_right")
 
 
 def _d_consts(D):
