@@ -465,27 +465,32 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     report_path = out / REPORT_NAME
     arch_dir = out / "archives"
 
+    def compile_summary(a) -> Dict[str, Any]:
+        items = plan[a.name]
+        return {
+            "kernels": len(items),
+            "compiled": sum(1 for _, t in items if t.cache_key in compiled_keys),
+            "failed": sum(1 for _, t in items if t.cache_key not in results),
+            "compile_cpu_seconds": round(compile_seconds[a.name], 3),
+            "warnings": warnings[a.name],
+        }
+
     per_arch: Dict[str, ArchResult] = {}
     shard_path: Optional[Path] = None
-    if shard is not None:
+    if shard is not None or errors:
+        # No archives: a shard leaves its code objects in OUT/cache; a failed
+        # build writes nothing but the report.
         for a in arch_specs:
-            items = plan[a.name]
-            report["per_arch"][a.name] = {
-                "kernels": len(items),
-                "compiled": sum(1 for _, t in items if t.cache_key in compiled_keys),
-                "failed": sum(1 for _, t in items if t.cache_key not in results),
-                "compile_cpu_seconds": round(compile_seconds[a.name], 3),
-                "warnings": warnings[a.name],
-            }
-        if not errors:
-            # Written last: its presence means every listed key is in OUT/cache.
-            shard_path = out / SHARD_FILE
-            _write_json(shard_path, {
-                "kind": SHARD_KIND, "shard": shard[0], "shards": shard[1], "profile": prof.name,
-                "archs": [a.name for a in arch_specs], "compiler_version": triton_version,
-                "build_inputs_hash": inputs_hash, "total_keys": len(all_keys), "keys": shard_key_list,
-            })
-    elif not errors:
+            report["per_arch"][a.name] = compile_summary(a)
+    if shard is not None and not errors:
+        # Written last: its presence means every listed key is in OUT/cache.
+        shard_path = out / SHARD_FILE
+        _write_json(shard_path, {
+            "kind": SHARD_KIND, "shard": shard[0], "shards": shard[1], "profile": prof.name,
+            "archs": [a.name for a in arch_specs], "compiler_version": triton_version,
+            "build_inputs_hash": inputs_hash, "total_keys": len(all_keys), "keys": shard_key_list,
+        })
+    elif shard is None and not errors:
         for a in arch_specs:
             t0 = time.monotonic()
             items = plan[a.name]
@@ -525,16 +530,6 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                 "manifest": str(mp.relative_to(out)), "archive_bytes": ar.archive_bytes,
                 "code_bytes": sum(len(c) for _, c in pairs), "warnings": warnings[a.name],
                 "validation": _summarize([r for r, _ in pairs]) if a.backend == "hip" else None,
-            }
-    else:
-        for a in arch_specs:
-            items = plan[a.name]
-            report["per_arch"][a.name] = {
-                "kernels": len(items),
-                "compiled": sum(1 for _, t in items if t.cache_key in compiled_keys),
-                "failed": sum(1 for _, t in items if t.cache_key not in results),
-                "compile_cpu_seconds": round(compile_seconds[a.name], 3),
-                "warnings": warnings[a.name],
             }
 
     total_s = time.monotonic() - t_start
