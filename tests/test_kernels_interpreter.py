@@ -76,8 +76,6 @@ PRE = InterpretedFunction(FA.attn_bwd_preprocess.fn)
 DKDV = InterpretedFunction(FA.attn_bwd_dkdv.fn)
 DQ = InterpretedFunction(FA.attn_bwd_dq.fn)
 
-FUDGE = {"out": 4.0, "lse": 4.0, "dq": 180.0, "dk": 16.0, "dv": 4.0}
-GRAD_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 GUARD = 8.0
 
 
@@ -187,30 +185,9 @@ def _make(shape_bshd, dtype, gen, bshd=True):
 
 
 def _check(name, test, golden, lp_ref, dtype):
-    test = test.float()
-    golden = golden.float()
-    assert not torch.isnan(test).any(), f"{name}: NaN (unwritten or invalid elements)"
-    # lse is +inf on rows that see no key: those must match exactly.
-    inf = torch.isinf(golden)
-    assert torch.equal(test[inf], golden[inf]) and not torch.isinf(test[~inf]).any(), \
-        f"{name}: infinities differ"
-    test, golden, lp_ref = test[~inf], golden[~inf], lp_ref.float()[~inf]
-    if golden.numel() == 0:
-        return 0.0, 0.0
-    err = (golden - test).abs().max().item()
-    ref_err = (golden - lp_ref).abs().max().item()
-    floor = 1e-5
-    if name in ("dq", "dk", "dv"):
-        floor = max(floor, GRAD_FLOOR[dtype] * max(1.0, golden.abs().max().item()) / 8)
-    tol = max(floor, FUDGE[name] * ref_err)
-    assert err <= tol, f"{name}: max err {err:.3e} > tol {tol:.3e} (low-precision ref err {ref_err:.3e})"
-    # Regression guard: the kernels are in fact about as accurate as the
-    # low-precision reference (worst measured ratio ~2.8), and the fudge
-    # factors above (dq: 180) would let e.g. a dropped key block through.
-    guard = max(floor, GUARD * ref_err)
-    assert err <= guard, (f"{name}: max err {err:.3e} > {GUARD} x low-precision ref err "
-                          f"{ref_err:.3e}")
-    return err, ref_err
+    # The kernels are about as accurate as the low-precision reference (worst
+    # measured ratio ~2.8): GUARD holds them to that, not just to the fudge.
+    return attn_reference.check(name, test, golden, lp_ref, dtype, guard=GUARD)
 
 
 # (dtype, head_dim, causal, Sq, Sk, H, Hk); causal: False, "br" (bottom-right)
