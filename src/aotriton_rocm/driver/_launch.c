@@ -217,6 +217,35 @@ to_double(PyObject *value, Py_ssize_t index, char code, double *out)
     return 0;
 }
 
+/* Bounds of the integer codes narrower than 64 bits. */
+static void
+small_int_range(char code, int64_t *lo, int64_t *hi)
+{
+    switch (code) {
+    case '?': *lo = 0;         *hi = 1;          break;
+    case 'b': *lo = INT8_MIN;  *hi = INT8_MAX;   break;
+    case 'B': *lo = 0;         *hi = UINT8_MAX;  break;
+    case 'h': *lo = INT16_MIN; *hi = INT16_MAX;  break;
+    case 'H': *lo = 0;         *hi = UINT16_MAX; break;
+    case 'i': *lo = INT32_MIN; *hi = INT32_MAX;  break;
+    default:  *lo = 0;         *hi = (int64_t)UINT32_MAX; break; /* 'I' */
+    }
+}
+
+/* Store an in-range value of a narrow integer code into its slot member. */
+static void
+store_small_int(char code, int64_t v, aot_slot *slot)
+{
+    switch (code) {
+    case '?': case 'B': slot->u8 = (uint8_t)v;   break;
+    case 'b':           slot->i8 = (int8_t)v;    break;
+    case 'h':           slot->i16 = (int16_t)v;  break;
+    case 'H':           slot->u16 = (uint16_t)v; break;
+    case 'i':           slot->i32 = (int32_t)v;  break;
+    default:            slot->u32 = (uint32_t)v; break; /* 'I' */
+    }
+}
+
 /* Convert one Python value into `slot` according to `code`. */
 static int
 pack_one(char code, PyObject *value, Py_ssize_t index, aot_slot *slot)
@@ -240,69 +269,18 @@ pack_one(char code, PyObject *value, Py_ssize_t index, aot_slot *slot)
         }
         slot->ptr = (void *)(uintptr_t)u;
         return 0;
-    case '?':
+    case '?': case 'b': case 'B': case 'h': case 'H': case 'i': case 'I': {
+        int64_t lo, hi;
+        small_int_range(code, &lo, &hi);
         if (to_i64(value, index, code, &s))
             return -1;
-        if (s != 0 && s != 1) {
+        if (s < lo || s > hi) {
             range_error(index, code, value);
             return -1;
         }
-        slot->u8 = (uint8_t)s;
+        store_small_int(code, s, slot);
         return 0;
-    case 'b':
-        if (to_i64(value, index, code, &s))
-            return -1;
-        if (s < INT8_MIN || s > INT8_MAX) {
-            range_error(index, code, value);
-            return -1;
-        }
-        slot->i8 = (int8_t)s;
-        return 0;
-    case 'B':
-        if (to_i64(value, index, code, &s))
-            return -1;
-        if (s < 0 || s > UINT8_MAX) {
-            range_error(index, code, value);
-            return -1;
-        }
-        slot->u8 = (uint8_t)s;
-        return 0;
-    case 'h':
-        if (to_i64(value, index, code, &s))
-            return -1;
-        if (s < INT16_MIN || s > INT16_MAX) {
-            range_error(index, code, value);
-            return -1;
-        }
-        slot->i16 = (int16_t)s;
-        return 0;
-    case 'H':
-        if (to_i64(value, index, code, &s))
-            return -1;
-        if (s < 0 || s > UINT16_MAX) {
-            range_error(index, code, value);
-            return -1;
-        }
-        slot->u16 = (uint16_t)s;
-        return 0;
-    case 'i':
-        if (to_i64(value, index, code, &s))
-            return -1;
-        if (s < INT32_MIN || s > INT32_MAX) {
-            range_error(index, code, value);
-            return -1;
-        }
-        slot->i32 = (int32_t)s;
-        return 0;
-    case 'I':
-        if (to_i64(value, index, code, &s))
-            return -1;
-        if (s < 0 || s > (int64_t)UINT32_MAX) {
-            range_error(index, code, value);
-            return -1;
-        }
-        slot->u32 = (uint32_t)s;
-        return 0;
+    }
     case 'l':
         if (to_i64(value, index, code, &s))
             return -1;
