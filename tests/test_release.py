@@ -125,35 +125,32 @@ def test_publish_uploads_to_a_real_index_and_channel(toy, capsys, monkeypatch, t
     pytest.importorskip("passlib")
     import json
 
-    from passlib.apache import HtpasswdFile
-
-    from test_publish_index import USER, Index
+    from pypi_index import IndexServer
+    from test_publish_index import USER, write_htpasswd
 
     cl = toy["tree"] / "CHANGELOG.md"
     if f"## {VERSION}\n" not in cl.read_text():
         cl.write_text(cl.read_text().replace("## Unreleased", f"## {VERSION}\n\n## Unreleased", 1))
-    ht = HtpasswdFile(str(tmp_path / "htpasswd"), new=True)
-    ht.set_password(USER, SECRET)
-    ht.save()
+    write_htpasswd(tmp_path / "htpasswd", SECRET)
     monkeypatch.setenv("TWINE_USERNAME", USER)
     monkeypatch.setenv("TWINE_PASSWORD", SECRET)
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
     monkeypatch.setattr(R, "gate_install_check", lambda ctx: "stubbed in this test")
     monkeypatch.setitem(R._GATE_FUNCS, "install-check", R.gate_install_check)
-    index = Index("", tmp_path / "index", tmp_path / "htpasswd", tmp_path / "pypi.log")
+    index = IndexServer(tmp_path / "index", tmp_path / "htpasswd", [""])
     try:
         chan = tmp_path / "channel"
         rc = cli_main(["release", "--publish", "--source-root", str(toy["tree"]),
                        "--build-dir", str(toy["build"]), "--out", str(tmp_path / "dist"),
                        "--rocm", TR.ROCM, "--python", "%d.%d" % __import__("sys").version_info[:2],
-                       "--index-url", index.url, "--channel", str(chan)])
+                       "--index-url", index.url(), "--channel", str(chan)])
         cap = capsys.readouterr()
         out = cap.out
         assert rc == 0, cap.out + cap.err
         assert set(_verdicts(out).values()) <= {"PASS", "SKIPPED"}, out
         assert _verdicts(out)["publish"] == "PASS" and f"release {VERSION}: PUBLISHED" in out
         assert SECRET not in cap.out + cap.err
-        served = sorted(p.name for p in index.root.iterdir())
+        served = index.files()
         assert served == sorted(p.name for p in (tmp_path / "dist").iterdir()
                                 if p.name.endswith((".whl", ".tar.gz"))), served
         assert any(n.startswith(f"aotriton_rocm-{VERSION}-") and n.endswith(".whl") for n in served)
