@@ -121,3 +121,37 @@ def test_wheel_ships_the_data():
     shipped = data["tool"]["setuptools"]["package-data"]["aotriton_rocm"]
     assert "torch_compat.json" in shipped and "abi.json" in shipped
     json.loads(torch_compat.DATA_FILE.read_text(encoding="utf-8"))
+
+
+def test_conda_recipe_takes_the_torch_range_from_the_data():
+    """recipe/recipe.yaml names no torch version of its own: `package` renders
+    `pytorch ${{ torch_spec }}` from torch_compat.json, and the rendered
+    runtime output constrains pytorch to exactly the supported minors."""
+    pytest.importorskip("rattler_build")
+    import re
+
+    from rattler import BuildString, MatchSpec, PackageRecord
+    from rattler_build import Stage0Recipe
+
+    from aotriton_rocm.tooling import conda
+
+    recipe = (ROOT / "recipe" / "recipe.yaml").read_text(encoding="utf-8")
+    lines = [ln.strip() for ln in recipe.splitlines() if re.match(r"\s*-\s*pytorch\b", ln)]
+    assert lines == ["- pytorch ${{ torch_spec }}"], lines
+    supported = torch_compat.supported_torch()
+    hi = supported[-1].split(".")
+    spec = f">={supported[0]},<{hi[0]}.{int(hi[1]) + 1}.0a0"
+    assert conda.torch_requirement(aotriton_rocm.__version__, ROOT) == spec == ">=2.10,<2.14.0a0"
+
+    variants = conda._variant_config(ROOT, aotriton_rocm.__version__, "6.4", ["gfx942"], ["3.12"])
+    rendered = Stage0Recipe.from_file(ROOT / "recipe" / "recipe.yaml").render(variants)
+    runtime = [v for v in rendered if v.recipe.package.name == "aotriton-rocm"]
+    assert runtime
+    for v in runtime:
+        constraints = v.recipe.requirements.to_dict()["run_constraints"]
+        assert f"pytorch {spec}" in constraints, constraints
+    ms = MatchSpec(f"pytorch {spec}")
+    for version in ("2.9.1", "2.10.0", "2.11.2", "2.13.0", "2.14.0a0", "2.14.0rc1", "2.14.0"):
+        rec = PackageRecord(name="pytorch", version=version, build=BuildString("0"), build_number=0,
+                            subdir="linux-64")
+        assert ms.matches(rec) == (torch_compat.torch_minor(version) in supported), version

@@ -55,24 +55,30 @@ def source_tree(version: str) -> Path:
         abi = pkg.abi_version_of(version)
         pp = tree / "pyproject.toml"
         pp.write_text(re.sub(r"~=\d+\.\d+\.0", f"~={abi}.0", pp.read_text()))
+        # a new ABI line gets its torch_compat.json entry (packaging refuses a line without one)
+        tc = tree / "src" / "aotriton_rocm" / "torch_compat.json"
+        data = json.loads(tc.read_text())
+        if all(e["line"] != abi for e in data["lines"]):
+            data["lines"].append(dict(data["lines"][-1], line=abi))
+            tc.write_text(json.dumps(data, indent=1))
         return tree
 
     return _once(("src", version), make)
 
 
-def archives(version: str, archs: Sequence[str] = (ARCH,)) -> Path:
+def archives(version: str, archs: Sequence[str] = (ARCH,), rocm: str = ROCM) -> Path:
     def make() -> Path:
-        d = _BASE / f"archives-{version}-{'-'.join(archs)}"
+        d = _BASE / f"archives-{version}-rocm{rocm}-{'-'.join(archs)}"
         d.mkdir(parents=True)
         for arch in archs:
             (d / f"{arch}.aotr").write_bytes(os.urandom(2048))
             man = {"manifest": {"arch": arch, "package_version": version,
-                                "abi_version": pkg.abi_version_of(version), "rocm_profile": ROCM,
+                                "abi_version": pkg.abi_version_of(version), "rocm_profile": rocm,
                                 "format_version": 1}, "kernels": []}
             (d / f"{arch}.manifest.json").write_text(json.dumps(man), encoding="utf-8")
         return d
 
-    return _once(("archives", version, tuple(archs)), make)
+    return _once(("archives", version, tuple(archs), rocm), make)
 
 
 def wheels(version: str, local: bool = False) -> List[Path]:

