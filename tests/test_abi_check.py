@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import zipfile
 from pathlib import Path
 
@@ -117,7 +118,7 @@ def test_removed_arch_and_older_release_are_refused(releases, capsys):
 
 def test_unreadable_release(tmp_path, capsys):
     rc, out = _abi_check(capsys, tmp_path, tmp_path)
-    assert rc == 2 and "no wheels, archives, site-packages or prefix" in out
+    assert rc == 2 and "no wheels, conda packages, archives, site-packages or prefix" in out
 
 
 # ------------------------------------------------------- public API (abi.json)
@@ -201,3 +202,32 @@ def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
     assert rc == 0 and "no ABI changes" in out, out
     rc, out = _abi_check(capsys, site, new_dist / next(new_dist.glob("aotriton_rocm-*.whl")).name)
     assert rc == 1 and "reset_launch_counts removed" in out, out
+
+    # the same releases as conda packages (runtime + image .conda, a channel each)
+    from aotriton_rocm.tooling.conda import build_conda
+
+    py = "%d.%d" % sys.version_info[:2]
+    build_conda(ROOT, releases["old"], tmp_path / "old-conda", ["gfx942"], "6.4", python_versions=[py],
+                runtime_wheel=next(old_dist.glob("aotriton_rocm-*.whl")), run_tests=False)
+    build_conda(new_tree, releases["added_arch"], tmp_path / "new-conda", ["gfx942", "sm_90"], "6.4",
+                python_versions=[py], runtime_wheel=next(new_dist.glob("aotriton_rocm-*.whl")),
+                run_tests=False)
+    rc, out = _abi_check(capsys, tmp_path / "old-conda", tmp_path / "new-conda")
+    assert rc == 1, out
+    assert "breaking: public function aotriton_rocm.reset_launch_counts removed" in out
+    assert "compatible addition: new arch sm_90" in out and f"NEW {POINT} " in out
+    # one .conda file each (the images), and a .conda against the wheels it was made from
+    old_img = next((tmp_path / "old-conda" / "noarch").glob("*.conda"))
+    new_img = next((tmp_path / "new-conda" / "noarch").glob("aotriton-rocm-gfx942-*.conda"))
+    rc, out = _abi_check(capsys, old_img, new_img)
+    assert rc == 0 and "no ABI changes" in out, out
+    rc, out = _abi_check(capsys, old_dist, tmp_path / "old-conda")
+    assert rc == 0 and "no ABI changes" in out, out
+    # a channel holding two releases is ambiguous
+    both = tmp_path / "both"
+    for src in (tmp_path / "old-conda", tmp_path / "new-conda"):
+        for c in src.glob("*/*.conda"):
+            (both / c.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(c, both / c.parent.name / c.name)
+    rc, out = _abi_check(capsys, both, tmp_path / "new-conda")
+    assert rc == 2 and f"conda packages of several releases ({OLD}, {POINT})" in out, out

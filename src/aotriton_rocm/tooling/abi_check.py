@@ -3,6 +3,9 @@
 A release is given as any of:
 
 * a directory of wheels (``dist/``: the runtime wheel and image wheels), or one ``.whl``;
+* conda packages: one ``.conda`` file, or a directory holding them (a channel:
+  ``<subdir>/*.conda``, or ``dist/conda/<subdir>/*.conda`` when ``dist/`` has no
+  wheels); read with py-rattler;
 * an archives directory (``<arch>.aotr`` [+ ``<arch>.manifest.json``]), or one ``.aotr``;
 * an install: a ``site-packages`` directory, or a prefix (venv or conda
   environment: ``lib/python3.*/site-packages`` and/or ``share/aotriton-rocm``).
@@ -147,11 +150,63 @@ def _scan_site_packages(sp: Path, rel: Release) -> None:
             _arch_from_archive(ap, rel)
 
 
+CONDA_SUFFIX = ".conda"
+
+
+def _conda_files(d: Path) -> List[Path]:
+    """``.conda`` files in ``d``, its subdirs (a channel) or ``d/conda/<subdir>``."""
+    seen: Dict[Path, None] = {}
+    for pattern in ("*" + CONDA_SUFFIX, "*/*" + CONDA_SUFFIX, "conda/*/*" + CONDA_SUFFIX):
+        for p in sorted(d.glob(pattern)):
+            seen.setdefault(p.resolve(), None)
+    return list(seen)
+
+
+def _scan_conda(c: Path, rel: Release, tmp: Path) -> Optional[str]:
+    """Read one conda package (runtime or kernel image) into ``rel``; returns
+    the package version its ``info/index.json`` names."""
+    try:
+        from rattler.package_streaming import extract
+    except ImportError as e:
+        raise AbiCheckError(f"{c}: reading conda packages needs py-rattler ({e}): "
+                            "pip install 'aotriton-rocm[build]'") from None
+    dest = tmp / c.name
+    try:
+        extract(c, dest)
+        index = json.loads((dest / "info" / "index.json").read_text(encoding="utf-8"))
+    except Exception as e:  # rattler's exceptions, a missing or bad index.json
+        raise AbiCheckError(f"{c}: cannot read the conda package: {e}") from None
+    name, version = str(index.get("name", "")), str(index.get("version", "")) or None
+    if not name.startswith("aotriton-rocm"):
+        rel.notes.append(f"{c.name}: not an aotriton-rocm package ({name}), ignored")
+        return None
+    for sp in sorted(dest.glob("lib/python3*/site-packages")):
+        _scan_site_packages(sp, rel)
+    share = dest / "share" / "aotriton-rocm"
+    for ap in sorted(share.glob("*" + ARCHIVE_SUFFIX)) if share.is_dir() else []:
+        _arch_from_archive(ap, rel)
+    if name == "aotriton-rocm" and version:
+        rel.version = version
+    return version
+
+
+def _scan_condas(files: List[Path], rel: Release, tmp: Path, where: Path) -> None:
+    versions = {v for v in (_scan_conda(c, rel, tmp) for c in files) if v}
+    if len(versions) > 1:
+        raise AbiCheckError(f"{where}: conda packages of several releases "
+                            f"({', '.join(sorted(versions, key=_version_key))}): give one .conda "
+                            "file, or a directory that holds one release")
+
+
 def _scan_dir(d: Path, rel: Release, tmp: Path) -> None:
     wheels = sorted(d.glob("*.whl"))
     if wheels:
         for w in wheels:
             _scan_wheel(w, rel, tmp)
+        return
+    condas = _conda_files(d)
+    if condas:
+        _scan_condas(condas, rel, tmp, d)
         return
     archives = sorted(d.glob("*" + ARCHIVE_SUFFIX))
     if archives:
@@ -166,7 +221,8 @@ def _scan_dir(d: Path, rel: Release, tmp: Path) -> None:
     for ap in sorted(share.glob("*" + ARCHIVE_SUFFIX)) if share.is_dir() else []:
         _arch_from_archive(ap, rel)
     if not site and not share.is_dir():
-        raise AbiCheckError(f"{d}: no wheels, archives, site-packages or prefix of aotriton-rocm here")
+        raise AbiCheckError(f"{d}: no wheels, conda packages, archives, site-packages or prefix of "
+                            "aotriton-rocm here")
 
 
 def _scan_wheel(w: Path, rel: Release, tmp: Path) -> None:
@@ -203,6 +259,8 @@ def load_release(path: "str | Path") -> Release:
     try:
         if p.is_file() and p.suffix == ".whl":
             _scan_wheel(p, rel, tmp)
+        elif p.is_file() and p.name.endswith(CONDA_SUFFIX):
+            _scan_condas([p], rel, tmp, p)
         elif p.is_file() and p.name.endswith(ARCHIVE_SUFFIX):
             _arch_from_archive(p, rel)
         elif p.is_file() and p.name.endswith(MANIFEST_SUFFIX):
@@ -211,7 +269,7 @@ def load_release(path: "str | Path") -> Release:
         elif p.is_dir():
             _scan_dir(p, rel, tmp)
         else:
-            raise AbiCheckError(f"{p}: not a wheel, archive, directory or prefix")
+            raise AbiCheckError(f"{p}: not a wheel, .conda, archive, directory or prefix")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if rel.version is None:
@@ -409,8 +467,8 @@ def _next_line(version: str) -> str:
 
 def add_abi_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.split("\n")[0].strip("`: ")
-    parser.add_argument("old", metavar="OLD", help="previous release: wheel(s) dir, .whl, archives dir, "
-                                                   ".aotr, site-packages or prefix")
+    parser.add_argument("old", metavar="OLD", help="previous release: wheel(s) dir, .whl, .conda, conda "
+                                                   "channel dir, archives dir, .aotr, site-packages or prefix")
     parser.add_argument("new", metavar="NEW", help="candidate release (same kinds as OLD)")
     parser.add_argument("--json", metavar="FILE", help="also write the changes and the verdict as JSON")
 
