@@ -1,11 +1,22 @@
-"""`aotriton-rocm release`: the gates in order on a toy release (the real
-package step on fake archives; see tests/toy_release.py). A failing gate stops
-the release before anything is uploaded; a dry run never uploads."""
+"""`aotriton-rocm release` across a ROCm-profile x arch matrix on a toy release
+(the real package step on fake archives; see tests/toy_release.py): ROCm 6.4
+(gfx942) and ROCm 7.0 (gfx942, gfx90a), giving the targets `default` (6.4, no
+local label), `rocm6.4` and `rocm7.0`. Every gate prints a verdict per target;
+a failing gate stops the release before anything is uploaded; a dry run
+never uploads; publishing goes to ONE real pypiserver with per-ROCm paths
+(tests/pypi_index.py) and a conda channel directory; credentials come from
+the environment or the keyring and are never printed.
+
+The matrix is packaged once (the dry run); the publishing tests publish
+those very files (--reuse-dist). The install-check gate is stubbed in the
+--publish tests (--skip is refused there): fake archives cannot pass the
+smoke test (tests/test_packaging.py covers install-check for real)."""
 
 from __future__ import annotations
 
-import argparse
+import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +31,17 @@ from aotriton_rocm.tooling import release as R  # noqa: E402
 
 VERSION = "0.1.1"
 SECRET = "s3cr3t-never-printed-7f2a"
+MATRIX = {"6.4": ("gfx942",), "7.0": ("gfx942", "gfx90a")}
+TARGETS = ("default", "rocm6.4", "rocm7.0")
+PY = "%d.%d" % sys.version_info[:2]
+NOWHERE = "http://127.0.0.1:9/"  # nothing listens there: a dry run must not try
+
+
+def _with_changelog_section(tree: Path) -> None:
+    cl = tree / "CHANGELOG.md"
+    text = cl.read_text()
+    if f"## {VERSION}\n" not in text:
+        cl.write_text(text.replace("## Unreleased", f"## {VERSION}\n- point release\n\n## Unreleased", 1))
 
 
 @pytest.fixture(scope="module")
@@ -27,25 +49,19 @@ def toy(tmp_path_factory):
     base = tmp_path_factory.mktemp("release")
     tree = base / "tree"
     shutil.copytree(TR.source_tree(VERSION), tree)
+    bare = base / "tree-without-notes"  # the same release without its CHANGELOG section
+    shutil.copytree(tree, bare)
+    _with_changelog_section(tree)
     build = base / "build"
-    shutil.copytree(TR.archives(VERSION), build / "archives")
-    return {"base": base, "tree": tree, "build": build}
+    for rocm, archs in MATRIX.items():
+        shutil.copytree(TR.archives(VERSION, archs, rocm), build / f"rocm{rocm}" / "archives")
+    return {"base": base, "tree": tree, "bare": bare, "build": build}
 
 
-@pytest.fixture
-def no_uploads(monkeypatch):
-    calls = []
-    monkeypatch.setattr(R, "twine_upload", lambda *a, **k: calls.append(("twine", a)) or (0, ""))
-    monkeypatch.setattr(R, "copy_to_channel", lambda *a, **k: calls.append(("channel", a)) or [])
-    return calls
-
-
-def _release(capsys, toy, out: str, *extra):
-    rc = cli_main(["release", "--source-root", str(toy["tree"]), "--build-dir", str(toy["build"]),
-                   "--out", str(toy["base"] / out), "--rocm", TR.ROCM, "--skip", "install-check",
-                   "--python", "%d.%d" % __import__("sys").version_info[:2],
-                   "--index-url", "http://127.0.0.1:9/", "--channel", str(toy["base"] / "channel"),
-                   *extra])
+def _release(capsys, toy, out, *extra, tree=None):
+    argv = ["release", "--source-root", str(tree or toy["tree"]), "--build-dir", str(toy["build"]),
+            "--out", str(out), "--rocm", "6.4", "--rocm", "7.0", "--python", PY, *extra]
+    rc = cli_main(argv)
     cap = capsys.readouterr()
     return rc, cap.out, cap.out + cap.err
 
@@ -59,49 +75,300 @@ def _verdicts(out: str) -> dict:
     return v
 
 
-def test_missing_changelog_section_stops_before_upload(toy, capsys, monkeypatch, no_uploads):
+def _expected() -> dict:
+    """Every gate of the matrix release, in order, all passing."""
+    v = {"build rocm6.4": "PASS", "build rocm7.0": "PASS"}
+    for gate in ("package", "install-check", "abi-check"):
+        v.update({f"{gate} {t}": "PASS" for t in TARGETS})
+    v.update({"changelog": "PASS", "credentials": "PASS"})
+    v.update({f"publish {t}": "PASS" for t in TARGETS})
+    v["publish conda"] = "PASS"
+    return v
+
+
+def _set(v: dict, gate: str, verdict: str) -> dict:
+    for k in v:
+        if k == gate or k.startswith(gate + " "):
+            v[k] = verdict
+    return v
+
+
+def _after(v: dict, failed: str) -> dict:
+    keys = list(v)
+    for k in keys[keys.index(failed) + 1:]:
+        v[k] = "not run"
+    v[failed] = "FAIL"
+    return v
+
+
+@pytest.fixture(scope="module")
+def dry(toy, tmp_path_factory):
+    """The whole matrix packaged once, in a dry run with every gate passing."""
+    out = toy["base"] / "dist"
+    import contextlib
+    import io
+
+    buf = io.StringIO()  # (capsys is function-scoped)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TWINE_USERNAME", "uploader")
+        mp.setenv("TWINE_PASSWORD", SECRET)
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            rc = cli_main(["release", "--source-root", str(toy["tree"]), "--build-dir", str(toy["build"]),
+                           "--out", str(out), "--rocm", "6.4,7.0", "--python", PY,
+                           "--skip", "install-check", "--index-url", NOWHERE,
+                           "--channel", str(toy["base"] / "never")])
+    return {"rc": rc, "out": buf.getvalue(), "dist": out}
+
+
+def test_matrix_dry_run_prints_every_gate_for_every_target(dry, toy):
+    out = dry["out"]
+    assert dry["rc"] == 0, out
+    want = _set(_set(_set(_expected(), "install-check", "SKIPPED"), "abi-check", "SKIPPED"),
+                "publish", "SKIPPED")
+    assert _verdicts(out) == want, out
+    assert list(_verdicts(out)) == list(want)  # gate order: build, package, ..., publish
+    assert "matrix: ROCm 6.4, 7.0 x arch (build defaults); targets: default, rocm6.4, rocm7.0" in out
+    assert "[build rocm7.0] PASS: reused 2 archive(s)" in out
+    assert "[package rocm7.0] PASS: 0.1.1+rocm7.0 (ROCm 7.0): 3 wheel(s), 3 conda package(s)" in out
+    assert "[package default] PASS: 0.1.1 (ROCm 6.4): 2 wheel(s), 0 conda package(s)" in out
+    assert "[credentials] PASS: TWINE_USERNAME and TWINE_PASSWORD from the environment" in out
+    assert f"[publish default] SKIPPED: dry run: would upload 3 file(s) to {NOWHERE}\n" in out
+    assert f"[publish rocm7.0] SKIPPED: dry run: would upload 4 file(s) to {NOWHERE}rocm7.0/\n" in out
+    assert "[publish conda] SKIPPED: dry run: would add 5 conda package(s)" in out
+    assert f"release {VERSION}: all gates passed (dry run: nothing uploaded" in out
+    assert SECRET not in out and not (toy["base"] / "never").exists()
+    dist = dry["dist"]
+    names = {t: sorted(p.name for p in (dist / t).glob("*.whl")) for t in TARGETS}
+    assert names["default"] == [f"aotriton_rocm-{VERSION}-cp39-abi3-" + names["default"][0].split("-abi3-")[1],
+                                f"aotriton_rocm_gfx942-{VERSION}-py3-none-{TR.pkg.PLATFORM_TAG}.whl"]
+    assert [n.split("-")[1] for n in names["rocm7.0"]] == [f"{VERSION}+rocm7.0"] * 3
+    assert sorted(n.split("-")[0] for n in names["rocm7.0"]) == [
+        "aotriton_rocm", "aotriton_rocm_gfx90a", "aotriton_rocm_gfx942"]
+    condas = sorted(p.name for t in TARGETS for p in (dist / t).glob("conda/*/*.conda"))
+    assert condas == sorted([f"aotriton-rocm-{VERSION}-py{PY.replace('.', '')}_rocm64_0.conda",
+                             f"aotriton-rocm-{VERSION}-py{PY.replace('.', '')}_rocm70_0.conda",
+                             f"aotriton-rocm-gfx942-{VERSION}-rocm64_0.conda",
+                             f"aotriton-rocm-gfx942-{VERSION}-rocm70_0.conda",
+                             f"aotriton-rocm-gfx90a-{VERSION}-rocm70_0.conda"])
+    for t in TARGETS:
+        assert (dist / t / "SHA256SUMS").is_file() and list((dist / t).glob("*.cdx.json")), t
+
+
+def test_package_gate_refuses_a_used_directory(dry, toy, capsys, monkeypatch):
     monkeypatch.setenv("TWINE_USERNAME", "uploader")
     monkeypatch.setenv("TWINE_PASSWORD", SECRET)
-    rc, out, everything = _release(capsys, toy, "dist-1")
+    rc, out, _ = _release(capsys, toy, dry["dist"], "--skip", "install-check")
+    assert rc == 1 and _verdicts(out)["package default"] == "FAIL" and "is not empty" in out
+    assert _verdicts(out)["package rocm6.4"] == "not run"
+
+
+def test_reuse_dist_refuses_a_changed_file(dry, toy, capsys, monkeypatch, tmp_path):
+    copy = tmp_path / "dist"
+    shutil.copytree(dry["dist"], copy)
+    wheel = next((copy / "rocm7.0").glob("aotriton_rocm_gfx90a-*.whl"))
+    wheel.write_bytes(wheel.read_bytes() + b"\0")
+    monkeypatch.setenv("TWINE_USERNAME", "uploader")
+    monkeypatch.setenv("TWINE_PASSWORD", SECRET)
+    rc, out, _ = _release(capsys, toy, copy, "--reuse-dist", "--skip", "install-check")
+    v = _verdicts(out)
+    assert rc == 1 and v["package default"] == v["package rocm6.4"] == "PASS", out
+    assert v["package rocm7.0"] == "FAIL" and f"changed or missing since packaging: {wheel.name}" in out
+
+
+# ---------------------------------------------------------------- publishing
+
+class MemoryKeyring:
+    """A keyring backend holding its secrets in memory (the `keyring`
+    package's backend interface; the release reads it through keyring's API)."""
+
+    def __new__(cls):
+        from keyring.backend import KeyringBackend
+
+        class _Mem(KeyringBackend):
+            priority = 1
+
+            def __init__(self):
+                super().__init__()
+                self.store = {}
+
+            def get_password(self, service, username):
+                return self.store.get((service, username))
+
+            def set_password(self, service, username, password):
+                self.store[(service, username)] = password
+
+            def delete_password(self, service, username):
+                self.store.pop((service, username), None)
+
+        return _Mem()
+
+
+@pytest.fixture
+def keyring_backend():
+    keyring = pytest.importorskip("keyring")
+    old = keyring.get_keyring()
+    kr = MemoryKeyring()
+    keyring.set_keyring(kr)
+    yield kr
+    keyring.set_keyring(old)
+
+
+@pytest.fixture
+def server(tmp_path):
+    pytest.importorskip("pypiserver")
+    pytest.importorskip("passlib")
+    pytest.importorskip("twine")
+    from pypi_index import IndexServer
+    from test_publish_index import USER, write_htpasswd
+
+    write_htpasswd(tmp_path / "htpasswd", SECRET, USER)
+    srv = IndexServer(tmp_path / "index", tmp_path / "htpasswd", ["", "rocm6.4", "rocm7.0"])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def stub_install_check(monkeypatch):
+    monkeypatch.setattr(R, "gate_install_check", lambda ctx, t: "stubbed in this test (fake archives)")
+
+
+def _publish(capsys, toy, dry, server, channel, *extra, tree=None):
+    return _release(capsys, toy, dry["dist"], "--publish", "--reuse-dist", "--index-url", server.url(),
+                    "--channel", str(channel), *extra, tree=tree)
+
+
+def test_publish_with_keyring_credentials_to_per_rocm_paths(dry, toy, capsys, monkeypatch, server,
+                                                            keyring_backend, stub_install_check,
+                                                            tmp_path):
+    from test_publish_index import USER, fresh_venv, installed, pip
+
+    monkeypatch.setenv("TWINE_USERNAME", USER)
+    monkeypatch.delenv("TWINE_PASSWORD", raising=False)
+    keyring_backend.set_password(server.url(), USER, SECRET)
+    chan = tmp_path / "channel"
+    rc, out, everything = _publish(capsys, toy, dry, server, chan)
+    assert rc == 0, everything
+    assert _verdicts(out) == _set(_expected(), "abi-check", "SKIPPED"), out
+    assert f"[credentials] PASS: username from the environment, password from the keyring ({server.url()})" in out
+    assert f"[publish rocm7.0] PASS: uploaded 4 file(s) to {server.url('rocm7.0')}" in out
+    assert f"release {VERSION}: PUBLISHED" in out and SECRET not in everything
+    for t, index in (("default", ""), ("rocm6.4", "rocm6.4"), ("rocm7.0", "rocm7.0")):
+        assert server.files(index) == sorted(p.name for p in (dry["dist"] / t).iterdir()
+                                             if p.name.endswith((".whl", ".tar.gz"))), t
+    rt = json.loads((chan / "linux-64" / "repodata.json").read_text())["packages.conda"]
+    img = json.loads((chan / "noarch" / "repodata.json").read_text())["packages.conda"]
+    assert sorted(r["build"] for r in rt.values()) == [f"py{PY.replace('.', '')}_rocm64_0",
+                                                       f"py{PY.replace('.', '')}_rocm70_0"]
+    assert sorted((r["name"], r["build"]) for r in img.values()) == [
+        ("aotriton-rocm-gfx90a", "rocm70_0"), ("aotriton-rocm-gfx942", "rocm64_0"),
+        ("aotriton-rocm-gfx942", "rocm70_0")]
+    # what a ROCm 7.0 user gets from the per-ROCm path
+    py = fresh_venv(tmp_path / "venv")
+    res = pip("install", "--index-url", server.simple("rocm7.0"), "aotriton-rocm[gfx90a]", python=py)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert installed(py) == {"aotriton-rocm": f"{VERSION}+rocm7.0", "aotriton-rocm-gfx90a": f"{VERSION}+rocm7.0"}
+
+    # publishing the same release again is refused by the index, password still unprinted
+    before = {i: server.files(i) for i in ("", "rocm6.4", "rocm7.0")}
+    rc, out, everything = _publish(capsys, toy, dry, server, chan)
+    assert rc == 1 and _verdicts(out)["publish default"] == "FAIL", out
+    assert _verdicts(out)["publish conda"] == "not run"
+    assert f"release {VERSION}: STOPPED at publish default; nothing was uploaded" in out
+    assert SECRET not in everything
+    assert {i: server.files(i) for i in before} == before
+
+
+def test_wrong_password_uploads_nothing_and_is_never_printed(dry, toy, capsys, monkeypatch, server,
+                                                             stub_install_check, tmp_path):
+    wrong = "wrong-" + SECRET
+    monkeypatch.setenv("TWINE_USERNAME", "uploader")
+    monkeypatch.setenv("TWINE_PASSWORD", wrong)
+    rc, out, everything = _publish(capsys, toy, dry, server, tmp_path / "channel")
     assert rc == 1, everything
-    assert _verdicts(out) == {"build": "PASS", "package": "PASS", "install-check": "SKIPPED",
-                              "abi-check": "SKIPPED", "changelog": "FAIL", "credentials": "not run",
-                              "publish": "not run"}, out
-    assert "reused 1 archive(s)" in out
+    want = _after(_set(_expected(), "abi-check", "SKIPPED"), "publish default")
+    assert _verdicts(out) == want, out
+    assert "403" in out or "401" in out, out
+    assert wrong not in everything and SECRET not in everything
+    assert all(server.files(i) == [] for i in ("", "rocm6.4", "rocm7.0"))
+    assert not (tmp_path / "channel").exists()
+
+
+def test_failing_gate_stops_before_any_upload(dry, toy, capsys, monkeypatch, server, stub_install_check,
+                                              tmp_path):
+    monkeypatch.setenv("TWINE_USERNAME", "uploader")
+    monkeypatch.setenv("TWINE_PASSWORD", SECRET)
+    chan = tmp_path / "channel"
+    # the release notes are missing
+    rc, out, everything = _publish(capsys, toy, dry, server, chan, tree=toy["bare"])
+    assert rc == 1
+    assert _verdicts(out) == _after(_set(_expected(), "abi-check", "SKIPPED"), "changelog"), out
     assert f"no `## {VERSION}` section" in out
     assert f"release {VERSION}: STOPPED at changelog; nothing was uploaded" in out
-    assert no_uploads == [] and not (toy["base"] / "channel").exists()
+    # the ABI check against a previous release fails (here: one it cannot read)
+    rc, out, everything = _publish(capsys, toy, dry, server, chan, "--previous", str(dry["dist"]))
+    assert rc == 1
+    assert _verdicts(out) == _after(_expected(), "abi-check default"), out
+    assert "abi-check against" in out and "exited 2" in out
+    assert all(server.files(i) == [] for i in ("", "rocm6.4", "rocm7.0")) and not chan.exists()
     assert SECRET not in everything
-    # the package gate did package: wheels, conda, SHA256SUMS, SBOM
-    dist = toy["base"] / "dist-1"
-    assert len(list(dist.glob("*.whl"))) == 2 and len(list(dist.glob("conda/*/*.conda"))) == 2
-    assert (dist / "SHA256SUMS").is_file() and (dist / f"aotriton-rocm-{VERSION}.cdx.json").is_file()
 
 
-def test_dry_run_with_every_gate_passing_uploads_nothing(toy, capsys, monkeypatch, no_uploads):
-    cl = toy["tree"] / "CHANGELOG.md"
-    cl.write_text(cl.read_text().replace("## Unreleased", f"## {VERSION}\n- point release\n\n## Unreleased", 1))
-    monkeypatch.setenv("TWINE_USERNAME", "uploader")
+# ------------------------------------------------------------------ the parts
+
+def test_credentials_from_environment_keyring_or_nowhere(monkeypatch, keyring_backend):
+    url = "https://index.example/"
+    monkeypatch.setenv("TWINE_USERNAME", "u")
     monkeypatch.setenv("TWINE_PASSWORD", SECRET)
-    # the package gate refuses a non-empty output directory
-    rc, out, _ = _release(capsys, toy, "dist-1", "--dry-run")
-    assert rc == 1 and _verdicts(out)["package"] == "FAIL" and "not empty" in out
-    rc, out, everything = _release(capsys, toy, "dist-2", "--dry-run")
-    assert rc == 0, everything
-    v = _verdicts(out)
-    assert v == {"build": "PASS", "package": "PASS", "install-check": "SKIPPED", "abi-check": "SKIPPED",
-                 "changelog": "PASS", "credentials": "PASS", "publish": "SKIPPED"}, out
-    assert "dry run: would upload 3 file(s) to http://127.0.0.1:9/; 2 conda package(s)" in out
-    assert no_uploads == [] and SECRET not in everything
+    creds, _ = R.find_credentials(url)
+    assert (creds.username, creds.password) == ("u", SECRET) and "environment" in creds.source
+    assert SECRET not in repr(creds) and SECRET not in creds.source
+    monkeypatch.delenv("TWINE_PASSWORD")
+    creds, why = R.find_credentials(url)
+    assert creds is None and f"the keyring has no password for that user for {url}" in why
+    keyring_backend.set_password(url, "u", SECRET)
+    creds, _ = R.find_credentials(url)
+    assert creds.password == SECRET and "keyring" in creds.source
+    monkeypatch.delenv("TWINE_USERNAME")
+    creds, why = R.find_credentials(url)  # no username anywhere
+    assert creds is None and "TWINE_USERNAME" in why and SECRET not in why
+    # without the keyring package: a clean refusal that says what to do
+    monkeypatch.setitem(sys.modules, "keyring", None)
+    creds, why = R.find_credentials(url)
+    assert creds is None and "keyring package is not installed" in why
 
 
 def test_credentials_gate_names_what_is_missing(monkeypatch, tmp_path):
     monkeypatch.delenv("TWINE_USERNAME", raising=False)
     monkeypatch.setenv("TWINE_PASSWORD", SECRET)
-    ctx = R.Context(args=argparse.Namespace(), root=tmp_path, version=VERSION, out=tmp_path)
+    dist = tmp_path / "default"
+    dist.mkdir()
+    (dist / "x.whl").write_bytes(b"")
+    import argparse
+
+    ctx = R.Context(args=argparse.Namespace(index_url=None, rocm_index_url=None), root=tmp_path,
+                    version=VERSION, out=tmp_path, profiles=["6.4"],
+                    targets=[R.Target("default", "6.4", False, False, dist, None)])
     with pytest.raises(R.GateFailed) as e:
         R.gate_credentials(ctx)
     assert "TWINE_USERNAME" in str(e.value) and SECRET not in str(e.value)
+
+
+def test_matrix_arguments(capsys, toy):
+    from aotriton_rocm.tooling.targets import load_targets
+
+    every = list(load_targets(TR.ROOT / "ci" / "targets.toml").profiles)
+    import argparse
+
+    ns = argparse.Namespace(rocm=["all"], no_default=False, default_rocm=None)
+    profiles, default = R._profiles(ns, TR.ROOT)
+    assert profiles == sorted(every, key=lambda v: tuple(map(int, v.split(".")))) and default == "6.4"
+    assert R._profiles(argparse.Namespace(rocm=["7.0"], no_default=False, default_rocm=None),
+                       TR.ROOT) == (["7.0"], None)
+    assert cli_main(["release", "--source-root", str(toy["tree"]), "--rocm", "5.9"]) == 2
+    assert "unknown ROCm profile '5.9'" in capsys.readouterr().err
+    assert cli_main(["release", "--source-root", str(toy["tree"]), "--rocm", "7.0",
+                     "--default-rocm", "6.4"]) == 2
+    assert "--default-rocm 6.4 is not in the release matrix" in capsys.readouterr().err
 
 
 def test_changelog_sections(tmp_path):
@@ -117,45 +384,14 @@ def test_publish_refuses_skipped_gates(capsys):
     assert "dry runs only" in capsys.readouterr().err
 
 
-def test_publish_uploads_to_a_real_index_and_channel(toy, capsys, monkeypatch, tmp_path):
-    """--publish to pypiserver on 127.0.0.1 (htpasswd) and a channel directory.
-    The install-check gate is stubbed here: fake archives cannot pass the smoke
-    test (tests/test_packaging.py and install-check's own tests cover it)."""
-    pytest.importorskip("pypiserver")
-    pytest.importorskip("passlib")
-    import json
+def test_release_options_and_dry_run_default():
+    import argparse
 
-    from pypi_index import IndexServer
-    from test_publish_index import USER, write_htpasswd
-
-    cl = toy["tree"] / "CHANGELOG.md"
-    if f"## {VERSION}\n" not in cl.read_text():
-        cl.write_text(cl.read_text().replace("## Unreleased", f"## {VERSION}\n\n## Unreleased", 1))
-    write_htpasswd(tmp_path / "htpasswd", SECRET)
-    monkeypatch.setenv("TWINE_USERNAME", USER)
-    monkeypatch.setenv("TWINE_PASSWORD", SECRET)
-    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.null.Keyring")
-    monkeypatch.setattr(R, "gate_install_check", lambda ctx: "stubbed in this test")
-    monkeypatch.setitem(R._GATE_FUNCS, "install-check", R.gate_install_check)
-    index = IndexServer(tmp_path / "index", tmp_path / "htpasswd", [""])
-    try:
-        chan = tmp_path / "channel"
-        rc = cli_main(["release", "--publish", "--source-root", str(toy["tree"]),
-                       "--build-dir", str(toy["build"]), "--out", str(tmp_path / "dist"),
-                       "--rocm", TR.ROCM, "--python", "%d.%d" % __import__("sys").version_info[:2],
-                       "--index-url", index.url(), "--channel", str(chan)])
-        cap = capsys.readouterr()
-        out = cap.out
-        assert rc == 0, cap.out + cap.err
-        assert set(_verdicts(out).values()) <= {"PASS", "SKIPPED"}, out
-        assert _verdicts(out)["publish"] == "PASS" and f"release {VERSION}: PUBLISHED" in out
-        assert SECRET not in cap.out + cap.err
-        served = index.files()
-        assert served == sorted(p.name for p in (tmp_path / "dist").iterdir()
-                                if p.name.endswith((".whl", ".tar.gz"))), served
-        assert any(n.startswith(f"aotriton_rocm-{VERSION}-") and n.endswith(".whl") for n in served)
-        rt = json.loads((chan / "linux-64" / "repodata.json").read_text())["packages.conda"]
-        img = json.loads((chan / "noarch" / "repodata.json").read_text())["packages.conda"]
-        assert [r["version"] for r in rt.values()] == [VERSION] == [r["version"] for r in img.values()]
-    finally:
-        index.stop()
+    p = argparse.ArgumentParser()
+    R.add_release_arguments(p)
+    text = p.format_help()
+    for opt in ("--rocm", "--arch", "--default-rocm", "--rocm-index-url", "--reuse-dist", "--dry-run",
+                "--publish", "--previous", "--channel"):
+        assert opt in text, opt
+    assert p.parse_args([]).publish is False  # a dry run unless --publish
+    assert not any(a.dest in ("password", "username", "token") for a in p._actions)  # never on argv
