@@ -35,6 +35,7 @@ __all__ = [
     "CodeObjectInfo",
     "ArchLimits",
     "Validation",
+    "RESOURCE_KINDS",
     "inspect_code_object",
     "expected_kernarg_layout",
     "estimate_occupancy",
@@ -56,6 +57,10 @@ EF_AMDGPU_MACH: Dict[str, int] = {
 _MACH_NAMES = {v: k for k, v in EF_AMDGPU_MACH.items()}
 # EI_ABIVERSION (with ELFOSABI_AMDGPU_HSA) -> code object version
 CODE_OBJECT_VERSIONS = {0: 2, 1: 3, 2: 4, 3: 5, 4: 6}
+
+
+# Validator findings a variant spec may waive (variants.toml ``allow``).
+RESOURCE_KINDS = ("spills", "scratch", "lds")
 
 
 class CodeObjectError(ValueError):
@@ -470,11 +475,14 @@ def estimate_occupancy(km: KernelMeta, limits: ArchLimits, num_warps: int,
 class Validation:
     """Outcome of :func:`validate_kernel`: ``problems`` (empty = OK), ``stats``
     (numbers for KernelRecord.stats and the report), ``allowed`` (problems
-    waived by an explicit exception, with its reason)."""
+    waived by an explicit exception, with its reason), ``resources``: the
+    resource findings (kind, message), waived or not, kinds as in
+    :data:`RESOURCE_KINDS`; every other problem is a broken code object."""
 
     problems: List[str] = field(default_factory=list)
     stats: Dict[str, Any] = field(default_factory=dict)
     allowed: List[str] = field(default_factory=list)
+    resources: List[Tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -493,8 +501,10 @@ def validate_kernel(code: bytes, record: Any, limits: ArchLimits, *,
     """Check one HSACO against its KernelRecord (or a mapping with ``symbol``,
     ``args``, ``num_warps``, ``shared``, ``warp_size``) for ``limits.name``.
 
-    ``allow`` waives named failures ("scratch", "spills", "lds") with a reason;
-    waived problems are listed in ``Validation.allowed``.
+    ``allow`` waives resource findings by kind with a reason: "spills"
+    (register spills and the scratch memory they take), "scratch" (scratch
+    for anything else, e.g. a dynamic stack), "lds" (LDS over the arch's
+    limit); waived problems are listed in ``Validation.allowed``.
     """
     v = Validation()
     arch = limits.name
@@ -581,15 +591,18 @@ def validate_kernel(code: bytes, record: Any, limits: ArchLimits, *,
     allow = dict(allow or {})
 
     def fail(kind: str, msg: str) -> None:
+        v.resources.append((kind, msg))
         if kind in allow:
             v.allowed.append(f"{msg} (allowed: {allow[kind]})")
         else:
             v.problems.append(msg)
 
     if km.private_segment_fixed_size > 0 or km.uses_dynamic_stack:
-        fail("scratch", f"uses {km.private_segment_fixed_size} bytes of scratch memory per lane"
-                        f"{' and a dynamic stack' if km.uses_dynamic_stack else ''} (VGPR spills: "
-                        f"{km.vgpr_spill_count}, SGPR spills: {km.sgpr_spill_count}); pick a smaller config")
+        spilled = (km.vgpr_spill_count or km.sgpr_spill_count) and not km.uses_dynamic_stack
+        fail("spills" if spilled else "scratch",
+             f"uses {km.private_segment_fixed_size} bytes of scratch memory per lane"
+             f"{' and a dynamic stack' if km.uses_dynamic_stack else ''} (VGPR spills: "
+             f"{km.vgpr_spill_count}, SGPR spills: {km.sgpr_spill_count})")
     elif km.vgpr_spill_count > 0 and limits.vgpr_mode == "vgpr":
         fail("spills", f"spills {km.vgpr_spill_count} VGPRs")
     if lds_total > limits.lds_bytes:

@@ -18,6 +18,8 @@ from pathlib import Path
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
+from .codeobject import RESOURCE_KINDS
+
 if TYPE_CHECKING:  # any object with .name and .family will do
     from .tooling.targets import ArchSpec
 
@@ -34,6 +36,7 @@ __all__ = [
     "variant_key",
     "OPTION_KEYS",
     "SCRATCH_ARGS",
+    "WAIVER_KINDS",
 ]
 
 # Config keys passed to triton.compile as options (everything else in a config
@@ -41,7 +44,12 @@ __all__ = [
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_instr_nonkdim",
                "kpack", "maxnreg")
 REQUIRED_OPTIONS = ("num_warps", "num_stages")
-CONFIG_META_KEYS = ("archs", "head_dims")
+CONFIG_META_KEYS = ("archs", "head_dims", "allow")
+# What a config's ``allow = {KIND = true, reason = "..."}`` may waive in the
+# code-object validator (codeobject.validate_kernel): register spills (and the
+# scratch memory they take), other scratch use (stack, dynamic stack), LDS over
+# the arch's limit.
+WAIVER_KINDS = RESOURCE_KINDS
 # functional name -> constexpr name (besides same-name-uppercased).
 # head_dim is the padded tile width along the head dim (the real head dim is a
 # runtime argument of the kernels).
@@ -71,10 +79,15 @@ class VariantSpecError(ValueError):
 class ConfigSpec:
     archs: Tuple[str, ...]
     head_dims: Optional[Tuple[int, ...]]
-    values: Tuple[Tuple[str, Any], ...]  # in TOML order, without archs/head_dims
+    values: Tuple[Tuple[str, Any], ...]  # in TOML order, without archs/head_dims/allow
+    # Waived validator findings: ((kind, reason), ...), kinds from WAIVER_KINDS.
+    allow: Tuple[Tuple[str, str], ...] = ()
 
     def matches(self, arch: ArchSpec, functional: Dict[str, Any]) -> bool:
-        if arch.name not in self.archs and arch.family not in self.archs:
+        # An arch matches by name, family or a named arch set it belongs to
+        # (ci/targets.toml [arch_sets], e.g. "rdna3"; ArchSpec.sets).
+        names = (arch.name, arch.family) + tuple(getattr(arch, "sets", ()) or ())
+        if not any(n in self.archs for n in names):
             return False
         if self.head_dims is not None and "head_dim" in functional:
             return functional["head_dim"] in self.head_dims
@@ -123,6 +136,8 @@ class Variant:
     args: Tuple[Tuple[str, str], ...]  # resolved types, without the scratch args
     divisible_16: Tuple[str, ...]
     grid: Tuple[str, ...]
+    # The config's waivers (kind -> reason); not part of the key or the code.
+    allow: Dict[str, str] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return hash((self.arch, self.key))
@@ -238,7 +253,28 @@ def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: Con
     return Variant(key=variant_key(ks.name, func, config), kernel=ks.name, module=ks.module,
                    function=ks.function, arch=arch.name, functional=dict(func), config=config,
                    constexprs=constexprs, options=options, args=tuple(args),
-                   divisible_16=ks.divisible_16, grid=ks.grid)
+                   divisible_16=ks.divisible_16, grid=ks.grid, allow=dict(cfg.allow))
+
+
+def _parse_allow(allow: Any, where: str) -> Tuple[Tuple[str, str], ...]:
+    """``allow = {spills = true, reason = "..."}`` -> (("spills", reason),)."""
+    if allow is None:
+        return ()
+    example = 'allow = {spills = true, reason = "why this is acceptable"}'
+    if not isinstance(allow, dict):
+        raise VariantSpecError(f"{where}: allow must be a table, e.g. {example}")
+    reason = allow.get("reason")
+    kinds = [k for k in allow if k != "reason"]
+    bad = [k for k in kinds if k not in WAIVER_KINDS]
+    if bad:
+        raise VariantSpecError(f"{where}: allow names {bad}; it may waive {', '.join(WAIVER_KINDS)} "
+                               f"(e.g. {example})")
+    if not kinds or any(allow[k] is not True for k in kinds):
+        raise VariantSpecError(f"{where}: allow needs at least one of {', '.join(WAIVER_KINDS)} "
+                               f"set to true, e.g. {example}")
+    if not isinstance(reason, str) or not reason.strip():
+        raise VariantSpecError(f"{where}: allow needs a reason (a non-empty string): {example}")
+    return tuple((k, reason.strip()) for k in kinds)
 
 
 def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
@@ -312,7 +348,7 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
                 raise VariantSpecError(f"{cw} lacks {k!r}")
         configs.append(ConfigSpec(archs=tuple(str(a) for a in archs),
                                   head_dims=tuple(int(h) for h in hd) if hd is not None else None,
-                                  values=values))
+                                  values=values, allow=_parse_allow(c.get("allow"), cw)))
     if not configs:
         raise VariantSpecError(f"{where} has no [[kernels.{name}.configs]]")
     return KernelSpec(name=name, module=module, function=function.strip(), args=tuple(args),

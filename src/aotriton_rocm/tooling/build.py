@@ -53,10 +53,12 @@ from ..archive import KernelRecord, write_archive, write_manifest_sidecar
 from ..codeobject import ArchLimits, validate_kernel
 from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
 from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
-                      validate_output, worker_init)
+                      shared_memory_finding, validate_output, worker_init)
 from .dask_executor import EXECUTORS, ExecutorError
 from .progress import Progress, format_seconds
 from .targets import ArchSpec, TargetError, find_source_root, load_targets
+from .tuning import (COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, grid_axis, load_measured,
+                     tuning_files_bytes)
 from ..kernel_spec import SCRATCH_ARGS, Variant, VariantSpecError, load_variants
 
 __all__ = [
@@ -155,10 +157,11 @@ def _triton_version() -> str:
 
 def build_inputs_hash(kernels_dir: Path, variants_bytes: bytes, targets_bytes: bytes,
                       compiler_version: str) -> str:
-    """sha256 over the kernel sources, variants.toml, targets.toml and the compiler version."""
+    """sha256 over the kernel sources, variants.toml, targets.toml, the
+    measured tuning data (kernels/tuning/*.json) and the compiler version."""
     h = hashlib.sha256()
     for part in (kernel_sources_hash(kernels_dir).encode(), variants_bytes, targets_bytes,
-                 f"triton=={compiler_version}".encode()):
+                 f"triton=={compiler_version}".encode(), tuning_files_bytes(kernels_dir)):
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return h.hexdigest()
@@ -196,6 +199,76 @@ def _record(v: Variant, meta: Dict[str, Any], extra_stats: Optional[Dict[str, An
         stats=stats)
 
 
+def _functional_text(functional: Dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in functional.items())
+
+
+def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
+            checked: Dict[Tuple[str, str], Tuple[Dict[str, Any], List[Tuple[str, str]]]],
+            spec, measured, errors: List[str]) -> Dict[str, Any]:
+    """Choose the shipped candidates of one arch (tuning.choose per functional
+    point); appends to ``errors`` where nothing can ship. Returns the chosen
+    keys, the manifest's "tuning" section, the shipped exceptions, the
+    rejected candidates and how many choices were measured/static."""
+    groups: Dict[Tuple[str, Tuple], List[Variant]] = {}
+    for v, _ in items:
+        groups.setdefault((v.kernel, tuple(v.functional.items())), []).append(v)
+    chosen: set = set()
+    choices: List[Dict[str, Any]] = []
+    rejected: List[Dict[str, Any]] = []
+    counts = {"measured": 0, "static": 0}
+    axes: Dict[str, str] = {}
+    cand_of: Dict[str, Candidate] = {}
+    for (kname, _), vs in groups.items():
+        axis, tile = grid_axis(spec.kernels[kname].grid)
+        axes[kname] = axis or "seqlen_q"
+        cands = []
+        for i, v in enumerate(vs):
+            if (a.name, v.key) not in checked:
+                continue  # did not compile: already an error
+            stats, resources = checked[(a.name, v.key)]
+            rows = int(v.config.get(tile, 1)) if tile else 1
+            cols = 1
+            for k, val in v.config.items():
+                if k.startswith("BLOCK_") and k != tile and isinstance(val, int):
+                    cols *= val
+            c = Candidate(key=v.key, config=dict(v.config), order=i, rows=rows, cols=cols,
+                          num_warps=int(v.options.get("num_warps", 4)), occupancy=stats.get("occupancy"),
+                          scratch=int(stats.get("private_segment_fixed_size") or 0),
+                          findings=list(resources), waived=dict(v.allow))
+            cands.append(c)
+            cand_of[v.key] = c
+        if not cands:
+            continue
+        func = vs[0].functional
+        try:
+            runs = choose(cands, kernel=kname, functional=func, measured=measured)
+        except TuningError as e:
+            errors.append(f"{a.name} {kname} [{_functional_text(func)}]: {e}")
+            continue
+        except ValueError:
+            why = "; ".join(f"{c.key.rsplit('|', 1)[-1]}: {', '.join(m for _, m in c.unwaived)}" for c in cands)
+            errors.append(
+                f"{a.name} {kname} [{_functional_text(func)}]: no candidate config can ship ({why}); "
+                f"add a config that fits to [[kernels.{kname}.configs]] for {a.name} in "
+                f"kernels/variants.toml, or waive the finding on one with "
+                f"allow = {{spills = true, reason = \"...\"}} (kinds: spills, scratch, lds)")
+            continue
+        for _, key, source in runs:
+            chosen.add(key)
+            counts[source] += 1
+        choices.append({"kernel": kname, "functional": dict(func), "select": runs})
+        for c in cands:
+            if c.key not in chosen and c.findings:
+                rejected.append({"key": c.key, "findings": [m for _, m in c.unwaived]})
+    exceptions = [{"key": key, "kind": kind, "finding": msg, "reason": reason}
+                  for key in sorted(chosen) for kind, msg, reason in cand_of[key].exceptions]
+    manifest = {"schema": 1, "cost_model": COST_MODEL, "seqlen_buckets": list(SEQLEN_BUCKETS),
+                "axes": axes, "measured": measured.how if measured.path else None, "choices": choices}
+    return {"chosen": chosen, "manifest": manifest, "exceptions": exceptions, "rejected": rejected,
+            "counts": counts}
+
+
 def arch_limits_dict(a: ArchSpec) -> Dict[str, Any]:
     """The limits the code-object validator uses for ``a`` (stored in each
     AMD archive's manifest so ``aotriton-rocm validate`` needs no checkout)."""
@@ -221,27 +294,71 @@ def _summarize(records: Sequence[KernelRecord]) -> Dict[str, Any]:
     }
 
 
+# Upstream AOTriton's code objects for one arch (gfx942, at its head: fwd 6,598,
+# dk/dv 3,670, dq 5,054, fused bwd 3,532), for the report's comparison.
+UPSTREAM_PER_ARCH = 19000
+
+
 def format_arch_table(report: Dict[str, Any]) -> str:
-    """The per-arch build table: kernels, compiled/cached, archive bytes,
-    compile seconds, worst register pressure, min occupancy, spills/scratch,
-    allowed exceptions (AMD numbers from the code-object validator)."""
+    """The per-arch build table: kernels shipped (of the candidates compiled),
+    compiled/cached now, archive size, compile CPU seconds (cold: every
+    candidate's recorded compile time), worst register pressure, min
+    occupancy, spills/scratch, matrix-core kernels, allowed exceptions,
+    choices measured/static (AMD numbers from the code-object validator),
+    then how the kernel count compares with upstream AOTriton."""
     def c(v: Any) -> str:
         return "-" if v is None else str(v)
-    rows = [("arch", "kernels", "compiled", "cached", "bytes", "seconds", "worst VGPR/AGPR/SGPR",
-             "min occ", "spills", "scratch", "MFMA", "allowed", "archive")]
+    rows = [("arch", "shipped", "candidates", "compiled", "cached", "KiB", "cold CPU s", "worst VGPR/AGPR/SGPR",
+             "min occ", "spills", "scratch", "MFMA/WMMA", "exceptions", "measured/static", "archive")]
+    shipped = []
     for a, r in (report.get("per_arch") or {}).items():
         val = r.get("validation") or {}
         regs = (f"{c(val.get('max_vgpr'))}/{c(val.get('max_agpr'))}/{c(val.get('max_sgpr'))}"
                 if val else "-")
-        rows.append((a, str(r.get("kernels")), str(r.get("compiled")), str(r.get("cached")),
-                     str(r.get("archive_bytes")), f"{r.get('seconds', 0):.1f}", regs,
+        ch = r.get("choices") or {}
+        exc = r.get("exceptions")
+        kib = r.get("archive_bytes")
+        shipped.append(int(r.get("kernels") or 0))
+        rows.append((a, str(r.get("kernels")), c(r.get("candidates")), str(r.get("compiled")),
+                     str(r.get("cached")), "-" if kib is None else f"{kib / 1024:.0f}",
+                     f"{r.get('cold_compile_cpu_seconds', r.get('seconds', 0)):.0f}", regs,
                      c(val.get("min_occupancy")), c(val.get("vgpr_spills")), c(val.get("max_scratch")),
                      f"{val['mfma_kernels']}/{val['kernels']}" if val else "-",
-                     str(len(val.get("allowed") or [])) if val else "-", str(r.get("archive", ""))))
+                     "-" if exc is None else str(len(exc)),
+                     f"{ch.get('measured', 0)}/{ch.get('static', 0)}" if ch else "-", str(r.get("archive", ""))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                                for i, (cell, w) in enumerate(zip(row[:-1], widths))) + "  " + row[-1]
-                      for row in rows)
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row[:-1], widths))) + "  " + row[-1]
+             for row in rows]
+    if shipped and max(shipped):
+        lines.append(f"upstream AOTriton: ~{UPSTREAM_PER_ARCH:,} code objects per arch (gfx942); this build: "
+                     f"{max(shipped):,} at most ({UPSTREAM_PER_ARCH / max(shipped):.0f}x fewer)")
+    return "\n".join(lines)
+
+
+def arch_chart_png(report: Dict[str, Any]) -> bytes:
+    """The per-arch report as a PNG bar chart (chart.py, standard library only)."""
+    from .chart import ORANGE, BLUE, Panel, bar_chart_png
+    per = report.get("per_arch") or {}
+    archs = list(per)
+
+    def col(key, fn=lambda v: v):
+        return [None if per[a].get(key) is None else fn(per[a][key]) for a in archs]
+    vgpr = [(per[a].get("validation") or {}).get("max_vgpr") for a in archs]
+    exc = [len(per[a].get("exceptions") or ()) if per[a].get("exceptions") is not None else None for a in archs]
+    colors = [ORANGE if e else BLUE for e in exc]
+    panels = [
+        Panel("kernels shipped", col("kernels"), colors,
+              note=f"(upstream AOTriton: ~{UPSTREAM_PER_ARCH:,} per arch)"),
+        Panel("archive size (KiB)", col("archive_bytes", lambda b: b / 1024), colors),
+        Panel("compile time, cold (CPU seconds, all candidates)", col("cold_compile_cpu_seconds"), colors),
+        Panel("worst VGPR per lane (AMD)", vgpr, colors),
+        Panel("allowed exceptions (waived spills/scratch/LDS)", exc, colors),
+    ]
+    notes = [f"ROCm {report.get('profile')}, triton {report.get('compiler_version')}, "
+             f"aotriton-rocm {report.get('package_version')}"]
+    return bar_chart_png("aotriton-rocm: per-arch build report", archs, panels, notes,
+                         legend=[(BLUE, "clean"), (ORANGE, "ships waived exceptions")])
 
 
 def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache: str):
@@ -406,7 +523,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                 else:
                     # Same key order as a cache hit, so archives are byte-identical
                     # whether their kernels were compiled or cached.
-                    meta = json.loads(json.dumps(res.meta, sort_keys=True))
+                    meta = json.loads(json.dumps(dict(res.meta, compile_seconds=round(res.seconds, 3)),
+                                                 sort_keys=True))
                     cache.put(t.cache_key, meta, res.code)
                     results[t.cache_key] = (meta, res.code)
                     compiled_keys.add(t.cache_key)
@@ -424,8 +542,10 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
 
     # Static validation of every code object (cached ones too): the compile
     # metadata, then, for AMD, the ELF + AMDGPU metadata (codeobject.py), whose
-    # numbers go into each record's stats.
-    elf_stats: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    # numbers go into each record's stats. A broken code object fails the
+    # build; a resource finding (spills, scratch, LDS) only makes that
+    # candidate ineligible unless its config waives it (allow = {...}).
+    checked: Dict[Tuple[str, str], Tuple[Dict[str, Any], List[Tuple[str, str]]]] = {}
     for arch_spec in arch_specs:
         limits = ArchLimits.from_spec(arch_spec) if arch_spec.backend == "hip" else None
         for v, t in plan[arch_spec.name]:
@@ -433,17 +553,31 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                 continue
             meta, code = results[t.cache_key]
             problems = validate_output(meta, code, backend=arch_spec.backend, arch=arch_spec.name,
-                                       max_shared=arch_spec.max_shared_bytes,
                                        triton_version=_version.TRITON_VERSION)
+            stats: Dict[str, Any] = {}
+            resources: List[Tuple[str, str]] = []
             if limits is not None and not any("not an ELF" in p for p in problems):
                 val = validate_kernel(code, _record(v, meta), limits,
-                                      code_object_version=prof.code_object_version)
-                text_scratch = any("scratch memory" in p for p in problems)  # same finding twice
-                problems.extend(p for p in val.problems if not (text_scratch and "scratch memory" in p))
-                elf_stats[(arch_spec.name, v.key)] = dict(val.stats, allowed=val.allowed) \
-                    if val.allowed else val.stats
+                                      code_object_version=prof.code_object_version, allow=v.allow)
+                found = {m for _, m in val.resources}
+                problems.extend(p for p in val.problems if p not in found)
+                resources = val.resources
+                stats = dict(val.stats, allowed=val.allowed) if val.allowed else val.stats
+            elif limits is None:
+                finding = shared_memory_finding(meta, arch_spec.name, arch_spec.max_shared_bytes)
+                if finding:
+                    resources = [("lds", finding)]
+            checked[(arch_spec.name, v.key)] = (stats, resources)
             for p in problems:
                 errors.append(f"{arch_spec.name} {v.key}: {p}")
+
+    # Choose per (arch, functional point, seqlen bucket) among the candidate
+    # configs (tuning.py); only the chosen ones ship. A shard leaves this to merge.
+    selection: Dict[str, Dict[str, Any]] = {}
+    if shard is None:
+        for a in arch_specs:
+            sel = _select(a, plan[a.name], checked, spec, load_measured(kernels_dir, a.name), errors)
+            selection[a.name] = sel
 
     report: Dict[str, Any] = {
         "status": "failed" if errors else "ok",
@@ -469,6 +603,7 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         items = plan[a.name]
         return {
             "kernels": len(items),
+            "candidates": len(items),
             "compiled": sum(1 for _, t in items if t.cache_key in compiled_keys),
             "failed": sum(1 for _, t in items if t.cache_key not in results),
             "compile_cpu_seconds": round(compile_seconds[a.name], 3),
@@ -494,8 +629,9 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
         for a in arch_specs:
             t0 = time.monotonic()
             items = plan[a.name]
-            pairs = [(_record(v, results[t.cache_key][0], elf_stats.get((a.name, v.key))),
-                      results[t.cache_key][1]) for v, t in items]
+            sel = selection[a.name]
+            pairs = [(_record(v, results[t.cache_key][0], checked[(a.name, v.key)][0] or None),
+                      results[t.cache_key][1]) for v, t in items if v.key in sel["chosen"]]
             manifest = {
                 "format_version": None,  # filled by write_archive
                 "package_version": _version.__version__,
@@ -514,24 +650,33 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
                 manifest["code_object_version"] = prof.code_object_version
                 manifest["hip_soname"] = prof.hip_soname
                 manifest["arch_limits"] = arch_limits_dict(a)
+            manifest["tuning"] = sel["manifest"]
+            manifest["exceptions"] = sel["exceptions"]
             ap = arch_dir / f"{a.name}.aotr"
             write_archive(ap, manifest, pairs)
             mp = write_manifest_sidecar(ap)
             write_s = time.monotonic() - t0
             n_comp = sum(1 for _, t in items if t.cache_key in compiled_keys)
-            ar = ArchResult(arch=a.name, archive=ap, manifest=mp, kernels=len(items), compiled=n_comp,
+            ar = ArchResult(arch=a.name, archive=ap, manifest=mp, kernels=len(pairs), compiled=n_comp,
                             cached=len(items) - n_comp, seconds=round(compile_seconds[a.name] + write_s, 3),
                             archive_bytes=ap.stat().st_size)
             per_arch[a.name] = ar
             report["per_arch"][a.name] = {
-                "kernels": ar.kernels, "compiled": ar.compiled, "cached": ar.cached,
+                "kernels": ar.kernels, "candidates": len(items), "compiled": ar.compiled, "cached": ar.cached,
                 "seconds": ar.seconds, "compile_cpu_seconds": round(compile_seconds[a.name], 3),
+                "cold_compile_cpu_seconds": round(sum(float(results[t.cache_key][0].get("compile_seconds", 0))
+                                                      for _, t in items), 3),
+                "choices": sel["counts"], "rejected": sel["rejected"], "exceptions": sel["exceptions"],
                 "write_seconds": round(write_s, 3), "archive": str(ap.relative_to(out)),
                 "manifest": str(mp.relative_to(out)), "archive_bytes": ar.archive_bytes,
                 "code_bytes": sum(len(c) for _, c in pairs), "warnings": warnings[a.name],
                 "validation": _summarize([r for r, _ in pairs]) if a.backend == "hip" else None,
             }
 
+    if shard is None and not errors:
+        chart = out / "build-report.png"
+        atomic_write_bytes(chart, arch_chart_png(report))
+        report["chart"] = chart.name
     total_s = time.monotonic() - t_start
     report["seconds"] = round(total_s, 3)
     report["compiled"] = len(compiled_keys)

@@ -23,7 +23,7 @@ __all__ = ["CACHE_SCHEMA", "CompileCache", "cache_key", "kernel_sources_hash", "
 
 # Bump when what a cache entry holds changes (e.g. new stats parsed from the
 # code object), so stale entries are recompiled.
-CACHE_SCHEMA = 2
+CACHE_SCHEMA = 3  # 3: stats["wmma"], meta["compile_seconds"]
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "compile_variant",
     "load_kernel_function",
     "parse_amdgcn_stats",
+    "shared_memory_finding",
     "validate_output",
 ]
 
@@ -143,6 +144,7 @@ _STAT_PATTERNS = {
 }
 _TARGET_RE = re.compile(r'^\s*\.amdgcn_target\s+"([^"]+)"', re.M)
 _MFMA_RE = re.compile(r"^\s*v_mfma_", re.M)
+_WMMA_RE = re.compile(r"^\s*v_wmma_", re.M)
 
 
 def parse_amdgcn_stats(text: str) -> Dict[str, Any]:
@@ -156,6 +158,7 @@ def parse_amdgcn_stats(text: str) -> Dict[str, Any]:
     if m:
         stats["amdgcn_target"] = m.group(1)
     stats["mfma"] = bool(_MFMA_RE.search(text))
+    stats["wmma"] = bool(_WMMA_RE.search(text))
     return stats
 
 
@@ -205,27 +208,30 @@ def compile_variant(task: CompileTask) -> CompileOutput:
 
 
 def validate_output(meta: Dict[str, Any], code: bytes, *, backend: str, arch: str,
-                    max_shared: Optional[int], triton_version: str) -> List[str]:
-    """Static checks of one compiled variant; returns problems (empty = OK)."""
+                    triton_version: str) -> List[str]:
+    """Checks of one compiled variant's compile metadata that no config may
+    waive (a broken or unlaunchable code object); returns problems (empty =
+    OK). Resources (spills, scratch, LDS) are judged by the code-object
+    validator (AMD, codeobject.validate_kernel) or
+    :func:`shared_memory_finding` (NVIDIA)."""
     problems = []
     if not code or not code.startswith(ELF_MAGIC):
         problems.append("code object is not an ELF file")
     if meta.get("global_scratch_size", 0) > 0:
         problems.append(f"needs {meta['global_scratch_size']} bytes of global scratch "
                         f"(the launcher passes none); change the config")
-    if max_shared is not None and meta.get("shared", 0) > max_shared:
-        problems.append(f"uses {meta['shared']} bytes of shared memory/LDS, {arch} has {max_shared}")
     if meta.get("triton_version") != triton_version:
         problems.append(f"compiled by triton {meta.get('triton_version')}, expected {triton_version}")
     stats = meta.get("stats") or {}
     if backend == "hip":
-        # VGPR spills into free AGPRs (gfx908/gfx90a/gfx942) cost a register move
-        # and are allowed; anything that reaches scratch memory is not.
-        scratch = max(stats.get("private_segment_fixed_size", 0), stats.get("scratch_size", 0))
-        if scratch > 0:
-            problems.append(f"uses {scratch} bytes of scratch memory per lane (register spills: "
-                            f"{stats.get('vgpr_spill_count', '?')} VGPRs); pick a smaller config")
         tgt = stats.get("amdgcn_target", "")
         if tgt and not (tgt.endswith("-" + arch) or ("-" + arch + ":") in tgt):
             problems.append(f"code object targets {tgt!r}, not {arch}")
     return problems
+
+
+def shared_memory_finding(meta: Dict[str, Any], arch: str, max_shared: Optional[int]) -> Optional[str]:
+    """The shared-memory finding of a non-AMD code object (kind "lds"), or None."""
+    if max_shared is not None and meta.get("shared", 0) > max_shared:
+        return f"uses {meta['shared']} bytes of shared memory, {arch} has {max_shared}"
+    return None

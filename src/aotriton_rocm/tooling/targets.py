@@ -8,7 +8,7 @@ try:
     import tomllib
 except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -47,6 +47,9 @@ class ArchSpec:
     vgpr_granule: Optional[int] = None
     max_waves: Optional[int] = None
     simds_per_cu: Optional[int] = None
+    # The named arch sets ([arch_sets]) this arch is in, e.g. ("rdna3", "rdna",
+    # "all"): a variants.toml config may name a set in its archs.
+    sets: Tuple[str, ...] = ()
 
     def gpu_target_args(self) -> Tuple[str, Any, int]:
         """Arguments for ``triton.backends.compiler.GPUTarget``."""
@@ -246,6 +249,8 @@ def load_targets(path) -> Targets:
         if name.lower() in archs or name.lower() == "default":
             raise TargetError(f"{p}: arch set name {name!r} clashes with an arch or 'default'")
         arch_sets[name] = tuple(str(a) for a in members)
+    for name, spec in list(archs.items()):
+        archs[name] = replace(spec, sets=tuple(s for s, m in arch_sets.items() if name in m))
     return Targets(path=p, archs=archs, profiles=profiles, default_profile=default_profile,
                    default_archs=default_archs, raw_bytes=raw, arch_sets=arch_sets)
 

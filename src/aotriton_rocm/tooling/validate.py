@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 from ..archive import Archive, ArchiveError
 from ..codeobject import ArchLimits, validate_kernel
 
-__all__ = ["ArchReport", "validate_archives", "format_table", "draw_chart",
+__all__ = ["ArchReport", "validate_archives", "format_table", "format_kernel_table", "draw_chart",
            "add_validate_arguments", "run_validate_command"]
 
 
@@ -90,13 +90,17 @@ def validate_archives(paths: Sequence[str], targets_path: Optional[str] = None) 
         if limits.name != a.arch:
             rep.failures.append(f"manifest arch_limits are for {limits.name}, the archive is {a.arch}")
         occs = []
+        # The waivers the build applied (variants.toml allow = {...}), per kernel.
+        allow: Dict[str, Dict[str, str]] = {}
+        for e in m.get("exceptions") or ():
+            allow.setdefault(str(e.get("key")), {})[str(e.get("kind"))] = str(e.get("reason"))
         for r in a.kernels:
             try:
                 code = a.code_object(r)
             except ArchiveError as e:
                 rep.failures.append(f"{r.key}: {e}")
                 continue
-            v = validate_kernel(code, r, limits, code_object_version=cov)
+            v = validate_kernel(code, r, limits, code_object_version=cov, allow=allow.get(r.key))
             s = v.stats
             rep.failures.extend(f"{r.key}: {msg}" for msg in v.problems)
             rep.allowed.extend(f"{r.key}: {msg}" for msg in v.allowed)
@@ -111,13 +115,16 @@ def validate_archives(paths: Sequence[str], targets_path: Optional[str] = None) 
             occs.append(s["occupancy"])
             # MFMA use cannot be read from the metadata: it is recorded at build
             # time from triton's assembly text (stats["mfma"]).
-            mfma = (r.stats or {}).get("mfma")
+            st = r.stats or {}
+            mfma = st.get("mfma")
+            matrix = bool(mfma) or bool(st.get("wmma"))
             if mfma is None:
                 rep.mfma_known = False
-            elif mfma:
+            elif matrix:
                 rep.mfma_kernels += 1
-            rep.per_kernel.append({"key": r.key, "ok": v.ok, "problems": v.problems,
-                                   "allowed": v.allowed, "mfma": mfma, **s})
+            rep.per_kernel.append({"key": r.key, "kernel": r.kernel, "functional": dict(r.functional),
+                                   "ok": v.ok, "problems": v.problems, "allowed": v.allowed,
+                                   "mfma": mfma, "wmma": st.get("wmma"), **s})
         rep.min_occupancy = min(occs) if occs else None
     return reports
 
@@ -128,7 +135,7 @@ def _cell(v: Any) -> str:
 
 def format_table(reports: Sequence[ArchReport]) -> str:
     rows = [("arch", "profile", "kernels", "worst VGPR", "worst AGPR", "worst SGPR", "spills",
-             "scratch", "max LDS", "min occ", "MFMA", "verdict")]
+             "scratch", "max LDS", "min occ", "MFMA/WMMA", "verdict")]
     for r in reports:
         if not r.validated:
             rows.append((r.arch, r.profile, str(r.kernels), "-", "-", "-", "-", "-", "-", "-", "-",
@@ -149,37 +156,57 @@ def format_table(reports: Sequence[ArchReport]) -> str:
     return "\n".join(lines)
 
 
+def format_kernel_table(report: ArchReport) -> str:
+    """One archive's kernels by (kernel, dtype, head dim): how many variants
+    (pad_head, bias, dropout, configs...), how many use a matrix core (MFMA on
+    CDNA, WMMA on RDNA), worst VGPR/AGPR, spilled VGPRs, scratch, min
+    occupancy, verdict. E.g. the MI100 (gfx908) report: MFMA and no spills
+    per head dim."""
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for k in report.per_kernel:
+        f = k.get("functional") or {}
+        groups.setdefault((k.get("kernel", "?"), str(f.get("dtype", "-")), f.get("head_dim", "-")), []).append(k)
+    rows = [("kernel", "dtype", "head_dim", "variants", "MFMA/WMMA", "worst VGPR", "worst AGPR", "spills",
+             "scratch", "min occ", "verdict")]
+    for (kernel, dtype, hd), ks in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]).zfill(5))):
+        fails = sum(1 for k in ks if not k["ok"])
+        allowed = sum(1 for k in ks if k.get("allowed"))
+        verdict = f"FAIL ({fails})" if fails else "ok"
+        if allowed:
+            verdict += f", {allowed} allowed"
+        mat = sum(1 for k in ks if k.get("mfma") or k.get("wmma"))
+        rows.append((kernel, dtype, str(hd), str(len(ks)), f"{mat}/{len(ks)}",
+                     str(max(k["vgpr_count"] for k in ks)), str(max(k["agpr_count"] for k in ks)),
+                     str(sum(k["vgpr_spill_count"] for k in ks)),
+                     str(max(k["private_segment_fixed_size"] for k in ks)),
+                     str(min(k["occupancy"] for k in ks)), verdict))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i in (0, 1, len(row) - 1) else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows)
+
+
 def draw_chart(reports: Sequence[ArchReport], path: str, build_report: Optional[Dict[str, Any]] = None) -> None:
-    """A PNG bar chart per arch (kernels, worst VGPR, min occupancy, archive MiB)
-    with matplotlib; raises ImportError with an install hint when it is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ImportError("matplotlib is not installed; --chart needs it: pip install matplotlib") from None
-    reps = [r for r in reports if r.validated] or list(reports)
+    """A PNG bar chart per arch (kernels, worst VGPR, min occupancy, archive
+    KiB, allowed exceptions and, with a build report, compile time), drawn
+    with the standard library (chart.py); written atomically."""
+    from ..archive import atomic_write
+    from .chart import BLUE, ORANGE, RED, Panel, bar_chart_png
+    reps = list(reports)
     archs = [r.arch for r in reps]
-    panels = [("kernels", [r.kernels for r in reps]),
-              ("worst VGPR (per lane)", [r.max_vgpr or 0 for r in reps]),
-              ("min occupancy (waves/SIMD)", [r.min_occupancy or 0 for r in reps]),
-              ("archive size (KiB)", [r.archive_bytes / 1024 for r in reps])]
+    colors = [RED if r.failures else ORANGE if r.allowed else BLUE for r in reps]
+    panels = [Panel("kernels", [r.kernels for r in reps], colors),
+              Panel("worst VGPR per lane", [r.max_vgpr if r.validated else None for r in reps], colors),
+              Panel("min occupancy (waves per SIMD)", [r.min_occupancy if r.validated else None for r in reps],
+                    colors),
+              Panel("archive size (KiB)", [r.archive_bytes / 1024 for r in reps], colors),
+              Panel("allowed exceptions", [len(r.allowed) if r.validated else None for r in reps], colors)]
     if build_report:
-        secs = [float((build_report.get("per_arch", {}).get(a) or {}).get("seconds", 0)) for a in archs]
-        panels.append(("compile time (s)", secs))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4))
-    for ax, (title, vals) in zip(axes, panels):
-        colors = ["tab:red" if r.failures else "tab:blue" for r in reps]
-        ax.bar(archs, vals, color=colors)
-        ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
-        for i, val in enumerate(vals):
-            ax.annotate(f"{val:.0f}" if isinstance(val, float) else str(val), (i, val),
-                        ha="center", va="bottom", fontsize=7)
-    fig.suptitle("aotriton-rocm: per-arch code-object report (red: validation failed)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        per = build_report.get("per_arch") or {}
+        panels.append(Panel("compile time, cold (CPU seconds)",
+                            [(per.get(a) or {}).get("cold_compile_cpu_seconds") for a in archs], colors))
+    png = bar_chart_png("aotriton-rocm: per-arch code-object report", archs, panels,
+                        legend=[(BLUE, "ok"), (ORANGE, "ok, with allowed exceptions"), (RED, "failed")])
+    atomic_write(Path(path), lambda f: f.write(png))
 
 
 # -- CLI wiring -----------------------------------------------------------
@@ -189,7 +216,10 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--json", dest="json", default=None, metavar="FILE",
                         help="write the per-arch and per-kernel results as JSON")
     parser.add_argument("--chart", dest="chart", default=None, metavar="FILE.png",
-                        help="draw a per-arch bar chart (needs matplotlib)")
+                        help="draw a per-arch bar chart (PNG)")
+    parser.add_argument("--by-kernel", dest="by_kernel", action="store_true",
+                        help="also print, per AMD archive, a table by kernel, dtype and head dim "
+                             "(MFMA/WMMA use, registers, spills, scratch, occupancy)")
     parser.add_argument("--build-report", dest="build_report", default=None, metavar="FILE",
                         help="build-report.json to take compile times from for the chart "
                              "(default: next to the archives' directory, if present)")
@@ -207,6 +237,11 @@ def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = No
         print(f"aotriton-rocm validate: error: {e}", file=sys.stderr)
         return 2
     print(format_table(reports), file=out)
+    if getattr(args, "by_kernel", False):
+        for r in reports:
+            if r.validated:
+                print(f"\n{r.arch} ({r.archive}):", file=out)
+                print(format_kernel_table(r), file=out)
     failed = [r for r in reports if r.failures]
     for r in failed:
         shown = r.failures if getattr(args, "verbose", False) else r.failures[:10]
@@ -231,10 +266,6 @@ def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = No
                 br = json.loads(cand.read_text())
             except (OSError, ValueError):
                 br = None
-        try:
-            draw_chart(reports, args.chart, br)
-            print(f"chart: {args.chart}", file=out)
-        except ImportError as e:
-            print(f"aotriton-rocm validate: no chart: {e}", file=sys.stderr)
-            return 1 if failed else 2
+        draw_chart(reports, args.chart, br)
+        print(f"chart: {args.chart}", file=out)
     return 1 if failed else 0

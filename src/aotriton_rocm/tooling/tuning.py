@@ -1,0 +1,258 @@
+"""Which tuning config ships, per (arch, kernel variant, seqlen bucket). Build-time only.
+
+Every ``[[kernels.NAME.configs]]`` table of ``kernels/variants.toml`` that
+matches an arch and a functional point is a *candidate*: the build compiles
+and validates all of them, then chooses per seqlen bucket, and ships only the
+chosen ones. A choice is
+
+* **measured** where ``kernels/tuning/<arch>.json`` names the config for that
+  kernel, functional point and bucket (a timing on real hardware chose it);
+* **static** everywhere else, by the cost model below over the code-object
+  validator's numbers (AMD code cannot be run on the build hosts).
+
+Static cost model, lexicographic, per bucket with upper bound ``U`` (the
+seqlen along the kernel's grid axis: ``seqlen_q`` for fwd/dq/preprocess,
+``seqlen_k`` for dK/dV; ``U`` is infinite for the last, open bucket):
+
+1. clean before waived: a candidate with an unwaived spill, scratch or LDS
+   finding is never chosen; one whose findings are all waived by its
+   ``allow`` ranks after every clean one, fewer scratch bytes first;
+2. occupancy (waves per SIMD, the validator's estimate) counted up to
+   ``OCCUPANCY_ENOUGH`` = 2: the kernels are software-pipelined dot loops,
+   and from two waves per SIMD a larger tile (fewer loads per FLOP) is worth
+   more than more waves;
+3. tile size at this seqlen: first the padding a tile wastes
+   (``rows - min(rows, U)``, rows = the tile along the grid axis), then the
+   useful rows ``min(rows, U)`` (more is better), then the other tile side
+   (the loop tile, more is better), then fewer warps;
+4. declaration order in variants.toml.
+
+sm_90 (the NVIDIA test target) has no validator numbers; its candidates are
+ranked by steps 3-4 only, and its tuning file records the H100 measurements.
+
+Buckets: upper bounds ``SEQLEN_BUCKETS`` (16 .. 8192, the bins upstream
+AOTriton's tuning database uses) and one open bucket above; a run-time seqlen
+``s`` falls into the first bucket whose bound is >= s. Consecutive buckets
+with the same choice are merged, so the manifest holds per functional point a
+short list ``[[max_seqlen or null, variant key, "measured"|"static"], ...]``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+__all__ = [
+    "SEQLEN_BUCKETS",
+    "OCCUPANCY_ENOUGH",
+    "COST_MODEL",
+    "TuningError",
+    "Candidate",
+    "MeasuredEntry",
+    "MeasuredData",
+    "grid_axis",
+    "load_measured",
+    "tuning_files_bytes",
+    "choose",
+    "static_rank",
+]
+
+SEQLEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+OCCUPANCY_ENOUGH = 2
+COST_MODEL = ("static-v1: clean before waived (fewer scratch bytes first), occupancy up to "
+              f"{OCCUPANCY_ENOUGH} waves/SIMD, least padding at the bucket's seqlen, more useful "
+              "rows, larger loop tile, fewer warps, declaration order")
+TUNING_SCHEMA = 1
+
+
+class TuningError(ValueError):
+    """Malformed tuning data, or tuning data that names a config no candidate has."""
+
+
+@dataclass
+class Candidate:
+    """One compiled and validated candidate config of one (arch, kernel, functional point)."""
+
+    key: str
+    config: Dict[str, Any]
+    order: int  # position among the candidates (declaration order)
+    rows: int  # tile along the grid axis (e.g. BLOCK_M of attn_fwd)
+    cols: int  # the other tile side (e.g. BLOCK_N of attn_fwd), 1 if none
+    num_warps: int = 4
+    occupancy: Optional[int] = None  # waves per SIMD (AMD), None where unknown
+    scratch: int = 0  # bytes per lane
+    findings: List[Tuple[str, str]] = field(default_factory=list)  # (kind, message)
+    waived: Dict[str, str] = field(default_factory=dict)  # kind -> reason (the config's allow)
+
+    @property
+    def unwaived(self) -> List[Tuple[str, str]]:
+        return [(k, m) for k, m in self.findings if k not in self.waived]
+
+    @property
+    def eligible(self) -> bool:
+        return not self.unwaived
+
+    @property
+    def exceptions(self) -> List[Tuple[str, str, str]]:
+        """(kind, message, reason) of the waived findings."""
+        return [(k, m, self.waived[k]) for k, m in self.findings if k in self.waived]
+
+
+_CDIV = re.compile(r"^\s*cdiv\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*\)\s*$")
+
+
+def grid_axis(grid: Sequence[str]) -> Tuple[Optional[str], Optional[str]]:
+    """(seqlen axis, tile constexpr) of a grid whose first entry is
+    ``cdiv(<arg>, <CONSTEXPR>)``: ("seqlen_q", "BLOCK_M") for
+    ``cdiv(max_seqlen_q, BLOCK_M)``; the axis is "seqlen_k" if the argument
+    names seqlen_k, "seqlen_q" if it names seqlen_q, else the argument's name.
+    (None, None) for any other grid."""
+    m = _CDIV.match(grid[0]) if grid else None
+    if not m:
+        return None, None
+    arg, tile = m.group(1), m.group(2)
+    axis = "seqlen_k" if "seqlen_k" in arg else "seqlen_q" if "seqlen_q" in arg else arg
+    return axis, tile
+
+
+def static_rank(c: Candidate, bound: Optional[int]) -> Tuple:
+    """The cost model's sort key of ``c`` for a bucket with upper bound ``bound``
+    (None: the open bucket). Lower sorts first."""
+    u = math.inf if bound is None else bound
+    useful = min(c.rows, u)
+    occ = OCCUPANCY_ENOUGH if c.occupancy is None else min(c.occupancy, OCCUPANCY_ENOUGH)
+    return (1 if c.exceptions else 0, c.scratch if c.exceptions else 0, -occ,
+            c.rows - useful, -useful, -c.cols, c.num_warps, c.order)
+
+
+@dataclass(frozen=True)
+class MeasuredEntry:
+    kernel: str
+    functional: Tuple[Tuple[str, Tuple[Any, ...]], ...]  # axis -> values it applies to
+    seqlen_max: Optional[int]  # applies to buckets with bound <= this (None: all)
+    config: Tuple[Tuple[str, Any], ...]
+    index: int
+
+    def applies(self, kernel: str, functional: Mapping[str, Any], bound: Optional[int]) -> bool:
+        if kernel != self.kernel:
+            return False
+        # A filter on an axis the point does not have is ignored (a new axis
+        # added to variants.toml later does not void older measurements).
+        if any(axis in functional and functional[axis] not in values for axis, values in self.functional):
+            return False
+        if self.seqlen_max is None:
+            return True
+        return bound is not None and bound <= self.seqlen_max
+
+    def picks(self, c: Candidate) -> bool:
+        return all(c.config.get(k) == v for k, v in self.config)
+
+
+@dataclass
+class MeasuredData:
+    """``kernels/tuning/<arch>.json``."""
+
+    path: Optional[Path]
+    arch: str
+    how: str = ""
+    entries: Tuple[MeasuredEntry, ...] = ()
+
+    def entry_for(self, kernel: str, functional: Mapping[str, Any],
+                  bound: Optional[int]) -> Optional[MeasuredEntry]:
+        return next((e for e in self.entries if e.applies(kernel, functional, bound)), None)
+
+
+def load_measured(kernels_dir, arch: str) -> MeasuredData:
+    """The measured tuning data for ``arch`` (empty if it has no file).
+
+    Format (JSON)::
+
+        {"schema": 1, "arch": "sm_90", "how": "what was measured, where, how",
+         "choices": [{"kernel": "attn_fwd",
+                      "functional": {"dtype": ["fp16", "bf16"], "head_dim": [64, 128]},
+                      "seqlen_max": null,
+                      "config": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}}]}
+
+    The first entry that applies to (kernel, functional point, bucket) names
+    the config (a subset of its keys is enough) of the candidate to ship.
+    """
+    p = Path(kernels_dir) / "tuning" / f"{arch}.json"
+    if not p.is_file():
+        return MeasuredData(path=None, arch=arch)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TuningError(f"{p}: unreadable tuning data: {e}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != TUNING_SCHEMA:
+        raise TuningError(f"{p}: expected a JSON object with \"schema\": {TUNING_SCHEMA}")
+    if doc.get("arch") != arch:
+        raise TuningError(f"{p}: \"arch\" is {doc.get('arch')!r}, the file name says {arch!r}")
+    entries = []
+    for i, ch in enumerate(doc.get("choices") or ()):
+        where = f"{p}: choices[{i}]"
+        if not isinstance(ch, dict) or not isinstance(ch.get("kernel"), str) \
+                or not isinstance(ch.get("config"), dict) or not ch["config"]:
+            raise TuningError(f"{where}: needs \"kernel\" (a name) and \"config\" (a non-empty object)")
+        func = ch.get("functional") or {}
+        if not isinstance(func, dict) or not all(isinstance(v, list) and v for v in func.values()):
+            raise TuningError(f"{where}: \"functional\" maps axes to non-empty lists of values")
+        smax = ch.get("seqlen_max")
+        if smax is not None and (isinstance(smax, bool) or not isinstance(smax, int) or smax < 1):
+            raise TuningError(f"{where}: \"seqlen_max\" is a positive integer or null")
+        entries.append(MeasuredEntry(kernel=ch["kernel"],
+                                     functional=tuple((k, tuple(v)) for k, v in func.items()),
+                                     seqlen_max=smax, config=tuple(ch["config"].items()), index=i))
+    return MeasuredData(path=p, arch=arch, how=str(doc.get("how", "")), entries=tuple(entries))
+
+
+def tuning_files_bytes(kernels_dir) -> bytes:
+    """Every ``kernels/tuning/*.json`` (name + bytes, sorted): part of the build inputs."""
+    d = Path(kernels_dir) / "tuning"
+    out = b""
+    if d.is_dir():
+        for p in sorted(d.glob("*.json")):
+            data = p.read_bytes()
+            out += len(p.name).to_bytes(8, "little") + p.name.encode() + len(data).to_bytes(8, "little") + data
+    return out
+
+
+def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[str, Any],
+           measured: Optional[MeasuredData] = None,
+           buckets: Sequence[int] = SEQLEN_BUCKETS) -> List[List[Any]]:
+    """Per bucket the candidate to ship; returns the merged runs
+    ``[[max_seqlen or None, key, "measured"|"static"], ...]`` (the last run's
+    bound is None). Raises TuningError when measured data names a config that
+    no candidate has or that cannot ship, and ValueError when no candidate can
+    ship at all (the caller reports the findings)."""
+    ok = [c for c in candidates if c.eligible]
+    if not ok:
+        raise ValueError("no eligible candidate")
+    runs: List[List[Any]] = []
+    for bound in list(buckets) + [None]:
+        entry = measured.entry_for(kernel, functional, bound) if measured else None
+        if entry is not None:
+            picked = [c for c in candidates if entry.picks(c)]
+            cfg = ", ".join(f"{k}={v}" for k, v in entry.config)
+            if not picked:
+                raise TuningError(
+                    f"{measured.path}: choices[{entry.index}] names {cfg} for {kernel} "
+                    f"{dict(functional)}, but no candidate config has it (candidates: "
+                    f"{'; '.join(c.key for c in candidates)}); fix the tuning file or add the "
+                    f"config to kernels/variants.toml")
+            best = picked[0]
+            if not best.eligible:
+                raise TuningError(
+                    f"{measured.path}: choices[{entry.index}] names {best.key}, which cannot ship: "
+                    f"{'; '.join(m for _, m in best.unwaived)}")
+            source = "measured"
+        else:
+            best = min(ok, key=lambda c: static_rank(c, bound))
+            source = "static"
+        if runs and runs[-1][1] == best.key and runs[-1][2] == source:
+            runs[-1][0] = bound
+        else:
+            runs.append([bound, best.key, source])
+    return runs

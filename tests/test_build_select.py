@@ -1,0 +1,256 @@
+"""Candidate configs, static selection per seqlen bucket, measured tuning data
+and waivers, on real (tiny) compiles for gfx942, gfx1100 and sm_90."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from aotriton_rocm.archive import Archive  # noqa: E402
+from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E402
+from aotriton_rocm.tooling import build as B  # noqa: E402
+from aotriton_rocm.tooling import tuning as T  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+KERNELS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_add(X, Y, Out, n, alpha, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(X + offs, mask=m)
+    y = tl.load(Y + offs, mask=m)
+    tl.store(Out + offs, (x * alpha + y).to(Out.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def hog(X, Out, seqlen_q, alpha, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+    # BLOCK_M x WIDTH fp32 values live across a row reduction: with BLOCK_M = 32
+    # and one wave32 that is 256 per lane, which spills on gfx1100.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, WIDTH)
+    offs = rows[:, None] * WIDTH + cols[None, :]
+    m = rows[:, None] < seqlen_q
+    x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+    s = tl.sum(x * x, axis=1)
+    tl.store(Out + offs, (x * alpha / (s[:, None] + 1.0)).to(Out.dtype.element_ty), mask=m)
+'''
+
+SCALE_ADD = '''
+[kernels.scale_add]
+function = "toy:scale_add"
+args = [["X", "*{dtype}"], ["Y", "*{dtype}"], ["Out", "*{dtype}"], ["n", "i32"], ["alpha", "fp32"]]
+constexprs = ["BLOCK", "HEAD_DIM"]
+divisible_16 = ["X", "Y", "Out", "n"]
+grid = ["cdiv(n, BLOCK)", "1", "1"]
+functional = { dtype = ["fp16"], head_dim = [64] }
+
+[[kernels.scale_add.configs]]
+archs = ["cuda"]
+BLOCK = 128
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["cuda"]
+BLOCK = 256
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["cdna3"]
+BLOCK = 512
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["gfx942"]
+BLOCK = 128
+num_warps = 4
+num_stages = 1
+'''
+
+HOG = '''
+[kernels.hog]
+function = "toy:hog"
+args = [["X", "*{dtype}"], ["Out", "*{dtype}"], ["seqlen_q", "i32"], ["alpha", "fp32"]]
+constexprs = ["BLOCK_M", "WIDTH"]
+grid = ["cdiv(seqlen_q, BLOCK_M)", "1", "1"]
+functional = { dtype = ["fp16"] }
+
+[[kernels.hog.configs]]
+archs = ["rdna3"]
+BLOCK_M = 32
+WIDTH = 256
+num_warps = 1
+num_stages = 1
+{allow}
+'''
+
+HOG_SMALL = '''
+[[kernels.hog.configs]]
+archs = ["rdna"]
+BLOCK_M = 8
+WIDTH = 256
+num_warps = 1
+num_stages = 1
+'''
+
+MEASURED = {"schema": 1, "arch": "sm_90", "how": "toy: timed on an H100",
+            "choices": [{"kernel": "scale_add", "functional": {"dtype": ["fp16"], "has_bias": [False]},
+                         "config": {"BLOCK": 256}}]}
+
+
+def make_root(base: Path, variants: str, measured=MEASURED) -> Path:
+    (base / "kernels" / "tuning").mkdir(parents=True)
+    (base / "ci").mkdir()
+    (base / "kernels" / "toy.py").write_text(KERNELS)
+    (base / "kernels" / "variants.toml").write_text(variants)
+    if measured is not None:
+        (base / "kernels" / "tuning" / "sm_90.json").write_text(json.dumps(measured))
+    shutil.copy(ROOT / "ci" / "targets.toml", base / "ci" / "targets.toml")
+    (base / "pyproject.toml").write_text('[project]\nname = "aotriton-rocm"\n')
+    return base
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = make_root(tmp_path_factory.mktemp("selroot"), SCALE_ADD + HOG.replace("{allow}", "") + HOG_SMALL)
+    out = tmp_path_factory.mktemp("selout")
+    res = B.build("6.4", ["gfx942,gfx1100,sm_90"], out, source_root=root, jobs=2, progress=False)
+    return out, res
+
+
+def test_static_choice_per_seqlen_bucket(built):
+    out, res = built
+    a = Archive.open(res.archives["gfx942"])
+    # both candidates ship: 128 for short rows (less padding), 512 from 512 on
+    assert sorted(r.config["BLOCK"] for r in a.kernels) == [128, 512]
+    tun = a.manifest["tuning"]
+    assert tun["axes"] == {"scale_add": "n"} and tun["seqlen_buckets"][0] == 16
+    (choice,) = tun["choices"]
+    assert choice["functional"] == {"dtype": "fp16", "head_dim": 64}
+    assert [(b, re.search(r"BLOCK=(\d+)", k).group(1), s) for b, k, s in choice["select"]] == \
+        [(256, "128", "static"), (None, "512", "static")]
+    rep = res.report["per_arch"]["gfx942"]
+    assert rep["kernels"] == 2 and rep["candidates"] == 2 and rep["choices"] == {"measured": 0, "static": 2}
+    assert tun["measured"] is None and a.manifest["exceptions"] == []
+
+
+def test_no_spills_first(built):
+    out, res = built
+    a = Archive.open(res.archives["gfx1100"])
+    # the spilling candidate (BLOCK_M 32) is compiled, rejected and not shipped
+    assert [(r.kernel, r.config["BLOCK_M"]) for r in a.kernels if r.kernel == "hog"] == [("hog", 8)]
+    (rej,) = res.report["per_arch"]["gfx1100"]["rejected"]
+    assert "BLOCK_M=32" in rej["key"] and "scratch memory per lane" in rej["findings"][0]
+    assert a.manifest["tuning"]["axes"]["hog"] == "seqlen_q"
+    # wave32 stats recorded: WMMA flag present (no dot here), occupancy estimated
+    r = a.find("hog")[0]
+    assert r.stats["wmma"] is False and r.stats["occupancy"] >= 1
+
+
+def test_measured_choice(built):
+    out, res = built
+    a = Archive.open(res.archives["sm_90"])
+    assert [r.config["BLOCK"] for r in a.kernels] == [256]  # the measured one, for every bucket
+    tun = a.manifest["tuning"]
+    assert tun["measured"] == "toy: timed on an H100"
+    (choice,) = tun["choices"]
+    assert [(b, s) for b, _, s in choice["select"]] == [(None, "measured")]
+    assert res.report["per_arch"]["sm_90"]["choices"] == {"measured": 1, "static": 0}
+
+
+def test_measured_config_must_exist(built, tmp_path):
+    bad = dict(MEASURED, choices=[dict(MEASURED["choices"][0], config={"BLOCK": 999})])
+    root = make_root(tmp_path / "root", SCALE_ADD, measured=bad)
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    with pytest.raises(B.BuildError, match=r"sm_90 scale_add \[dtype=fp16,head_dim=64\]: .*sm_90.json: "
+                                           r"choices\[0\] names BLOCK=999 .*no candidate config has it"):
+        B.build("6.4", ["sm_90"], out, source_root=root, jobs=1, progress=False)
+
+
+def test_spill_fails_the_build_without_a_waiver(built, tmp_path):
+    root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", ""))
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    with pytest.raises(B.BuildError) as ei:
+        B.build("6.4", ["gfx1100"], out, source_root=root, jobs=1, progress=False)
+    msg = str(ei.value)
+    assert re.search(r"gfx1100 hog \[dtype=fp16\]: no candidate config can ship \(BLOCK_M=32,WIDTH=256,"
+                     r"num_warps=1,num_stages=1: uses \d+ bytes of scratch memory per lane \(VGPR spills: \d+",
+                     msg), msg
+    assert 'allow = {spills = true, reason = "..."}' in msg and "no archive written" in msg
+    assert not (out / "archives" / "gfx1100.aotr").exists()
+
+
+def test_waiver_ships_and_is_recorded(built, tmp_path, capsys):
+    from aotriton_rocm.tooling import validate as V
+    allow = 'allow = { spills = true, reason = "toy: measured acceptable" }'
+    root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", allow))
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    res = B.build("6.4", ["gfx1100"], out, source_root=root, jobs=1, progress=False)
+    assert res.compiled == 0
+    a = Archive.open(res.archives["gfx1100"])
+    (exc,) = a.manifest["exceptions"]
+    assert exc["kind"] == "spills" and exc["reason"] == "toy: measured acceptable"
+    assert "BLOCK_M=32" in exc["key"] and "scratch memory per lane" in exc["finding"]
+    assert res.report["per_arch"]["gfx1100"]["validation"]["allowed"]
+    parser = V.add_validate_arguments(argparse.ArgumentParser())
+    assert V.run_validate_command(parser.parse_args([str(res.archives["gfx1100"])])) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^allowed gfx1100 hog\|dtype=fp16\|BLOCK_M=32.*spills.*toy: measured acceptable", text, re.M)
+    assert "1 allowed" in text
+
+
+@pytest.mark.parametrize("allow, match", [
+    ('allow = { spills = true }', "allow needs a reason"),
+    ('allow = { spills = false, reason = "x" }', "at least one of spills, scratch, lds"),
+    ('allow = { registers = true, reason = "x" }', r"allow names \['registers'\]"),
+    ('allow = "spills"', "allow must be a table"),
+])
+def test_waiver_syntax_errors(tmp_path, allow, match):
+    root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", allow))
+    with pytest.raises(VariantSpecError, match=match):
+        load_variants(root / "kernels")
+
+
+def test_cost_model_order():
+    def cand(key, rows, cols=64, occ=2, order=0, scratch=0, findings=(), waived=None, warps=4):
+        return T.Candidate(key=key, config={}, order=order, rows=rows, cols=cols, num_warps=warps,
+                           occupancy=occ, scratch=scratch, findings=list(findings), waived=waived or {})
+
+    def best(cs, bound):
+        return min((c for c in cs if c.eligible), key=lambda c: T.static_rank(c, bound)).key
+
+    big, small = cand("128x64", 128, order=0), cand("64x64", 64, order=1)
+    assert best([big, small], None) == "128x64" and best([big, small], 64) == "64x64"
+    # occupancy counts up to 2 waves/SIMD, then the tile
+    assert best([cand("a", 128, occ=1), cand("b", 64, occ=2, order=1)], None) == "b"
+    assert best([cand("a", 128, occ=2), cand("b", 64, occ=5, order=1)], None) == "a"
+    # clean first; among waived ones, fewer scratch bytes
+    spill = [("spills", "uses 400 bytes of scratch")]
+    w1 = cand("w1", 128, occ=5, scratch=400, findings=spill, waived={"spills": "r"})
+    w2 = cand("w2", 128, occ=5, scratch=200, findings=spill, waived={"spills": "r"}, order=1)
+    assert best([w1, w2, cand("clean", 16, occ=1, order=2)], None) == "clean"
+    assert best([w1, w2], None) == "w2"
+    assert not cand("x", 64, findings=spill).eligible
+    runs = T.choose([big, small], kernel="k", functional={})
+    assert runs == [[64, "64x64", "static"], [None, "128x64", "static"]]
+    with pytest.raises(ValueError):
+        T.choose([cand("x", 64, findings=spill)], kernel="k", functional={})
+    assert T.grid_axis(["cdiv(max_seqlen_k, BLOCK_N)", "1", "1"]) == ("seqlen_k", "BLOCK_N")
+    assert T.grid_axis(["4", "1", "1"]) == (None, None)
