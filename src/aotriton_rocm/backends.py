@@ -7,6 +7,7 @@ every launch, so a caller can prove that our kernels ran rather than torch's.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 import threading
@@ -57,6 +58,31 @@ def _pick(table: dict, kernel: str, dtype: str, head_dim: int):
     return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim) if k in table), None)
 
 
+
+def _selection_tables(manifest: dict, groups: dict) -> dict:
+    """Per functional key of ``groups`` (key -> records): (bounds, records,
+    on_k), the seqlen runs the build chose (manifest "tuning", see
+    tooling/tuning.py): records[i] serves seqlens <= bounds[i], the last one
+    everything above; on_k: bucket by seqlen_k (else seqlen_q). An archive
+    without tuning data serves the first record for every seqlen."""
+    tuning = manifest.get("tuning") or {}
+    axes = tuning.get("axes") or {}
+    runs_of = {}
+    for choice in tuning.get("choices") or ():
+        for _, key, _ in choice["select"]:
+            runs_of[key] = choice["select"]
+    tables = {}
+    for fkey, recs in groups.items():
+        by_key = {r.key: r for r in recs}
+        runs = next((runs_of[r.key] for r in recs if r.key in runs_of), None)
+        if runs is None or any(k not in by_key for _, k, _ in runs):
+            tables[fkey] = ((), (recs[0],), False)
+        else:
+            tables[fkey] = (tuple(int(b) for b, _, _ in runs[:-1]), tuple(by_key[k] for _, k, _ in runs),
+                            axes.get(recs[0].kernel) == "seqlen_k")
+    return tables
+
+
 class KernelHandle:
     """One selected variant, ready to launch with the arguments in spec order."""
 
@@ -96,7 +122,9 @@ class AOTBackend(Backend):
         self.name = f"aot:{self.arch}"
         self.problem: str | None = None
         self._records: dict[tuple, list] = {}
-        self._handles: dict[tuple, KernelHandle] = {}
+        # per (kernel, dtype, head dim, ...) call key: (bounds, handles, on_k)
+        self._handles: dict[tuple, tuple] = {}
+        self._tables: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         path = find_archives().get(self.arch)
         if path is None:
@@ -113,6 +141,7 @@ class AOTBackend(Backend):
             f = rec.functional
             key = _functional_key(rec.kernel, f["dtype"], f["head_dim"], f.get("pad_head"))
             self._records.setdefault(key, []).append(rec)
+        self._tables = _selection_tables(self.archive.manifest, self._records)
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, work=0):
         if self.problem:
@@ -126,19 +155,28 @@ class AOTBackend(Backend):
 
     def kernel(self, kernel, *, dtype, head_dim, seqlen_q=0, seqlen_k=0):
         key = (kernel, dtype, head_dim)
-        handle = self._handles.get(key)
-        if handle is None:
+        sel = self._handles.get(key)
+        if sel is None:
             with self._lock:
-                handle = self._handles.get(key) or self._make_handle(kernel, dtype, head_dim)
-                self._handles[key] = handle
-        return handle
+                sel = self._handles.get(key) or self._make_selector(*key)
+                self._handles[key] = sel
+        bounds, handles, on_k = sel
+        # the seqlen bucket: the first run whose bound is >= the seqlen
+        return handles[bisect.bisect_left(bounds, seqlen_k if on_k else seqlen_q)]
 
-    def _make_handle(self, kernel: str, dtype: str, head_dim: int) -> KernelHandle:
+    def _make_selector(self, *key) -> tuple:
+        """(bounds, handles, on_k) for a call key: one handle per record the
+        build chose for some seqlen bucket of the functional key."""
+        bounds, recs, on_k = _pick(self._tables, *key)
+        made: dict = {}
+        for r in recs:
+            if r.key not in made:
+                made[r.key] = self._make_handle(r)
+        return bounds, tuple(made[r.key] for r in recs), on_k
+
+    def _make_handle(self, rec) -> KernelHandle:
         from .driver.launcher import Kernel
 
-        # Variants of one functional key differ only in tuning; the first is
-        # the spec's default for this arch.
-        rec = _pick(self._records, kernel, dtype, head_dim)[0]
         backend = self.archive.manifest["backend"]
         compiled = Kernel(backend, self.archive.code_object(rec), rec.symbol, rec.num_warps,
                           rec.warp_size, rec.shared, [t for _, t in rec.args])
