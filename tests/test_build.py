@@ -236,7 +236,12 @@ def test_cli_wiring(toy_root, built, tmp_path, capsys):
 def test_real_flash_kernels_gfx942(tmp_path):
     res = B.build("6.4", ["gfx942"], tmp_path, source_root=ROOT, progress=False)
     a = Archive.open(res.archives["gfx942"])
-    assert len(a.kernels) == 52
+    # every functional point once in the tuning choices; only chosen candidates ship
+    choices = a.manifest["tuning"]["choices"]
+    assert len(choices) == 52 and res.report["per_arch"]["gfx942"]["candidates"] == 60
+    chosen = {key for c in choices for _, key, _ in c["select"]}
+    assert {r.key for r in a.kernels} == chosen and 52 <= len(chosen) <= 60
+    assert all(s == "static" for c in choices for _, _, s in c["select"]) and a.manifest["exceptions"] == []
     assert a.verify() == [] and verify_against_manifest(res.archives["gfx942"]) == []
     for r in a.kernels:
         assert r.global_scratch_size == 0 and r.stats["scratch_size"] == 0

@@ -159,18 +159,32 @@ def test_find_source_root(tmp_path, monkeypatch):
 def test_real_variant_counts(targets, spec):
     assert list(spec.kernels) == ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
     # 2 dtypes x (5 masked head-dim widths + unmasked 64 and 128); the
-    # preprocess kernel always masks: 2 dtypes x 5 widths.
+    # preprocess kernel always masks: 2 dtypes x 5 widths. Every arch covers
+    # every functional point; some with several candidate configs (the build
+    # chooses per seqlen bucket): CDNA a second attn_fwd tile at head dims 64
+    # and 128, RDNA two at the smaller head dims.
     per_kernel = {"attn_fwd": 14, "attn_bwd_preprocess": 10, "attn_bwd_dkdv": 14, "attn_bwd_dq": 14}
-    for arch in ("gfx908", "gfx90a", "gfx942", "gfx950", "sm_90"):
+    candidates = {"gfx908": 60, "gfx90a": 60, "gfx942": 60, "gfx950": 60, "sm_90": 52,
+                  "gfx1100": 80, "gfx1101": 80, "gfx1102": 80, "gfx1150": 80, "gfx1151": 80,
+                  "gfx1200": 84, "gfx1201": 84}
+    for arch, n in candidates.items():
         vs = spec.variants_for(targets.archs[arch])
-        assert len(vs) == 52, arch
-        assert {k: sum(v.kernel == k for v in vs) for k in per_kernel} == per_kernel
-        assert len({v.key for v in vs}) == 52
+        assert len(vs) == len({v.key for v in vs}) == n, arch
+        points = {(v.kernel, tuple(v.functional.items())) for v in vs}
+        assert len(points) == 52, arch
+        assert {k: sum(p[0] == k for p in points) for k in per_kernel} == per_kernel
         unmasked = {v.functional["head_dim"] for v in vs if v.functional.get("pad_head") is False}
         assert unmasked == {64, 128}
-    # no config for rdna yet
-    assert spec.variants_for(targets.archs["gfx1100"]) == []
-    assert spec.kernels_without_variants(targets.archs["gfx1100"]) == list(per_kernel)
+        assert spec.kernels_without_variants(targets.archs[arch]) == []
+    # waivers only where no candidate compiles clean: RDNA backward at head dim
+    # 128 (gfx11) and 256, the gfx11 forward at 256
+    waived = {(a, v.kernel, v.functional["head_dim"]) for a in ("gfx1100", "gfx1201")
+              for v in spec.variants_for(targets.archs[a]) if v.allow}
+    assert waived == {("gfx1100", "attn_fwd", 256), ("gfx1100", "attn_bwd_dkdv", 128),
+                      ("gfx1100", "attn_bwd_dkdv", 256), ("gfx1100", "attn_bwd_dq", 128),
+                      ("gfx1100", "attn_bwd_dq", 256), ("gfx1201", "attn_bwd_dkdv", 256),
+                      ("gfx1201", "attn_bwd_dq", 256)}
+    assert not any(v.allow for a in ("gfx908", "gfx942", "sm_90") for v in spec.variants_for(targets.archs[a]))
 
 
 def test_real_variant_contents(targets, spec):

@@ -289,7 +289,7 @@ def _summarize(records: Sequence[KernelRecord]) -> Dict[str, Any]:
         "sgpr_spills": sum(int(s.get("sgpr_spill_count") or 0) for s in st),
         "max_scratch": worst("private_segment_fixed_size"), "max_lds": worst("lds_bytes"),
         "min_occupancy": worst("occupancy", min),
-        "mfma_kernels": sum(1 for s in st if s.get("mfma")),
+        "mfma_kernels": sum(1 for s in st if s.get("mfma") or s.get("wmma")),  # matrix cores
         "allowed": sorted({a for s in st for a in (s.get("allowed") or [])}),
     }
 
