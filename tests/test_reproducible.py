@@ -1,5 +1,6 @@
 """Reproducible artifacts: building the same commit twice (two clones at
-different paths, different file times, different wall clock) gives
+different paths, with different file times and umasks, at another wall
+clock time) gives
 byte-identical archives, wheels, sdist and .conda files, every time stamp
 in them being SOURCE_DATE_EPOCH (the commit's time); SHA256SUMS lists every
 artifact."""
@@ -63,12 +64,13 @@ def test_sha256sums(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def _clone(dest: Path) -> Path:
-    """A fresh clone of this checkout's HEAD (the commit, not the work tree)."""
-    proc = subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(dest)],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot clone the checkout: {proc.stderr.strip()}")
+def _clone(dest: Path, commit: str) -> Path:
+    """A fresh clone of this checkout at ``commit`` (the commit, not the work tree)."""
+    for cmd in (["git", "clone", "-q", "--no-hardlinks", "--no-checkout", str(ROOT), str(dest)],
+                ["git", "-C", str(dest), "checkout", "-q", commit]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot clone the checkout: {proc.stderr.strip()}")
     return dest
 
 
@@ -89,12 +91,21 @@ def two_builds(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("repro")
     archives = _archives(base / "archives")
+    # one commit for both clones (HEAD may move meanwhile in a shared checkout)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("SOURCE_DATE_EPOCH", raising=False)
         outs = []
         for name in ("one", "two"):
-            tree = _clone(base / f"clone-{name}")
-            if name == "two":  # other file times than the first clone's
+            # the second clone under another umask (files 0664), with other file times
+            old_mask = os.umask(0o002 if name == "two" else 0o022)
+            try:
+                tree = _clone(base / f"clone-{name}", commit)
+            finally:
+                os.umask(old_mask)
+            if name == "two":
+                assert (tree / "README.md").stat().st_mode & 0o777 == 0o664
                 for p in tree.rglob("*.py"):
                     os.utime(p, (time.time() + 3600, time.time() + 3600))
             out = base / f"dist-{name}"
@@ -134,6 +145,9 @@ def test_every_time_stamp_is_the_commit_time(two_builds):
     for whl in one.glob("*.whl"):
         with zipfile.ZipFile(whl) as z:
             assert {i.date_time for i in z.infolist()} == {zip_time}, whl.name
+            modes = {(i.external_attr >> 16) & 0o777 for i in z.infolist()
+                     if not i.filename.endswith("/RECORD")}  # (wheel writes RECORD 0664)
+            assert modes <= {0o644, 0o755}, (whl.name, sorted(map(oct, modes)))
     [sdist] = one.glob("*.tar.gz")
     raw = sdist.read_bytes()
     assert int.from_bytes(raw[4:8], "little") == epoch  # gzip header

@@ -36,6 +36,8 @@ from .package import (
     _check_profile,
     build_runtime_wheel,
     collect_archives,
+    fixed_umask,
+    normalize_modes,
     read_version,
     source_date_epoch,
 )
@@ -280,6 +282,7 @@ def repack_conda(path: os.PathLike, epoch: int, work: os.PathLike) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     tree = work / "tree"
     extract(src, tree)
+    normalize_modes(tree)  # 0644, or 0755 for executables, whatever the umask
     names = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*")
                    if p.is_file() or p.is_symlink())
     info = [n for n in names if n.startswith("info/")]
@@ -399,7 +402,7 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
         final: List[Path] = []
         # No dependency is solved at build time (no build/host requirements):
         # no channel at all keeps rattler-build off the network.
-        with _tools_on_path(), _build_root(scratch) as broot:  # patchelf: the launcher
+        with _tools_on_path(), fixed_umask(), _build_root(scratch) as broot:  # patchelf: the launcher
             built: List[Path] = []
             for v in unique.values():
                 res = v.run_build(tool_config=tool, output_dir=broot / "output", channels=[],

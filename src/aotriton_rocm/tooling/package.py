@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
+import stat
 import string
 import subprocess
 import sys
@@ -378,6 +380,32 @@ def write_sha256sums(out_dir: os.PathLike, files: Iterable[os.PathLike]) -> Path
     return publish(tmp, path)
 
 
+def normalize_modes(tree: os.PathLike) -> None:
+    """Permissions independent of the checkout's umask: directories and files
+    with any execute bit 0755, other files 0644 (symlinks untouched)."""
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            want = 0o755 if (stat.S_ISDIR(st.st_mode) or st.st_mode & 0o111) else 0o644
+            if stat.S_IMODE(st.st_mode) != want:
+                os.chmod(p, want)
+
+
+@contextlib.contextmanager
+def fixed_umask(mask: int = 0o022):
+    """umask 022 for what is built (and extracted) meanwhile, the build tools
+    included: file and directory modes inside wheels and packages must not
+    depend on the umask of whoever runs the build."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -456,6 +484,7 @@ def snapshot_source(source_root: os.PathLike, dest: os.PathLike,
             return ignored | {n for n in names if (Path(directory) / n).resolve() in skip}
 
         shutil.copytree(src, dst, ignore=ignore, symlinks=True)
+        normalize_modes(dst)
         return dst
     dst.mkdir(parents=True, exist_ok=True)
     for rel in files:
@@ -468,6 +497,7 @@ def snapshot_source(source_root: os.PathLike, dest: os.PathLike,
         d = dst / rel
         d.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(s, d)
+    normalize_modes(dst)
     return dst
 
 
@@ -676,8 +706,10 @@ def _image_project(source_root: Path, inp: ArchiveInput, version: str, base_vers
     if not lic.is_file():
         raise PackagingError(f"{lic} is missing")
     shutil.copy2(lic, proj / "LICENSE")
-    _link_or_copy(inp.archive, proj / pkg / f"{inp.arch}{ARCHIVE_SUFFIX}")
-    _link_or_copy(inp.manifest_path, proj / pkg / f"{inp.arch}{MANIFEST_SUFFIX}")
+    # copies (not links): their modes become those of the project, 0644
+    shutil.copyfile(inp.archive, proj / pkg / f"{inp.arch}{ARCHIVE_SUFFIX}")
+    shutil.copyfile(inp.manifest_path, proj / pkg / f"{inp.arch}{MANIFEST_SUFFIX}")
+    normalize_modes(proj)
     return proj
 
 
@@ -765,31 +797,38 @@ def build_wheels(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: o
     # Scratch outside out_dir (which may sit inside the source tree being copied).
     scratch = Path(tempfile.mkdtemp(prefix="aotriton-wheels-"))
     try:
-        t0 = time.perf_counter()
-        rt = build_runtime_wheel(root, scratch / "runtime", wversion, [i.arch for i in inputs],
-                                 exclude=[out])
-        t["runtime_wheel"] = time.perf_counter() - t0
-        verdict = " ".join(rt.auditwheel_show.split())
-        _log(f"runtime: {rt.wheel.name} ({t['runtime_wheel']:.1f}s); auditwheel show: {verdict}")
-
-        t0 = time.perf_counter()
-        images = build_image_wheels(root, inputs, scratch / "images", wversion, profile)
-        t["image_wheels"] = time.perf_counter() - t0
-        _log(f"{len(images)} image wheel(s) ({t['image_wheels']:.1f}s)")
-
-        t0 = time.perf_counter()
-        artifacts = [rt.wheel, *images, rt.sdist]
-        twine_check(artifacts)
-        t["twine_check"] = time.perf_counter() - t0
-
-        final = _move_into(artifacts, out)
-        write_sha256sums(out, final)
-        if report is not None:
-            report.update({"runtime_tags": rt.tags, "auditwheel_show": rt.auditwheel_show,
-                           "version": wversion, "rocm_profile": profile})
-        return final
+        with fixed_umask():
+            return _build_wheels_in(root, scratch, out, inputs, wversion, profile, t, report)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _build_wheels_in(root: Path, scratch: Path, out: Path, inputs: List[ArchiveInput], wversion: str,
+                     profile: Optional[str], t: Dict[str, float],
+                     report: Optional[Dict[str, object]]) -> List[Path]:
+    t0 = time.perf_counter()
+    rt = build_runtime_wheel(root, scratch / "runtime", wversion, [i.arch for i in inputs],
+                             exclude=[out])
+    t["runtime_wheel"] = time.perf_counter() - t0
+    verdict = " ".join(rt.auditwheel_show.split())
+    _log(f"runtime: {rt.wheel.name} ({t['runtime_wheel']:.1f}s); auditwheel show: {verdict}")
+
+    t0 = time.perf_counter()
+    images = build_image_wheels(root, inputs, scratch / "images", wversion, profile)
+    t["image_wheels"] = time.perf_counter() - t0
+    _log(f"{len(images)} image wheel(s) ({t['image_wheels']:.1f}s)")
+
+    t0 = time.perf_counter()
+    artifacts = [rt.wheel, *images, rt.sdist]
+    twine_check(artifacts)
+    t["twine_check"] = time.perf_counter() - t0
+
+    final = _move_into(artifacts, out)
+    write_sha256sums(out, final)
+    if report is not None:
+        report.update({"runtime_tags": rt.tags, "auditwheel_show": rt.auditwheel_show,
+                       "version": wversion, "rocm_profile": profile})
+    return final
 
 
 # ---------------------------------------------------------------------------- CLI
