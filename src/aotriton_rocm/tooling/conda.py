@@ -191,14 +191,18 @@ def _build_root(fallback: Path):
     when that path cannot be used (the packages then embed that path)."""
     import fcntl
 
+    def elsewhere(why: object):
+        _log(f"cannot use {BUILD_ROOT} ({why}): building in {fallback} instead; the .conda files "
+             f"then depend on that path and are not reproducible (remove {BUILD_ROOT} or fix "
+             "its permissions)")
+        (fallback / "rattler").mkdir(parents=True, exist_ok=True)
+        return fallback / "rattler"
+
     lock_path = BUILD_ROOT.with_name(BUILD_ROOT.name + ".lock")
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as e:
-        _log(f"cannot use {BUILD_ROOT} ({e}): building in {fallback} (the .conda files then "
-             "depend on that path and are not reproducible)")
-        (fallback / "rattler").mkdir(parents=True, exist_ok=True)
-        yield fallback / "rattler"
+        yield elsewhere(e)
         return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -206,8 +210,8 @@ def _build_root(fallback: Path):
         try:
             BUILD_ROOT.mkdir(mode=0o755)
         except OSError as e:
-            raise PackagingError(f"cannot create {BUILD_ROOT}: {e} (remove it, or fix its "
-                                 "permissions: conda packages are built there)") from e
+            yield elsewhere(e)
+            return
         try:
             yield BUILD_ROOT
         finally:
