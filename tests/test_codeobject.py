@@ -245,7 +245,8 @@ def test_validate_command(compiled, tmp_path, capsys):
 
     def krec(arch, which, key):
         k, r = compiled[(arch, which)]
-        rec = KernelRecord(key=key, kernel=which, functional={}, config={}, constexprs={},
+        func = {"dtype": "fp16", "head_dim": 64, "pad_head": True} if which == "flash" else {}
+        rec = KernelRecord(key=key, kernel=which, functional=func, config={}, constexprs={},
                            symbol=r["symbol"], num_warps=r["num_warps"], num_stages=1,
                            warp_size=r["warp_size"], shared=r["shared"], global_scratch_size=0,
                            profile_scratch_size=0, args=r["args"], divisible_16=(), grid=("1", "1", "1"),
@@ -266,6 +267,12 @@ def test_validate_command(compiled, tmp_path, capsys):
     import json
     data = json.loads(js.read_text())
     assert data[0]["arch"] == "gfx942" and data[0]["min_occupancy"] >= 1 and data[0]["failures"] == []
+    # the per-kernel report (MI100: MFMA and no spills per kernel, dtype, head dim)
+    assert V.run_validate_command(parser.parse_args([g908, "--by-kernel"])) == 0
+    ktext = capsys.readouterr().out
+    assert re.search(r"^kernel\s+dtype\s+head_dim\s+variants\s+MFMA/WMMA\s+worst VGPR\s+worst AGPR\s+spills"
+                     r"\s+scratch\s+min occ\s+verdict$", ktext, re.M), ktext
+    assert re.search(r"^flash\s+fp16\s+64\s+1\s+1/1\s+\d+\s+\d+\s+0\s+0\s+\d+\s+ok$", ktext, re.M), ktext
     # a gfx942 code object shipped in the gfx90a archive, and a spilling RDNA kernel: exit 1
     bad = archive("gfx90a.aotr", "gfx90a", [krec("gfx942", "tiny", "wrong")])
     rdna = archive("gfx1100.aotr", "gfx1100", [krec("gfx1100", "flash", "spills")])
@@ -283,13 +290,13 @@ def test_build_table_and_chart(compiled, tmp_path, capsys, monkeypatch):
 
     report = {"profile": "6.4", "compiler_version": "3.9.0", "package_version": "0.1.0", "per_arch": {
         "gfx942": {"kernels": 2, "candidates": 3, "compiled": 3, "cached": 0, "archive_bytes": 12345,
-                   "seconds": 3.25, "cold_compile_cpu_seconds": 4.5, "archive": "archives/gfx942.aotr",
+                   "seconds": 3.25, "compile_seconds_all": 4.5, "archive": "archives/gfx942.aotr",
                    "choices": {"measured": 0, "static": 2}, "exceptions": [{"key": "k", "kind": "spills"}],
                    "validation": {"kernels": 2, "max_vgpr": 220, "max_agpr": 0, "max_sgpr": 49,
                                   "vgpr_spills": 0, "max_scratch": 0, "min_occupancy": 2,
                                   "mfma_kernels": 1, "allowed": []}},
         "sm_90": {"kernels": 2, "candidates": 2, "compiled": 2, "cached": 0, "archive_bytes": 999, "seconds": 1.0,
-                  "cold_compile_cpu_seconds": 1.0, "archive": "archives/sm_90.aotr",
+                  "compile_seconds_all": 1.0, "archive": "archives/sm_90.aotr",
                   "choices": {"measured": 2, "static": 0}, "exceptions": [], "validation": None}}}
     table = format_arch_table(report)
     assert re.search(r"^gfx942\s+2\s+3\s+3\s+0\s+12\s+4\s+220/0/49\s+2\s+0\s+0\s+1/2\s+1\s+0/2\s+"

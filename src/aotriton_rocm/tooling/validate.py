@@ -202,8 +202,8 @@ def draw_chart(reports: Sequence[ArchReport], path: str, build_report: Optional[
               Panel("allowed exceptions", [len(r.allowed) if r.validated else None for r in reps], colors)]
     if build_report:
         per = build_report.get("per_arch") or {}
-        panels.append(Panel("compile time, cold (CPU seconds)",
-                            [(per.get(a) or {}).get("cold_compile_cpu_seconds") for a in archs], colors))
+        panels.append(Panel("compile time (s, sum over all candidates)",
+                            [(per.get(a) or {}).get("compile_seconds_all") for a in archs], colors))
     png = bar_chart_png("aotriton-rocm: per-arch code-object report", archs, panels,
                         legend=[(BLUE, "ok"), (ORANGE, "ok, with allowed exceptions"), (RED, "failed")])
     atomic_write(Path(path), lambda f: f.write(png))
