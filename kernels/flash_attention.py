@@ -85,39 +85,71 @@ import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
+# Philox-4x32-10 constants (Salmon et al., "Parallel random numbers: as easy
+# as 1, 2, 3", SC 2011).
+PHILOX_M0 = tl.constexpr(0xD2511F53)
+PHILOX_M1 = tl.constexpr(0xCD9E8D57)
+PHILOX_W0 = tl.constexpr(0x9E3779B9)
+PHILOX_W1 = tl.constexpr(0xBB67AE85)
+PHILOX_ROUNDS = tl.constexpr(10)
+INV_2_24 = tl.constexpr(1.0 / 16777216.0)
 
 
 @triton.jit
 def attn_fwd(
-    Q, K, V, O, LSE,
+    Q, K, V, BIAS, O, LSE, DMASK, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
     stride_qz, stride_qh, stride_qm,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
+    stride_bz, stride_bh, stride_bm,
     stride_oz, stride_oh, stride_om,
-    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift,
-    window_left, window_right, sm_scale,
+    stride_lz, stride_lh,
+    batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, head_dim,
+    bottom_right, window_left, window_right, sm_scale, dropout_p, store_dmask,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAD_HEAD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ENABLE_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh = tl.program_id(1)
-    off_z = (off_zh // num_heads).to(tl.int64)
+    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    off_z32 = off_zh // num_heads
     off_h32 = off_zh % num_heads
+    off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
 
+    # This program's sequence: rows [q_start, q_start + seqlen_q) of a packed
+    # batch (varlen), or the dense tensors' own.
+    z_last = tl.minimum(off_z32, batch - 1)
+    is_varlen = varlen != 0
+    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
+    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
+    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
+                        max_seqlen_q)
+    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
+                        max_seqlen_k)
+    causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    # A program past the batch (the grid is rounded up) or past its
+    # sequence's rows sees no key: its loops are empty and its stores masked.
+    live = (off_z32 < batch) & (start_m < seqlen_q)
+    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
+    seqlen_k = tl.where(live, seqlen_k, 0)
+
     # Scalar int64 base pointers (this head, this query block); the offsets
     # inside one block are small and stay int32.
-    m_off64 = tl.cast(start_m, tl.int64)
+    m_off64 = tl.cast(q_start + start_m, tl.int64)
     q_blk = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
         + m_off64 * stride_qm.to(tl.int64)
     o_blk = O + off_z * stride_oz.to(tl.int64) + off_h * stride_oh.to(tl.int64) \
         + m_off64 * stride_om.to(tl.int64)
-    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64)
-    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64)
+    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64) \
+        + tl.cast(k_start, tl.int64) * stride_kn.to(tl.int64)
+    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64) \
+        + tl.cast(k_start, tl.int64) * stride_vn.to(tl.int64)
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
@@ -137,14 +169,24 @@ def attn_fwd(
         q = q.to(tl.float32)
     k_offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     v_offs = offs_n[:, None] * stride_vn + offs_d[None, :]
+    if HAS_BIAS:
+        b_blk = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
+            + m_off64 * stride_bm.to(tl.int64)
+    if ENABLE_DROPOUT:
+        seed = tl.load(RNG_SEED)
+        # Element (z, h, i, j) of the (B, H, max_seqlen_q, max_seqlen_k)
+        # score matrix has the index e = ((z * H + h) * max_seqlen_q + i) *
+        # max_seqlen_k + j; its Philox counter is RNG_OFFSET + e, and e is
+        # where the debug mask stores it.
+        elem_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
+        rng_row = tl.load(RNG_OFFSET) + elem_row
+        drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
-    # K blocks [0, full_end) are visible to every row of this block and need
-    # no mask; [full_end, hi) are masked.
     # Row i sees columns [i + lo_shift, i + hi_shift] (see the module docstring).
     hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
     lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
@@ -189,13 +231,20 @@ def attn_fwd(
                 k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
             if UPCAST_DOT:
                 k = k.to(tl.float32)
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            if HAS_BIAS:
+                b_mask = m_valid[:, None]
+                if phase == 1:
+                    b_mask = b_mask & (cols < seqlen_k)[None, :]
+                bias = tl.load(b_blk + (offs_m0[:, None] * stride_bm + cols[None, :]), mask=b_mask,
+                               other=0.0)
+                qk = qk + bias.to(tl.float32) * LOG2E
             if phase == 1:
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 qk = tl.where(keep, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max))
-            if phase == 1:
+            if phase == 1 or HAS_BIAS:
                 # A row may have seen no key yet (m_new = -inf): shift by 0
                 # instead, so that p = alpha = 0 rather than NaN.
                 m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -214,11 +263,39 @@ def attn_fwd(
                     v = tl.load(v_blk + v_offs)
             else:
                 v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
-            p_lp = p.to(V.dtype.element_ty)
+            if ENABLE_DROPOUT:
+                # Philox-4x32-10 on the element's 64-bit counter; the top 24
+                # bits of the first word are a uniform draw u in [0, 1); the
+                # element is kept iff u >= dropout_p.
+                inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
+                cnt = rng_row + inner
+                c0 = cnt.to(tl.uint32)
+                c1 = (cnt >> 32).to(tl.uint32)
+                c2 = c0 * 0
+                c3 = c2
+                k0 = seed.to(tl.uint32)
+                k1 = (seed >> 32).to(tl.uint32)
+                for _ in tl.static_range(PHILOX_ROUNDS):
+                    a0 = c0
+                    a2 = c2
+                    c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
+                    c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
+                    c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
+                    c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
+                    k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
+                    k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
+                kept = (c0 >> 8).to(tl.int32).to(tl.float32) * INV_2_24 >= dropout_p
+                if store_dmask != 0:
+                    # The debug mask: the unnormalised probability, negated where dropped.
+                    tl.store(DMASK + elem_row + inner, tl.where(kept, p, -p).to(
+                        DMASK.dtype.element_ty), mask=m_valid[:, None] & (cols < seqlen_k)[None, :])
+                p_lp = (tl.where(kept, p, 0.0) * drop_scale).to(V.dtype.element_ty)
+            else:
+                p_lp = p.to(V.dtype.element_ty)
             if UPCAST_DOT:
                 p_lp = p_lp.to(tl.float32)
                 v = v.to(tl.float32)
-            acc = tl.dot(p_lp, v, acc)
+            acc = tl.dot(p_lp, v, acc, input_precision="ieee")
             m_i = m_new
 
     # Rows that see no key: output 0, LSE +inf.
@@ -228,23 +305,31 @@ def attn_fwd(
     acc = acc * (1.0 / l_safe)[:, None]
     tl.store(o_blk + (offs_m0[:, None] * stride_om + offs_d[None, :]), acc.to(O.dtype.element_ty),
              mask=q_mask)
-    lse_ptrs = LSE + off_zh.to(tl.int64) * seqlen_q + offs_m
+    lse_ptrs = LSE + off_z * stride_lz + off_h * stride_lh + q_start + offs_m
     tl.store(lse_ptrs, lse, mask=m_valid)
 
 
 @triton.jit
 def attn_bwd_preprocess(
-    O, DO, Delta,
+    O, DO, Delta, CU_Q,
     stride_oz, stride_oh, stride_om,
     stride_doz, stride_doh, stride_dom,
-    num_heads, seqlen_q, head_dim,
+    stride_lz, stride_lh,
+    batch, num_heads, max_seqlen_q, varlen, head_dim,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh = tl.program_id(1)
-    off_z = (off_zh // num_heads).to(tl.int64)
+    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    off_z32 = off_zh // num_heads
+    off_z = off_z32.to(tl.int64)
     off_h = (off_zh % num_heads).to(tl.int64)
+    z_last = tl.minimum(off_z32, batch - 1)
+    is_varlen = varlen != 0
+    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
+    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
+                        max_seqlen_q)
+    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_m = start_m + offs_m0
     offs_d = tl.arange(0, BLOCK_D)
@@ -252,7 +337,7 @@ def attn_bwd_preprocess(
     # Memory-bound and run once per backward: always masked along d (the mask
     # comes in runs of 8 elements, so loads stay 16-byte vectors).
     mask = m_valid[:, None] & (offs_d < (head_dim // 8) * 8)[None, :]
-    m_off64 = tl.cast(start_m, tl.int64)
+    m_off64 = tl.cast(q_start + start_m, tl.int64)
 
     o_blk = O + off_z * stride_oz.to(tl.int64) + off_h * stride_oh.to(tl.int64) \
         + m_off64 * stride_om.to(tl.int64)
@@ -263,37 +348,55 @@ def attn_bwd_preprocess(
     do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]),
                  mask=mask, other=0.0).to(tl.float32)
     delta = tl.reduce(o * do, 1, tl.standard._sum_combine)
-    tl.store(Delta + off_zh.to(tl.int64) * seqlen_q + offs_m, delta, mask=m_valid)
+    tl.store(Delta + off_z * stride_lz + off_h * stride_lh + q_start + offs_m, delta, mask=m_valid)
 
 
 @triton.jit
 def attn_bwd_dkdv(
-    Q, K, V, DO, LSE, Delta, DK, DV,
+    Q, K, V, BIAS, DO, LSE, Delta, DK, DV, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
     stride_qz, stride_qh, stride_qm,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
+    stride_bz, stride_bh, stride_bm,
     stride_doz, stride_doh, stride_dom,
     stride_dkz, stride_dkh, stride_dkn,
     stride_dvz, stride_dvh, stride_dvn,
-    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift,
-    window_left, window_right, sm_scale,
+    stride_lz, stride_lh,
+    batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, head_dim,
+    bottom_right, window_left, window_right, sm_scale, dropout_p,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAD_HEAD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ENABLE_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     # One program per key block of one key/value head; it loops over the
     # gqa_group query heads that read this head.
     start_n = tl.program_id(0) * BLOCK_N
-    off_zhk = tl.program_id(1)
+    off_zhk = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     num_heads_k = num_heads // gqa_group
-    off_z = (off_zhk // num_heads_k).to(tl.int64)
+    off_z32 = off_zhk // num_heads_k
+    off_z = off_z32.to(tl.int64)
     off_hk32 = off_zhk % num_heads_k
     off_hk = off_hk32.to(tl.int64)
 
+    z_last = tl.minimum(off_z32, batch - 1)
+    is_varlen = varlen != 0
+    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
+    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
+    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
+                        max_seqlen_q)
+    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
+                        max_seqlen_k)
+    causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    # Past the batch or past this sequence's keys: empty loops, masked stores.
+    seqlen_k = tl.where(off_z32 < batch, seqlen_k, 0)
+    seqlen_q = tl.where(start_n < seqlen_k, seqlen_q, 0)
+
     # Scalar int64 base pointers; offsets inside one block stay int32.
-    n_off64 = tl.cast(start_n, tl.int64)
+    n_off64 = tl.cast(k_start + start_n, tl.int64)
     k_blk = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64) \
         + n_off64 * stride_kn.to(tl.int64)
     v_blk = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64) \
@@ -304,6 +407,7 @@ def attn_bwd_dkdv(
         + n_off64 * stride_dvn.to(tl.int64)
     stride_qm64 = stride_qm.to(tl.int64)
     stride_dom64 = stride_dom.to(tl.int64)
+    q_start64 = tl.cast(q_start, tl.int64)
 
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_n = start_n + offs_n0
@@ -323,6 +427,10 @@ def attn_bwd_dkdv(
         v = v.to(tl.float32)
     q_offs = offs_m0[:, None] * stride_qm + offs_d[None, :]
     do_offs = offs_m0[:, None] * stride_dom + offs_d[None, :]
+    if ENABLE_DROPOUT:
+        seed = tl.load(RNG_SEED)
+        rng_offset = tl.load(RNG_OFFSET)
+        drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
     dk = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
@@ -334,7 +442,7 @@ def attn_bwd_dkdv(
     # key of this block (unmasked); the rest, [lo, f_lo) and [f_hi, up) (the
     # window edges, the causal diagonal, the ragged tail), are masked. Key
     # columns >= seqlen_k only feed rows of dK/dV that are never stored, so
-    # they need no mask.
+    # they need no mask (but for the bias, which is not read out of bounds).
     hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
     lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
     m_full = (seqlen_q // BLOCK_M) * BLOCK_M
@@ -346,12 +454,20 @@ def attn_bwd_dkdv(
                       f_lo)
 
     for g in range(0, gqa_group):
-        off_zh = off_z * num_heads + off_hk * gqa_group + g
         off_h = off_hk * gqa_group + g
-        q_base = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64)
-        do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64)
-        lse_base = LSE + off_zh * seqlen_q
-        delta_base = Delta + off_zh * seqlen_q
+        off_zh = off_z * num_heads + off_h
+        q_base = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
+            + q_start64 * stride_qm64
+        do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
+            + q_start64 * stride_dom64
+        lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
+        delta_base = Delta + off_z * stride_lz + off_h * stride_lh + q_start
+        if HAS_BIAS:
+            b_base = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
+                + q_start64 * stride_bm.to(tl.int64) + start_n
+        if ENABLE_DROPOUT:
+            # See attn_fwd: the counter of (z, h, i, j) is RNG_OFFSET + e.
+            rng_head = rng_offset + off_zh * max_seqlen_q * max_seqlen_k + start_n
         for phase in tl.static_range(2):
             if phase == 0:
                 lo_p = f_lo
@@ -394,21 +510,48 @@ def attn_bwd_dkdv(
                     q = q.to(tl.float32)
                     do = do.to(tl.float32)
                 # Transposed scores: (BLOCK_N, BLOCK_M).
-                qkT = tl.dot(k, tl.trans(q))
-                pT = tl.math.exp2(qkT * qk_scale - (lse * LOG2E)[None, :])
+                qkT = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
+                if HAS_BIAS:
+                    bT = tl.load(b_base + (rows[None, :] * stride_bm + offs_n0[:, None]),
+                                 mask=(rows < seqlen_q)[None, :] & n_valid[:, None], other=0.0)
+                    qkT = qkT + bT.to(tl.float32) * LOG2E
+                pT = tl.math.exp2(qkT - (lse * LOG2E)[None, :])
                 if phase == 1:
                     pT = tl.where(((rows + hi_shift)[None, :] >= offs_n[:, None])
                                   & ((rows + lo_shift)[None, :] <= offs_n[:, None]), pT, 0.0)
-                pT_lp = pT.to(DO.dtype.element_ty)
+                dpT = tl.dot(v, tl.trans(do), input_precision="ieee")
+                if ENABLE_DROPOUT:
+                    # The forward's Philox draw of each element (see attn_fwd).
+                    cnt = rng_head + m_off64 * max_seqlen_k + (offs_m0[None, :] * max_seqlen_k
+                                                                 + offs_n0[:, None])
+                    c0 = cnt.to(tl.uint32)
+                    c1 = (cnt >> 32).to(tl.uint32)
+                    c2 = c0 * 0
+                    c3 = c2
+                    k0 = seed.to(tl.uint32)
+                    k1 = (seed >> 32).to(tl.uint32)
+                    for _ in tl.static_range(PHILOX_ROUNDS):
+                        a0 = c0
+                        a2 = c2
+                        c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
+                        c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
+                        c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
+                        c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
+                        k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
+                        k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
+                    kept = (c0 >> 8).to(tl.int32).to(tl.float32) * INV_2_24 >= dropout_p
+                    pT_lp = (tl.where(kept, pT, 0.0) * drop_scale).to(DO.dtype.element_ty)
+                    dpT = tl.where(kept, dpT * drop_scale, 0.0)
+                else:
+                    pT_lp = pT.to(DO.dtype.element_ty)
                 if UPCAST_DOT:
                     pT_lp = pT_lp.to(tl.float32)
-                dv = tl.dot(pT_lp, do, dv)
-                dpT = tl.dot(v, tl.trans(do))
+                dv = tl.dot(pT_lp, do, dv, input_precision="ieee")
                 dsT = pT * (dpT - delta[None, :])
                 dsT_lp = dsT.to(Q.dtype.element_ty)
                 if UPCAST_DOT:
                     dsT_lp = dsT_lp.to(tl.float32)
-                dk = tl.dot(dsT_lp, q, dk)
+                dk = tl.dot(dsT_lp, q, dk, input_precision="ieee")
 
     dk = dk * sm_scale
     tl.store(dk_blk + (offs_n0[:, None] * stride_dkn + offs_d[None, :]), dk.to(DK.dtype.element_ty),
@@ -419,37 +562,58 @@ def attn_bwd_dkdv(
 
 @triton.jit
 def attn_bwd_dq(
-    Q, K, V, DO, LSE, Delta, DQ,
+    Q, K, V, BIAS, DO, LSE, Delta, DQ, DBIAS, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
     stride_qz, stride_qh, stride_qm,
     stride_kz, stride_kh, stride_kn,
     stride_vz, stride_vh, stride_vn,
+    stride_bz, stride_bh, stride_bm,
     stride_doz, stride_doh, stride_dom,
     stride_dqz, stride_dqh, stride_dqm,
-    num_heads, gqa_group, seqlen_q, seqlen_k, head_dim, causal_shift,
-    window_left, window_right, sm_scale,
+    stride_dbz, stride_dbh, stride_dbm,
+    stride_lz, stride_lh,
+    batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, head_dim,
+    bottom_right, window_left, window_right, sm_scale, dropout_p, store_dbias,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PAD_HEAD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ENABLE_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh = tl.program_id(1)
-    off_z = (off_zh // num_heads).to(tl.int64)
+    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    off_z32 = off_zh // num_heads
     off_h32 = off_zh % num_heads
+    off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
 
+    z_last = tl.minimum(off_z32, batch - 1)
+    is_varlen = varlen != 0
+    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
+    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
+    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
+                        max_seqlen_q)
+    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
+                        max_seqlen_k)
+    causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    live = (off_z32 < batch) & (start_m < seqlen_q)
+    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
+    seqlen_k = tl.where(live, seqlen_k, 0)
+
     # Scalar int64 base pointers; offsets inside one block stay int32.
-    m_off64 = tl.cast(start_m, tl.int64)
+    m_off64 = tl.cast(q_start + start_m, tl.int64)
     q_blk = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
         + m_off64 * stride_qm.to(tl.int64)
     do_blk = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
         + m_off64 * stride_dom.to(tl.int64)
     dq_blk = DQ + off_z * stride_dqz.to(tl.int64) + off_h * stride_dqh.to(tl.int64) \
         + m_off64 * stride_dqm.to(tl.int64)
-    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64)
-    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64)
+    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64) \
+        + tl.cast(k_start, tl.int64) * stride_kn.to(tl.int64)
+    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64) \
+        + tl.cast(k_start, tl.int64) * stride_vn.to(tl.int64)
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
@@ -466,22 +630,32 @@ def attn_bwd_dq(
 
     q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=q_mask, other=0.0)
     do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]), mask=q_mask, other=0.0)
-    lse = tl.load(LSE + off_zh.to(tl.int64) * seqlen_q + offs_m, mask=m_valid, other=0.0)
-    delta = tl.load(Delta + off_zh.to(tl.int64) * seqlen_q + offs_m, mask=m_valid, other=0.0)
+    row_stats = off_z * stride_lz + off_h * stride_lh + q_start + offs_m
+    lse = tl.load(LSE + row_stats, mask=m_valid, other=0.0)
+    delta = tl.load(Delta + row_stats, mask=m_valid, other=0.0)
     if UPCAST_DOT:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     lse2 = lse * LOG2E
     k_offs = offs_n0[:, None] * stride_kn + offs_d[None, :]
     v_offs = offs_n0[:, None] * stride_vn + offs_d[None, :]
+    if HAS_BIAS:
+        b_blk = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
+            + m_off64 * stride_bm.to(tl.int64)
+        db_blk = DBIAS + off_z * stride_dbz.to(tl.int64) + off_h * stride_dbh.to(tl.int64) \
+            + m_off64 * stride_dbm.to(tl.int64)
+    if ENABLE_DROPOUT:
+        seed = tl.load(RNG_SEED)
+        # See attn_fwd: the counter of (z, h, i, j) is RNG_OFFSET + e.
+        rng_row = tl.load(RNG_OFFSET) + (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
+        drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
     dq = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
-    # K blocks [0, full_end) need no mask; [full_end, hi) are masked. Masking
-    # the padded key columns matters here: with K = 0 there, P = exp(-lse)
-    # can overflow and inf * 0 would poison dQ. Rows that see no key have
-    # LSE = +inf, so their P is 0.
+    # Masking the padded key columns matters here: with K = 0 there, P =
+    # exp(-lse) can overflow and inf * 0 would poison dQ. Rows that see no
+    # key have LSE = +inf, so their P is 0.
     # Row i sees columns [i + lo_shift, i + hi_shift] (see the module docstring).
     hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
     lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
@@ -530,18 +704,49 @@ def attn_bwd_dq(
             if UPCAST_DOT:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
-            qk = tl.dot(q, tl.trans(k))
-            p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            if HAS_BIAS:
+                b_mask = m_valid[:, None] & (cols < seqlen_k)[None, :]
+                bias = tl.load(b_blk + (offs_m0[:, None] * stride_bm + cols[None, :]), mask=b_mask,
+                               other=0.0)
+                qk = qk + bias.to(tl.float32) * LOG2E
+            p = tl.math.exp2(qk - lse2[:, None])
             if phase == 1:
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 p = tl.where(keep, p, 0.0)
-            dp = tl.dot(do, tl.trans(v))
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            if ENABLE_DROPOUT:
+                # The forward's Philox draw of each element (see attn_fwd).
+                cnt = rng_row + (offs_m0[:, None] * max_seqlen_k + cols[None, :])
+                c0 = cnt.to(tl.uint32)
+                c1 = (cnt >> 32).to(tl.uint32)
+                c2 = c0 * 0
+                c3 = c2
+                k0 = seed.to(tl.uint32)
+                k1 = (seed >> 32).to(tl.uint32)
+                for _ in tl.static_range(PHILOX_ROUNDS):
+                    a0 = c0
+                    a2 = c2
+                    c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
+                    c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
+                    c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
+                    c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
+                    k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
+                    k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
+                kept = (c0 >> 8).to(tl.int32).to(tl.float32) * INV_2_24 >= dropout_p
+                dp = tl.where(kept, dp * drop_scale, 0.0)
             ds = p * (dp - delta[:, None])
+            if HAS_BIAS:
+                if store_dbias != 0:
+                    # d(loss)/d(bias) is dS itself (the bias adds to the scaled scores).
+                    tl.store(db_blk + (offs_m0[:, None] * stride_dbm + cols[None, :]),
+                             ds.to(DBIAS.dtype.element_ty),
+                             mask=m_valid[:, None] & (cols < seqlen_k)[None, :])
             ds_lp = ds.to(K.dtype.element_ty)
             if UPCAST_DOT:
                 ds_lp = ds_lp.to(tl.float32)
-            dq = tl.dot(ds_lp, k, dq)
+            dq = tl.dot(ds_lp, k, dq, input_precision="ieee")
 
     dq = dq * sm_scale
     tl.store(dq_blk + (offs_m0[:, None] * stride_dqm + offs_d[None, :]), dq.to(DQ.dtype.element_ty),

@@ -9,8 +9,9 @@ import math
 
 import torch
 
-FUDGE = {"out": 4.0, "lse": 4.0, "dq": 180.0, "dk": 16.0, "dv": 4.0}
-GRAD_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+FUDGE = {"out": 4.0, "lse": 4.0, "dq": 180.0, "dk": 16.0, "dv": 4.0, "dbias": 45.0}
+GRAD_FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
+GRADS = ("dq", "dk", "dv", "dbias")
 
 
 def visible(sq: int, sk: int, causal: bool, window=(-1, -1), alignment="bottom_right"):
@@ -30,24 +31,35 @@ def visible(sq: int, sk: int, causal: bool, window=(-1, -1), alignment="bottom_r
 
 
 def attention(q, k, v, grad_out=None, *, scale=None, causal=False, window=(-1, -1),
-              alignment="bottom_right", dtype=torch.float32):
-    """out, lse and (with grad_out) dq, dk, dv computed in `dtype`; rows that
-    see no key: output 0, lse +inf."""
+              alignment="bottom_right", dtype=torch.float32, bias=None, keep=None,
+              dropout_p=0.0):
+    """out, lse and (with grad_out) dq, dk, dv (and dbias) computed in `dtype`;
+    rows that see no key: output 0, lse +inf. ``bias``: additive (B, H, Sq, Sk)
+    broadcastable; ``keep``: the dropout mask (kept entries scaled by 1 / (1 -
+    dropout_p))."""
     q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = torch.matmul(q, kr.transpose(-1, -2)) * scale
+    if bias is not None:
+        bias = bias.detach().to(dtype).requires_grad_(True)
+        s = s + bias
     vis = visible(s.shape[-2], s.shape[-1], causal, window, alignment).to(s.device)
+    vis = vis & (s.detach() > float("-inf"))  # a -inf bias hides a key too
     s = s.masked_fill(~vis, float("-inf"))
-    rows = vis.any(-1)
-    p = torch.softmax(s.masked_fill(~rows[:, None], 0.0), dim=-1) * rows[:, None]
+    rows = vis.any(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(~rows, 0.0), dim=-1) * rows
+    if keep is not None:
+        p = p * keep.to(p.device) / (1.0 - dropout_p)
     out = torch.matmul(p.to(dtype), vr)
-    lse = torch.logsumexp(s.detach().float(), dim=-1).masked_fill(~rows, float("inf"))
+    lse = torch.logsumexp(s.detach().float(), dim=-1).masked_fill(~rows[..., 0], float("inf"))
     res = {"out": out.detach(), "lse": lse}
     if grad_out is not None:
         out.backward(grad_out.to(dtype))
         res.update(dq=q.grad, dk=k.grad, dv=v.grad)
+        if bias is not None:
+            res["dbias"] = bias.grad
     return res
 
 
@@ -58,7 +70,7 @@ def check(name, test, golden, lp_ref, dtype, guard=None):
     (tighter than PyTorch's fudge factors, which would let e.g. a dropped key
     block through dq). Returns (err, ref_err).
     """
-    test, golden, lp_ref = test.float(), golden.float(), lp_ref.float()
+    test, golden, lp_ref = test.double(), golden.double(), lp_ref.double()
     assert test.shape == golden.shape, (name, test.shape, golden.shape)
     assert not torch.isnan(test).any(), f"{name}: NaN (unwritten or invalid elements)"
     # lse is +inf on rows that see no key: those must match exactly.
@@ -71,7 +83,7 @@ def check(name, test, golden, lp_ref, dtype, guard=None):
     err = (golden - test).abs().max().item()
     ref_err = (golden - lp_ref).abs().max().item()
     floor = 1e-5
-    if name in ("dq", "dk", "dv"):
+    if name in GRADS:
         floor = max(floor, GRAD_FLOOR[dtype] * max(1.0, golden.abs().max().item()) / 8)
     tol = max(floor, FUDGE[name] * ref_err)
     assert err <= tol, f"{name}: max err {err:.3e} > tol {tol:.3e} (lp ref err {ref_err:.3e})"
@@ -82,9 +94,14 @@ def check(name, test, golden, lp_ref, dtype, guard=None):
     return err, ref_err
 
 
+def golden_dtype(dtype: torch.dtype) -> torch.dtype:
+    """PyTorch's golden: float32 math for fp16/bf16 inputs, float64 for fp32."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
 def check_all(results: dict, q, k, v, grad_out=None, **mask):
     """Judge `results` (names as in :func:`attention`) against the reference."""
-    golden = attention(q, k, v, grad_out, dtype=torch.float32, **mask)
+    golden = attention(q, k, v, grad_out, dtype=golden_dtype(q.dtype), **mask)
     lp = attention(q, k, v, grad_out, dtype=q.dtype, **mask)
     for name, value in results.items():
         check(name, value, golden[name], lp[name], q.dtype)

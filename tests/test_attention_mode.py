@@ -45,7 +45,7 @@ def test_mode_computes_covered_sdpa_on_our_kernels(case):
 
 
 @pytest.mark.parametrize("make,kw,reason", [
-    (lambda: _qkv(8, 8, 1, 1, 16, torch.float32, 0), {}, "dtype"),
+    (lambda: _qkv(8, 8, 1, 1, 16, torch.float64, 0), {}, "dtype"),
     (lambda: _qkv(8, 8, 1, 1, 16, torch.float16, 0), {"attn_mask": torch.ones(8, 8).bool()},
      "attn_mask"),
     (lambda: _qkv(8, 8, 1, 1, 16, torch.float16, 0), {"dropout_p": 0.3}, "dropout"),

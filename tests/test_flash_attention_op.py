@@ -87,10 +87,11 @@ def test_flash_attention_op_window_as_flash_attn_normalises():
 
 
 @pytest.mark.parametrize("kwargs,reason", [
+    # packed batches are 3-D (total, heads, head_dim)
     (dict(cum_seq_q=torch.tensor([0, 8], dtype=torch.int32),
-          cum_seq_k=torch.tensor([0, 8], dtype=torch.int32)), "variable-length"),
-    (dict(dropout_p=0.1), "dropout"),
-    (dict(return_debug_mask=True), "return_debug_mask"),
+          cum_seq_k=torch.tensor([0, 8], dtype=torch.int32)), "3-D"),
+    (dict(cum_seq_q=torch.tensor([0, 8], dtype=torch.int32)), "together"),
+    (dict(dropout_p=1.0), "outside"),
     (dict(block_table=torch.zeros(1, 1, dtype=torch.int32)), "block_table"),
     (dict(num_splits=2), "num_splits"),
     (dict(seqused_k=torch.tensor([8], dtype=torch.int32)), "seqused_k"),
@@ -122,9 +123,63 @@ def test_flash_attention_op_falls_back_with_reason(kwargs, reason):
     assert calls[0][0] == "keyset" and calls[0][2] == args
 
 
-def test_flash_attention_backward_falls_back_on_varlen():
+def test_flash_attention_backward_falls_back_on_4d_varlen():
     q = torch.randn(1, 8, 1, 16, dtype=torch.float16)
     cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(ti.Unsupported, match="variable-length"):
+    with pytest.raises(ti.Unsupported, match="3-D"):
         ti.flash_attention_backward(q, q, q, q, q, torch.zeros(1, 1, 8), cu, cu, 8, 8, 0.0,
                                     False, None, None)
+
+
+def test_flash_attention_op_variable_length_batch():
+    # Packed (total, H, D) tensors with cum_seq_q/k (nested/jagged tensors
+    # call the op so): each sequence matches its own dense reference, and the
+    # outputs match torch's meta kernel (logsumexp (H, total_q)).
+    lens_q, lens_k, h, d = [3, 17, 9], [12, 5, 9], 2, 32
+    gen = torch.Generator().manual_seed(4)
+    cu_q = torch.tensor([0, 3, 20, 29], dtype=torch.int32)
+    cu_k = torch.tensor([0, 12, 17, 26], dtype=torch.int32)
+    q = torch.randn(sum(lens_q), h, d, generator=gen).half()
+    k, v = (torch.randn(sum(lens_k), h, d, generator=gen).half() for _ in range(2))
+    g = torch.randn(q.shape, generator=gen).half()
+    out, lse, seed, offset, debug = ti.flash_attention_forward(
+        q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), 0.0, True, False)
+    dq, dk, dv = ti.flash_attention_backward(g, q, k, v, out, lse, cu_q, cu_k, max(lens_q),
+                                             max(lens_k), 0.0, True, seed, offset)
+    m_out = FA(*map(_meta, (q, k, v, cu_q, cu_k)), max(lens_q), max(lens_k), 0.0, True, False)
+    for mine, meta in zip((out, lse), m_out):
+        assert (mine.shape, mine.stride(), mine.dtype) == (meta.shape, meta.stride(), meta.dtype)
+    for i in range(3):
+        rq, rk = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        t = lambda x, r: x[r].transpose(0, 1).unsqueeze(0)  # noqa: E731
+        ref.check_all({"out": t(out, rq), "lse": lse[:, rq].unsqueeze(0), "dq": t(dq, rq),
+                       "dk": t(dk, rk), "dv": t(dv, rk)},
+                      t(q, rq), t(k, rk), t(v, rk), t(g, rq), causal=True)
+
+
+def test_flash_attention_op_dropout_state_and_debug_mask():
+    # Dropout: the op returns the RNG state tensors torch's meta kernel
+    # describes; the backward regenerates the forward's mask from them, which
+    # the debug mask's sign shows (the mask itself is checked against an
+    # independent host model of Philox); a second call draws a new mask.
+    import philox_reference
+
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, g = (_bshd(1, 24, 2, 32, torch.float16, gen) for _ in range(4))
+    out, lse, seed, offset, debug = ti.flash_attention_forward(
+        q, k, v, None, None, 24, 24, 0.3, False, True)
+    m_out = FA(*map(_meta, (q, k, v)), None, None, 24, 24, 0.3, False, True)
+    for mine, meta in zip((seed, offset), m_out[2:4]):
+        assert (mine.shape, mine.dtype) == (meta.shape, meta.dtype)
+    assert debug.shape == (1, 2, 24, 24)
+    keep = philox_reference.keep_mask_for(ti._rng_inputs(seed, offset), (1, 2, 24, 24), 0.3)
+    assert torch.equal(debug >= 0, keep)
+    dq, dk, dv = ti.flash_attention_backward(g, q, k, v, out, lse, None, None, 24, 24, 0.3,
+                                             False, seed, offset)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    golden = ref.attention(t(q), t(k), t(v), t(g), keep=keep, dropout_p=0.3)
+    lp = ref.attention(t(q), t(k), t(v), t(g), keep=keep, dropout_p=0.3, dtype=torch.float16)
+    for name, value in {"out": t(out), "dq": t(dq), "dk": t(dk), "dv": t(dv)}.items():
+        ref.check(name, value, golden[name], lp[name], torch.float16)
+    again = ti.flash_attention_forward(q, k, v, None, None, 24, 24, 0.3, False, False)[0]
+    assert not torch.equal(again, out)

@@ -64,7 +64,7 @@ def test_flash_attn_func_refuses_what_it_does_not_support(kwargs, error, match):
 
 
 @pytest.mark.parametrize("q,k,match", [
-    (torch.randn(1, 8, 1, 16), torch.randn(1, 8, 1, 16), "dtype"),
+    (torch.randn(1, 8, 1, 16).double(), torch.randn(1, 8, 1, 16).double(), "dtype"),
     (torch.randn(1, 8, 1, 12).half(), torch.randn(1, 8, 1, 12).half(), "head_dim 12"),
     (torch.randn(1, 8, 3, 16).half(), torch.randn(1, 8, 2, 16).half(), "multiple of key/value"),
     (torch.randn(8, 1, 16).half(), torch.randn(8, 1, 16).half(), "4-D"),

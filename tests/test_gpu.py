@@ -58,14 +58,6 @@ def test_torch_compile_matches_eager(enabled):
     torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
 
 
-def test_dropout_falls_back_to_torch(enabled):
-    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
-    with pytest.warns(UserWarning, match="dropout"):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
-    assert not backends.launch_counts()
-
-
 # --- sliding window, the (B, S, H, D) flash op, the direct API, AttentionMode ------
 
 import attn_reference as ref  # noqa: E402

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import backends, device, images, smoke
+import attn_reference
+import philox_reference
+from aotriton_rocm import backends, device, images, smoke, torch_integration
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -40,27 +42,54 @@ GRID = [
 ]
 GQA = [(hq, hk, d, causal) for (hq, hk), d, causal in itertools.product(
     ((16, 8), (10, 2)), (64, 128), (False, True))]
+# Dropout {0.22, 0.48}: judged against the math reference with the mask our
+# kernels drew (read from the debug mask, checked against the host Philox model).
+DROPOUT = [
+    (b, sq, sk, d, causal, p, dtype)
+    for b, (sq, sk), d, causal, p, dtype in itertools.product(
+        (1, 8), ((4, 4), (143, 127), (143, 579), (2048, 2048)), (8, 72, 203, 256),
+        (False, True), (0.22, 0.48), (torch.float16, torch.bfloat16))
+    if not (causal and sq != sk)
+]
+# The memory-efficient op (torch sends it fp32, head dims > 256 and attn_mask
+# calls): head dim 512, fp32, an additive bias broadcast over heads.
+EFFICIENT = [
+    (b, sq, sk, d, causal, bias, dtype)
+    for b, (sq, sk), (d, dtype), causal, bias in itertools.product(
+        (1, 8), ((4, 4), (143, 579), (2048, 2048)),
+        ((512, torch.float16), (512, torch.bfloat16), (8, torch.float32), (72, torch.float32),
+         (256, torch.float32)),
+        (False, True), (False, True))
+    if not (causal and sq != sk)
+]
 
 _summary = {"cases": 0, "passed": 0, "worst_ratio": dict.fromkeys(OUTPUTS, 0.0), "failures": []}
 
 
-def _judge(label, q, k, v, grad, **kw):
+def _judge(label, q, k, v, grad, backend=SDPBackend.FLASH_ATTENTION, **kw):
     def run(backend, *ts):
         ts = [t.detach().requires_grad_(True) for t in ts]
+        mask = kw.get("attn_mask")
+        args = dict(kw, attn_mask=None if mask is None else mask.to(ts[0].dtype))
         with sdpa_kernel(backend):
-            out = F.scaled_dot_product_attention(*ts, **kw)
+            out = F.scaled_dot_product_attention(*ts, **args)
         out.backward(grad.to(out.dtype))
         return {"out": out.detach(), "dq": ts[0].grad, "dk": ts[1].grad, "dv": ts[2].grad}
 
-    golden = run(SDPBackend.MATH, q.float(), k.float(), v.float())
+    gold = torch.float64 if q.dtype == torch.float32 else torch.float32
+    golden = run(SDPBackend.MATH, q.to(gold), k.to(gold), v.to(gold))
     lp_ref = run(SDPBackend.MATH, q, k, v)
     backends.reset_launch_counts()
-    ours = run(SDPBackend.FLASH_ATTENTION, q, k, v)
+    ours = run(backend, q, k, v)
+    _record(label, golden, lp_ref, ours)
+
+
+def _record(label, golden, lp_ref, ours):
     ran = {kernel for (_, kernel), n in backends.launch_counts().items() if n}
     ok, ratios = ran >= set(backends.KERNELS), {}
     for name in OUTPUTS:
-        ref_err = (golden[name] - lp_ref[name].float()).abs().max().item()
-        err = (golden[name] - ours[name].float()).abs().max().item()
+        ref_err = (golden[name] - lp_ref[name].to(golden[name].dtype)).abs().max().item()
+        err = (golden[name] - ours[name].to(golden[name].dtype)).abs().max().item()
         tol = max(smoke.ABS_FLOOR, smoke.FUDGE[name] * ref_err)
         ratios[name] = err / tol
         ok &= err <= tol and not bool(torch.isnan(ours[name]).any())
@@ -108,3 +137,44 @@ def test_pytorch_grid_gqa(hq, hk, d, causal):
     grad = torch.randn(2, hq, 257, d, device="cuda", generator=gen)
     _judge(f"gqa {hq}/{hk} d{d} causal={causal}", q, k, v, grad, is_causal=causal,
            enable_gqa=True)
+
+
+@pytest.mark.parametrize("b,sq,sk,d,causal,p,dtype", DROPOUT,
+                         ids=lambda x: str(x).replace("torch.", ""))
+def test_pytorch_grid_dropout(b, sq, sk, d, causal, p, dtype):
+    gen = torch.Generator("cuda").manual_seed(hash((b, sq, sk, d, causal, p)) & 0xFFFF)
+    h, dp = 4, -(-d // 8) * 8  # torch pads the head dim to a multiple of 8
+
+    def rand(s):
+        return torch.randn(b, h, s, dp, device="cuda", generator=gen).to(dtype)
+
+    q, k, v, grad = rand(sq), rand(sk), rand(sk), rand(sq)
+    backends.reset_launch_counts()
+    flash = torch.ops.aten._scaled_dot_product_flash_attention.default
+    out, lse, cq, ck, mq, mk, seed, offset, debug = flash(q, k, v, p, causal, True)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward.default(
+        grad, q, k, v, out, lse, cq, ck, mq, mk, p, causal, seed, offset)
+    keep = philox_reference.keep_mask_for(torch_integration._rng_inputs(seed, offset),
+                                          (b, h, sq, sk), p).cuda()
+    vis = attn_reference.visible(sq, sk, causal).cuda()
+    assert torch.equal((debug >= 0)[..., vis], keep[..., vis]), "debug mask != Philox model"
+    kw = dict(causal=causal, keep=keep, dropout_p=p)
+    golden = attn_reference.attention(q, k, v, grad, **kw)
+    lp_ref = attn_reference.attention(q, k, v, grad, dtype=dtype, **kw)
+    _record(f"dropout b{b} {sq}x{sk} d{d} causal={causal} p={p} {dtype}", golden, lp_ref,
+            {"out": out, "dq": dq, "dk": dk, "dv": dv})
+
+
+@pytest.mark.parametrize("b,sq,sk,d,causal,bias,dtype", EFFICIENT,
+                         ids=lambda x: str(x).replace("torch.", ""))
+def test_pytorch_grid_efficient(b, sq, sk, d, causal, bias, dtype):
+    gen = torch.Generator("cuda").manual_seed(hash((b, sq, sk, d, causal, bias)) & 0xFFFF)
+    h = 4
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+    q, k, v, grad = rand(b, h, sq, d), rand(b, h, sk, d), rand(b, h, sk, d), rand(b, h, sq, d)
+    mask = rand(b, 1, sq, sk) if bias else None
+    _judge(f"efficient b{b} {sq}x{sk} d{d} causal={causal} bias={bias} {dtype}", q, k, v, grad,
+           backend=SDPBackend.EFFICIENT_ATTENTION, is_causal=causal, attn_mask=mask)

@@ -91,17 +91,22 @@ def _nan_like(t, dtype=None):
     return torch.full_like(t, float("nan"), dtype=dtype)
 
 
-def _mask(causal, Sq, Sk, window=(-1, -1)):
-    """The kernels' (causal_shift, window_left, window_right).
+def _mask(causal, window=(-1, -1)):
+    """The kernels' (bottom_right, window_left, window_right).
 
     causal: False, "br" (bottom-right) or "tl" (top-left); window: flash-attn's
     (left, right), -1 unbounded, aligned like causal (bottom-right if False).
     """
-    shift = 0 if causal == "tl" else Sk - Sq
     left, right = window
     if causal:
         right = 0
-    return shift, left, right
+    return int(causal != "tl"), left, right
+
+
+# Pointers a dense launch without bias, dropout or debug mask never reads.
+_UNUSED = {"values": torch.zeros(16), "cu": torch.zeros(2, dtype=torch.int32),
+           "rng": torch.zeros(2, dtype=torch.int64)}
+_NO_FEATURES = {"HAS_BIAS": False, "ENABLE_DROPOUT": False}
 
 
 def _visible(causal, Sq, Sk, window=(-1, -1)):
@@ -123,10 +128,12 @@ def kernel_forward(q, k, v, sm_scale, causal, window=(-1, -1)):
     o = _nan_like(q)
     lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32)
     bm, bn = _blocks("attn_fwd", D)
+    u = _UNUSED
     FWD[(_cdiv(Sq, bm), B * H, 1)](
-        q, k, v, o, lse, *_s3(q), *_s3(k), *_s3(v), *_s3(o),
-        H, H // Hk, Sq, Sk, D, *_mask(causal, Sq, Sk, window), sm_scale,
-        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_d_consts(D))
+        q, k, v, u["values"], o, lse, u["values"], u["cu"], u["cu"], u["rng"], u["rng"],
+        *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(o), H * Sq, Sq,
+        B, H, H // Hk, Sq, Sk, 0, D, *_mask(causal, window), sm_scale, 0.0, 0,
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
     return o, lse
 
 
@@ -135,21 +142,23 @@ def kernel_backward(q, k, v, o, lse, do, sm_scale, causal, window=(-1, -1)):
     Hk, Sk = k.shape[1], k.shape[2]
     delta = torch.full((B, H, Sq), float("nan"), dtype=torch.float32)
     bm, _ = _blocks("attn_bwd_preprocess", D)
-    PRE[(_cdiv(Sq, bm), B * H, 1)](o, do, delta, *_s3(o), *_s3(do), H, Sq, D,
-                                   BLOCK_D=_block_d(D), BLOCK_M=bm)
+    u = _UNUSED
+    PRE[(_cdiv(Sq, bm), B * H, 1)](o, do, delta, u["cu"], *_s3(o), *_s3(do), H * Sq, Sq,
+                                   B, H, Sq, 0, D, BLOCK_D=_block_d(D), BLOCK_M=bm)
 
     dq, dk, dv = _nan_like(q), _nan_like(k), _nan_like(v)
-    tail = (H, H // Hk, Sq, Sk, D, *_mask(causal, Sq, Sk, window), sm_scale)
+    tail = (H * Sq, Sq, B, H, H // Hk, Sq, Sk, 0, D, *_mask(causal, window), sm_scale, 0.0)
+    rng = (u["cu"], u["cu"], u["rng"], u["rng"])
     bm, bn = _blocks("attn_bwd_dkdv", D)
     DKDV[(_cdiv(Sk, bn), B * Hk, 1)](
-        q, k, v, do, lse, delta, dk, dv,
-        *_s3(q), *_s3(k), *_s3(v), *_s3(do), *_s3(dk), *_s3(dv), *tail,
-        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_d_consts(D))
+        q, k, v, u["values"], do, lse, delta, dk, dv, *rng,
+        *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(do), *_s3(dk), *_s3(dv), *tail,
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
     bm, bn = _blocks("attn_bwd_dq", D)
     DQ[(_cdiv(Sq, bm), B * H, 1)](
-        q, k, v, do, lse, delta, dq,
-        *_s3(q), *_s3(k), *_s3(v), *_s3(do), *_s3(dq), *tail,
-        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_d_consts(D))
+        q, k, v, u["values"], do, lse, delta, dq, u["values"], *rng,
+        *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(do), *_s3(dq), 0, 0, 0, *tail, 0,
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
     return delta, dq, dk, dv
 
 

@@ -79,9 +79,10 @@ def test_not_active_until_enabled():
 
 @pytest.mark.parametrize("kwargs,shape,dtype,reason", [
     # (torch's CPU selector never sends dropout to a flash kernel; the GPU test covers it)
-    ({"attn_mask": torch.randn(8, 8).half()}, (1, 2, 8, 64), torch.float16, "attn_mask"),
-    ({}, (1, 2, 8, 64), torch.float32, "dtype"),
-    ({}, (1, 2, 8, 264), torch.float16, "head_dim"),
+    ({"attn_mask": torch.randn(8, 8)}, (1, 2, 8, 64), torch.float16, "attn_mask dtype"),
+    ({}, (1, 2, 8, 64), torch.float64, "dtype"),
+    ({}, (1, 2, 8, 520), torch.float16, "head_dim"),
+    ({}, (1, 2, 8, 512), torch.float32, "head_dim=512"),
 ])
 def test_uncovered_requests_fall_back_with_reason(enabled, kwargs, shape, dtype, reason):
     torch_integration._warned.clear()
@@ -94,8 +95,7 @@ def test_uncovered_requests_fall_back_with_reason(enabled, kwargs, shape, dtype,
     messages = [str(w.message) for w in caught if "aotriton-rocm" in str(w.message)]
     assert messages and reason in messages[0], messages
     mask = kwargs.get("attn_mask")
-    ref = F.scaled_dot_product_attention(q.float(), q.float(), q.float(),
-                                         attn_mask=None if mask is None else mask.float())
+    ref = _math(attn_mask=None if mask is None else mask.float())(q.float(), q.float(), q.float())
     torch.testing.assert_close(out.float(), ref, atol=2e-3, rtol=2e-3)
 
 
@@ -123,7 +123,7 @@ def test_non_contiguous_inputs(enabled):
     k = torch.randn(2, 19, 6, 64, dtype=torch.float16).transpose(1, 2)
     v = torch.randn(2, 8, 19, 64, dtype=torch.float16)[:, 1:7]
     out = _flash(q, k, v, is_causal=True)
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    ref = _math(is_causal=True)(q.float(), k.float(), v.float())
     assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 1
     torch.testing.assert_close(out.float(), ref, atol=3e-3, rtol=0)
 
@@ -229,6 +229,25 @@ class _FlashBwd(torch.autograd.Function):
             None, None, grad.contiguous(), q, k, v, out, lse, None, None, q.shape[2], k.shape[2],
             0.0, True, None, None)
         return dq, dk, dv, None
+
+
+@pytest.mark.parametrize("dtype,mask_shape,mask_dtype", [
+    (torch.float16, (2, 1, 13, 21), torch.float16),  # additive, broadcast over heads
+    (torch.bfloat16, (13, 21), torch.bool),           # boolean, broadcast over batch and heads
+    (torch.float32, (2, 3, 13, 21), torch.float32),
+])
+def test_sdpa_attn_mask_on_the_cpu_op_matches_math(enabled, dtype, mask_shape, mask_dtype):
+    gen = torch.Generator().manual_seed(len(mask_shape))
+    mask = (torch.rand(mask_shape, generator=gen) > 0.2 if mask_dtype == torch.bool
+            else torch.randn(mask_shape, generator=gen).to(mask_dtype))
+    def masked(sdpa):
+        # golden and low-precision reference get the mask in their own dtype
+        return lambda q, k, v: sdpa(q, k, v, attn_mask=mask if mask.dtype == torch.bool
+                                    else mask.to(q.dtype))
+
+    _judge(masked(_flash), masked(lambda q, k, v, **kw: _math(**kw)(q, k, v)),
+           [(2, 3, 13, 40), (2, 3, 21, 40), (2, 3, 21, 40), (2, 3, 13, 40)], dtype)
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 1
 
 
 @pytest.mark.parametrize("h,hk,causal", [(4, 2, False), (6, 1, True), (4, 1, False)])

@@ -1,4 +1,4 @@
-"""FlashAttention forward and backward on (B, H, S, D) tensors, through our kernels.
+"""FlashAttention forward and backward through our kernels.
 
 This is the one implementation every route into torch ends in. It checks that
 the request is covered (returning the reason when it is not, so the caller can
@@ -6,11 +6,20 @@ fall back to torch's own kernel), prepares tensors so they meet the
 specialization assumptions the kernels were compiled with, allocates outputs,
 and hands each kernel launch to the backend of the tensors' device: the AOT
 archive on a GPU, Triton's interpreter on the CPU.
+
+Dense inputs are (B, H, S, D). Variable-length batches (:class:`Varlen`) are
+packed (total, H, D) tensors whose sequences start at ``cu_seqlens``.
+Features: causal (either alignment), sliding window, GQA/MQA, an additive
+attention bias broadcast over batch/heads/rows (with its gradient), dropout
+(Philox, regenerated in the backward from the same seed/offset tensors), the
+dropout debug mask.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,72 +27,138 @@ from .backends import Backend, backend_for
 
 # Head dims the kernels cover: multiples of 8 up to this (padded to a power
 # of two >= 16 inside the kernels, never in memory).
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512
 # torch's CUDA flash op (and flash-attn) align a causal mask to the bottom
 # right when seqlen_q != seqlen_k; torch's math backend and CPU flash op to the
 # top left. Both agree when seqlen_q == seqlen_k.
 CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
 
-DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-# y and z grid dimensions are limited to 65535 on both CUDA and HIP.
+DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# The y grid dimension is limited to 65535 on CUDA and HIP; batch * heads
+# beyond it continues along z.
 MAX_GRID_Y = 65535
 INT32_MAX = 2**31 - 1
 # The largest BLOCK_M / BLOCK_N any config uses.
 MAX_BLOCK = 256
 
 
+@dataclass(frozen=True)
+class Varlen:
+    """A packed batch: sequence b holds rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``
+    of q (and likewise for k/v); int32 tensors of batch + 1 offsets."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def batch(self) -> int:
+        return self.cu_seqlens_q.numel() - 1
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _grid(blocks: int, programs: int) -> tuple[int, int, int]:
+    y = max(1, min(programs, MAX_GRID_Y))
+    return blocks, y, _cdiv(programs, y)
+
+
+def _dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None):
+    """(batch, heads, heads_k, seqlen_q, seqlen_k, head_dim); max seqlens for varlen."""
+    if varlen is None:
+        b, h, sq, d = q.shape
+        return b, h, k.shape[1], sq, k.shape[2], d
+    return varlen.batch, q.shape[1], k.shape[1], varlen.max_seqlen_q, varlen.max_seqlen_k, q.shape[2]
+
+
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        dropout_p: float = 0.0, is_causal: bool = False,
-                       attn_mask=None, return_debug_mask: bool = False) -> str | None:
-    """Why our kernels cannot compute this attention, or None if they can."""
-    if attn_mask is not None:
-        return "an attn_mask is not supported yet"
-    if dropout_p != 0.0:
-        return "dropout is not supported yet"
-    if return_debug_mask:
-        return "return_debug_mask is not supported yet"
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return "query/key/value must be 4-D (batch, heads, seqlen, head_dim)"
+                       attn_mask=None, return_debug_mask: bool = False,
+                       varlen: Varlen | None = None) -> str | None:
+    """Why our kernels cannot compute this attention, or None if they can.
+
+    ``attn_mask`` is an additive float mask of q's dtype (or a boolean mask)
+    broadcastable to (B, H, Sq, Sk).
+    """
+    rank = 4 if varlen is None else 3
+    layout = "(batch, heads, seqlen, head_dim)" if varlen is None else "(total, heads, head_dim)"
+    if q.dim() != rank or k.dim() != rank or v.dim() != rank:
+        return f"query/key/value must be {rank}-D {layout}"
     dtype = q.dtype
     if k.dtype != dtype or v.dtype != dtype:
         return "query, key and value must share a dtype"
     if dtype not in DTYPE_NAMES:
-        return f"dtype {dtype} is not covered (fp16 and bf16 are)"
+        return f"dtype {dtype} is not covered (fp16, bf16 and fp32 are)"
     if k.device != q.device or v.device != q.device:
         return "query, key and value must be on one device"
-    b, h, sq, d = q.shape
-    kb, kh, sk, kd = k.shape
-    if k.shape != v.shape or kb != b or kd != d:
-        return "key/value shapes must match query in batch and head_dim"
-    if kh == 0 or h % kh:
-        return (f"query heads ({h}) must be a multiple of key/value heads ({kh}) "
+    if k.shape != v.shape or q.shape[-1] != k.shape[-1]:
+        return "key and value must have one shape, and query their head_dim"
+    b, h, hk, sq, sk, d = _dims(q, k, varlen)
+    if varlen is None and k.shape[0] != b:
+        return "query and key/value batch sizes differ"
+    if (hk == 0 and h > 0) or (hk and h % hk):
+        return (f"query heads ({h}) must be a multiple of key/value heads ({hk}) "
                 "(GQA/MQA)")
     if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
         return f"head_dim {d} is not covered (multiples of 8 from 8 to {MAX_HEAD_DIM} are)"
-    if b * h == 0 or sq == 0 or sk == 0:
-        return "empty inputs"
-    if b * h > MAX_GRID_Y:
-        return f"batch*heads = {b * h} exceeds the grid limit {MAX_GRID_Y}"
+    if not 0.0 <= dropout_p < 1.0:
+        return f"dropout_p={dropout_p} is outside [0, 1)"
+    if dropout_p and MAX_BLOCK * sk > INT32_MAX:
+        return "dropout with seqlen_k > 2**23 is not covered"
+    if varlen is not None:
+        reason = _varlen_reason(varlen, q, k)
+        if reason:
+            return reason
+        if attn_mask is not None or return_debug_mask:
+            return "an attn_mask or a debug mask with a variable-length batch is not covered"
+    if attn_mask is not None:
+        if attn_mask.dtype != torch.bool and attn_mask.dtype != dtype:
+            return f"attn_mask dtype {attn_mask.dtype} must be bool or the query's ({dtype})"
+        if attn_mask.device != q.device:
+            return "attn_mask must be on the query's device"
+        try:
+            torch.broadcast_shapes(attn_mask.shape, (b, h, sq, sk))
+        except RuntimeError:
+            return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(b, h, sq, sk)}"
+    if sk == 0 and sq > 0 and b * h > 0:
+        return "seqlen_k = 0 (no keys)"
     for t in (q, k, v):
         # Strides are 32-bit kernel arguments; offsets inside one block of up
         # to MAX_BLOCK rows are 32-bit too (the kernels offset blocks in 64-bit).
-        if max(t.stride()) > INT32_MAX or t.stride(2) * MAX_BLOCK > INT32_MAX:
+        row = t.stride(-3) if varlen is not None else t.stride(2)
+        if max(t.stride(), default=0) > INT32_MAX or row * MAX_BLOCK > INT32_MAX:
             return "strides too large for the kernels' 32-bit stride arguments"
     backend = backend_for(q)
     if backend is None:
         return f"no backend for device {q.device}"
     return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[dtype], head_dim=d,
+                                      bias=attn_mask is not None,
+                                      dropout=bool(dropout_p) or return_debug_mask,
                                       work=b * h * sq * sk * d)
 
 
+def _varlen_reason(varlen: Varlen, q: torch.Tensor, k: torch.Tensor) -> str | None:
+    for name, cu, total in (("cu_seqlens_q", varlen.cu_seqlens_q, q.shape[0]),
+                            ("cu_seqlens_k", varlen.cu_seqlens_k, k.shape[0])):
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
+            return f"{name} must be a 1-D int32 tensor on the query's device"
+        if total > INT32_MAX:
+            return f"{name}: more than 2**31 packed rows"
+    if varlen.cu_seqlens_q.numel() != varlen.cu_seqlens_k.numel() or varlen.batch < 0:
+        return "cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1)"
+    return None
+
+
 def _meets_assumptions(t: torch.Tensor) -> bool:
-    """Unit last-dim stride, 16-byte-aligned base, other strides divisible by 16 (4-D t)."""
-    s0, s1, s2, s3 = t.stride()
-    return s3 == 1 and not (t.data_ptr() | s0 | s1 | s2) & 15
+    """Unit last-dim stride, 16-byte-aligned base, other strides divisible by 16."""
+    *outer, last = t.stride()
+    bits = t.data_ptr()
+    for s in outer:
+        bits |= s
+    return last == 1 and not bits & 15
 
 
 def _prepared(t: torch.Tensor) -> torch.Tensor:
@@ -102,53 +177,85 @@ def _prepared(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fresh(t: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor shaped like t that meets the kernels' assumptions:
-    its rows are padded to a multiple of 16 elements (our own allocation; the
-    kernels never touch the padding)."""
+    """An uninitialised tensor shaped like t that meets the kernels'
+    assumptions: its rows are padded to a multiple of 16 elements (our own
+    allocation; the kernels never touch the padding)."""
     d = t.shape[-1]
     padded = -(-d // 16) * 16
-    if padded == d:
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
     return torch.empty((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)[..., :d]
 
 
-def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+def _bias_prepared(mask: torch.Tensor, shape: tuple[int, int, int, int],
+                   dtype: torch.dtype) -> torch.Tensor:
+    """The additive bias as a (B, H, Sq, Sk) view the kernels can read: a
+    boolean mask becomes 0 / -inf; broadcast dims keep stride 0 (never
+    materialised), the key dim gets unit stride."""
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            ~mask, float("-inf"))
+    full = mask.expand(shape)
+    if _meets_assumptions(full):
+        return full
+    # The smallest tensor that expands to `shape`: size 1 wherever the view broadcasts.
+    base = [1 if n > 1 and s == 0 else n for n, s in zip(full.shape[:3], full.stride()[:3])]
+    compact = full[tuple(slice(0, n) for n in base)]
+    return _fresh(compact).copy_(compact).expand(shape)
+
+
+def _strides(t: torch.Tensor, varlen: Varlen | None = None) -> tuple[int, int, int]:
+    """(z, h, row) strides of a (B, H, S, D) view; a packed batch has no z stride."""
     s = t.stride()
-    return s[0], s[1], s[2]
+    return (0 if varlen is not None else s[0]), s[1], s[2]
+
+
+def _view4(t: torch.Tensor, varlen: Varlen | None) -> torch.Tensor:
+    """(B, H, S, D) tensors as they are; packed (total, H, D) ones as (1, H, total, D)."""
+    return t if varlen is None else t.unsqueeze(0).transpose(1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholders(device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Arguments for pointers a launch never dereferences (a feature it does
+    not use), with the element type the kernel declares."""
+    return {"values": torch.zeros(16, dtype=dtype, device=device),
+            "cu": torch.zeros(16, dtype=torch.int32, device=device),
+            "rng": torch.zeros(16, dtype=torch.int64, device=device)}
+
+
+def new_rng_state(device: torch.device) -> torch.Tensor:
+    """A fresh Philox (seed, offset) pair as a (2,) int64 tensor on ``device``.
+
+    Drawn with torch's own RNG on that device, so ``torch.manual_seed``
+    reproduces it and, under CUDA-graph capture, every replay draws anew.
+    """
+    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
 
 
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def causal_shift(is_causal: bool, seqlen_q: int, seqlen_k: int,
-                 causal_alignment: str = "bottom_right") -> int:
-    """The mask diagonal: with ``is_causal`` key j is visible from query i iff j <= i + shift."""
-    if causal_alignment == "bottom_right":
-        return seqlen_k - seqlen_q
-    if causal_alignment == "top_left":
-        return 0
-    raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {causal_alignment!r}")
-
-
 def mask_args(is_causal: bool, seqlen_q: int, seqlen_k: int,
               causal_alignment: str = "bottom_right",
               window_size: tuple[int, int] = (-1, -1)) -> tuple[int, int, int]:
-    """The kernels' ``(causal_shift, window_left, window_right)``.
+    """The kernels' ``(bottom_right, window_left, window_right)``.
 
     Key j is visible from query i iff ``i + shift - left <= j <= i + shift +
-    right``, a negative size leaving that side unbounded (flash-attn's
+    right`` with ``shift = seqlen_k - seqlen_q`` (bottom-right) or 0
+    (top-left), a negative size leaving that side unbounded (flash-attn's
     ``window_size``; causal is ``right = 0``). Sizes are clamped to
     ``seqlen_q + seqlen_k`` (the same mask) so that no bound overflows int32.
     """
-    shift = causal_shift(is_causal, seqlen_q, seqlen_k, causal_alignment)
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, "
+                         f"got {causal_alignment!r}")
     left, right = (int(w) for w in window_size)
     if is_causal:
         right = 0
     cap = seqlen_q + seqlen_k
     left = -1 if left < 0 else min(left, cap)
     right = -1 if right < 0 else min(right, cap)
-    return shift, left, right
+    return int(causal_alignment == "bottom_right"), left, right
 
 
 def flash_attn_window(window_size_left, window_size_right, seqlen_k: int) -> tuple[int, int]:
@@ -161,11 +268,28 @@ def flash_attn_window(window_size_left, window_size_right, seqlen_k: int) -> tup
     return (-1 if left >= seqlen_k else left), (-1 if right >= seqlen_k else right)
 
 
+def _rng_args(rng, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    if rng is None:
+        dummy = _placeholders(device, dtype)["rng"]
+        return dummy, dummy
+    return rng
+
+
+def _lse_args(lse: torch.Tensor, varlen: Varlen | None) -> tuple[int, int]:
+    """(z, h) strides of the logsumexp: (B, H, >= Sq) dense, (H, total) packed."""
+    if varlen is not None:
+        return 0, lse.stride(0)
+    return lse.stride(0), lse.stride(1)
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
             scale: float | None = None, out: torch.Tensor | None = None,
             causal_alignment: str = "bottom_right",
-            window_size: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention output (like ``out`` or ``empty_like(q)``) and the fp32 logsumexp (B, H, Sq).
+            window_size: tuple[int, int] = (-1, -1), bias: torch.Tensor | None = None,
+            dropout_p: float = 0.0, rng: tuple[torch.Tensor, torch.Tensor] | None = None,
+            debug_mask: torch.Tensor | None = None, varlen: Varlen | None = None,
+            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output (like ``out`` or ``empty_like(q)``) and the fp32 logsumexp.
 
     k and v may have fewer heads than q (GQA/MQA: query head h reads key/value
     head h // (Hq // Hkv)). With ``is_causal`` and seqlen_q != seqlen_k the mask
@@ -174,28 +298,57 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     ``window_size = (left, right)`` restricts row i to keys
     ``i + shift - left .. i + shift + right`` (see :func:`mask_args`; -1:
     unbounded); rows whose window holds no key get output 0 too.
+
+    ``bias``: additive (or boolean) mask broadcastable to (B, H, Sq, Sk).
+    ``dropout_p`` > 0 (or a ``debug_mask`` to fill) needs ``rng``: two
+    0-dim int64 tensors, the Philox seed and offset (:func:`new_rng_state`);
+    the backward must get the same ones. ``debug_mask``, a contiguous (B, H,
+    Sq, Sk) tensor of q's dtype, receives each score's unnormalised
+    probability, negated where dropout dropped it. The logsumexp is (B, H, Sq)
+    (or the given ``lse``, (B, H, >= Sq)); with ``varlen`` it is (H, total_q).
     The caller has checked :func:`unsupported_reason`.
     """
     backend: Backend = backend_for(q)
-    b, h, sq, d = q.shape
-    hk, sk = k.shape[1], k.shape[2]
-    shift, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
-    sm_scale = default_scale(d) if scale is None else float(scale)
-    qp, kp, vp = _prepared(q), _prepared(k), _prepared(v)
+    b, h, hk, sq, sk, d = _dims(q, k, varlen)
     if out is None:
         out = torch.empty_like(q)
-    o = out if _meets_assumptions(out) else _fresh(q)
-    lse = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    if lse is None:
+        lse_shape = (b, h, sq) if varlen is None else (h, q.shape[0])
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        lse.fill_(float("inf"))
+        return out, lse
+    bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
+    sm_scale = default_scale(d) if scale is None else float(scale)
+    q4, k4, v4 = (_prepared(_view4(t, varlen)) for t in (q, k, v))
+    o4 = _view4(out, varlen)
+    o = o4 if _meets_assumptions(o4) else _fresh(o4)
+    spare = _placeholders(q.device, q.dtype)
+    bias4 = spare["values"] if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
+    bias_strides = (0, 0, 0) if bias is None else _strides(bias4)
+    dropout = bool(dropout_p) or debug_mask is not None
+    seed, offset = _rng_args(rng, q.device, q.dtype)
+    cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
+                  else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
     kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
-                            seqlen_q=sq, seqlen_k=sk)
-    grid = (_cdiv(sq, kernel.config["BLOCK_M"]), b * h, 1)
-    kernel.launch(grid, q.device, (
-        qp, kp, vp, o, lse,
-        *_strides(qp), *_strides(kp), *_strides(vp), *_strides(o),
-        h, h // hk, sq, sk, d, shift, left, right, sm_scale))
-    if o is not out:
-        out.copy_(o)
+                            bias=bias is not None, dropout=dropout, seqlen_q=sq, seqlen_k=sk)
+    kernel.launch(_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q.device, (
+        q4, k4, v4, bias4, o, lse, spare["values"] if debug_mask is None else debug_mask,
+        cu_q, cu_k, seed, offset,
+        *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
+        *_strides(o, varlen), *_lse_args(lse, varlen),
+        b, h, h // hk, sq, sk, int(varlen is not None), d, bottom_right, left, right, sm_scale,
+        float(dropout_p), int(debug_mask is not None)))
+    if o is not o4:
+        o4.copy_(o)
     return out, lse
+
+
+def new_bias_grad(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed bias-gradient buffer, laid out as torch's efficient-attention
+    meta kernel lays it out (last dim padded to a multiple of 16)."""
+    *outer, last = shape
+    return torch.zeros((*outer, -(-last // 16) * 16), dtype=dtype, device=device)[..., :last]
 
 
 def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -203,42 +356,70 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
              scale: float | None = None,
              grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
              causal_alignment: str = "bottom_right",
-             window_size: tuple[int, int] = (-1, -1)
+             window_size: tuple[int, int] = (-1, -1), bias: torch.Tensor | None = None,
+             bias_grad: torch.Tensor | None = None, dropout_p: float = 0.0,
+             rng: tuple[torch.Tensor, torch.Tensor] | None = None,
+             varlen: Varlen | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (written into ``grads`` if given, else like q, k, v).
 
+    ``bias_grad`` (a (B, H, Sq, Sk) view, e.g. :func:`new_bias_grad`)
+    receives the gradient of the bias; ``rng`` must be the forward's.
     Deterministic: with GQA each dK/dV block is summed over its query heads by
     one program, without atomics.
     """
     backend: Backend = backend_for(q)
-    b, h, sq, d = q.shape
-    hk, sk = k.shape[1], k.shape[2]
-    shift, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
-    sm_scale = default_scale(d) if scale is None else float(scale)
-    dtype = DTYPE_NAMES[q.dtype]
-    qp, kp, vp, op, dop = (_prepared(t) for t in (q, k, v, out, grad_out))
-    lse = lse.contiguous()
-    delta = torch.empty((b, h, sq), dtype=torch.float32, device=q.device)
+    b, h, hk, sq, sk, d = _dims(q, k, varlen)
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-    dq, dk, dv = (g if _meets_assumptions(g) else _fresh(g) for g in grads)
+    if bias_grad is not None:
+        bias_grad.zero_()
+    if q.numel() == 0 or k.numel() == 0:
+        for g in grads:
+            g.zero_()
+        return grads
+    bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
+    sm_scale = default_scale(d) if scale is None else float(scale)
+    dtype = DTYPE_NAMES[q.dtype]
+    q4, k4, v4, o4, do4 = (_prepared(_view4(t, varlen)) for t in (q, k, v, out, grad_out))
+    if lse.stride(-1) != 1:
+        lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    g4 = tuple(_view4(g, varlen) for g in grads)
+    dq, dk, dv = (g if _meets_assumptions(g) else _fresh(g) for g in g4)
+    spare = _placeholders(q.device, q.dtype)
+    bias4 = spare["values"] if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
+    bias_strides = (0, 0, 0) if bias is None else _strides(bias4)
+    db = spare["values"] if bias_grad is None else bias_grad
+    db_strides = (0, 0, 0) if bias_grad is None else _strides(bias_grad)
+    seed, offset = _rng_args(rng, q.device, q.dtype)
+    cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
+                  else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
+    is_varlen = int(varlen is not None)
+    lse_strides = _lse_args(lse, varlen)
+    features = dict(dtype=dtype, head_dim=d, bias=bias is not None, dropout=bool(dropout_p),
+                    seqlen_q=sq, seqlen_k=sk)
 
-    pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d,
-                         seqlen_q=sq, seqlen_k=sk)
-    pre.launch((_cdiv(sq, pre.config["BLOCK_M"]), b * h, 1), q.device, (
-        op, dop, delta, *_strides(op), *_strides(dop), h, sq, d))
+    pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
+    pre.launch(_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q.device, (
+        o4, do4, delta, cu_q, *_strides(o4, varlen), *_strides(do4, varlen), *lse_strides,
+        b, h, sq, is_varlen, d))
 
-    common = (qp, kp, vp, dop, lse, delta)
-    common_strides = (*_strides(qp), *_strides(kp), *_strides(vp), *_strides(dop))
-    tail = (h, h // hk, sq, sk, d, shift, left, right, sm_scale)
-    dkdv = backend.kernel("attn_bwd_dkdv", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
-    dkdv.launch((_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk, 1), q.device, (
-        *common, dk, dv, *common_strides, *_strides(dk), *_strides(dv), *tail))
-    dqk = backend.kernel("attn_bwd_dq", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
-    dqk.launch((_cdiv(sq, dqk.config["BLOCK_M"]), b * h, 1), q.device, (
-        *common, dq, *common_strides, *_strides(dq), *tail))
+    inputs = (q4, k4, v4, bias4, do4, lse, delta)
+    strides = (*_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
+               *_strides(do4, varlen))
+    sizes = (b, h, h // hk, sq, sk, is_varlen, d, bottom_right, left, right, sm_scale,
+             float(dropout_p))
+    dkdv = backend.kernel("attn_bwd_dkdv", **features)
+    dkdv.launch(_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q.device, (
+        *inputs, dk, dv, cu_q, cu_k, seed, offset, *strides,
+        *_strides(dk, varlen), *_strides(dv, varlen), *lse_strides, *sizes))
+    dqk = backend.kernel("attn_bwd_dq", **features)
+    dqk.launch(_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q.device, (
+        *inputs, dq, db, cu_q, cu_k, seed, offset, *strides,
+        *_strides(dq, varlen), *db_strides, *lse_strides, *sizes, int(bias_grad is not None)))
 
-    for written, wanted in zip((dq, dk, dv), grads):
+    for written, wanted in zip((dq, dk, dv), g4):
         if written is not wanted:
             wanted.copy_(written)
     return grads

@@ -38,24 +38,41 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
-def _functional_key(kernel: str, dtype: str, block: int, pad_head: bool | None) -> tuple:
-    # (kernel, dtype, padded head dim, masked head dim?); the preprocess kernel
-    # always masks the head dim and has no pad_head axis (None).
-    return (kernel, dtype, int(block), None if pad_head is None else bool(pad_head))
+def _functional_key(kernel: str, functional: dict) -> tuple:
+    """(kernel, dtype, padded head dim, masked head dim?, bias?, dropout?) of
+    a variant's functional values. The preprocess kernel always masks the head
+    dim and has neither a bias nor dropout: None on those axes."""
+    def flag(name):
+        return None if name not in functional else bool(functional[name])
+    return (kernel, functional["dtype"], int(functional["head_dim"]), flag("pad_head"),
+            flag("has_bias"), flag("enable_dropout"))
 
 
-def _candidate_keys(kernel: str, dtype: str, head_dim: int) -> tuple:
+def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout: bool) -> tuple:
     """Functional keys that can run `head_dim`, best first: the unmasked fast
     path where head_dim is the tile width, else the masked variant."""
     b = block_d(head_dim)
     if kernel == "attn_bwd_preprocess":
-        return (_functional_key(kernel, dtype, b, None),)
-    masked = _functional_key(kernel, dtype, b, True)
-    return (_functional_key(kernel, dtype, b, False), masked) if b == head_dim else (masked,)
+        return ((kernel, dtype, b, None, None, None),)
+    masked = (kernel, dtype, b, True, bias, dropout)
+    return ((kernel, dtype, b, False, bias, dropout), masked) if b == head_dim else (masked,)
 
 
-def _pick(table: dict, kernel: str, dtype: str, head_dim: int):
-    return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim) if k in table), None)
+def _pick(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool = False,
+          dropout: bool = False):
+    return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim, bias, dropout)
+                 if k in table), None)
+
+
+def _missing(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool,
+             dropout: bool) -> str | None:
+    """The first kernel a forward (+ backward) needs that `table` lacks, or None."""
+    needed = (kernel,) if kernel != "attn_fwd" else KERNELS
+    for name in needed:
+        if _pick(table, name, dtype, head_dim, bias, dropout) is None:
+            return (f"no {name} kernel for dtype={dtype}, head_dim={head_dim}"
+                    + (", with a bias" if bias else "") + (", with dropout" if dropout else ""))
+    return None
 
 
 
@@ -99,12 +116,12 @@ class KernelHandle:
 class Backend:
     name = "?"
 
-    def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int,
-                           work: int = 0) -> str | None:
+    def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
+                           dropout: bool = False, work: int = 0) -> str | None:
         raise NotImplementedError
 
-    def kernel(self, kernel: str, *, dtype: str, head_dim: int,
-               seqlen_q: int = 0, seqlen_k: int = 0) -> KernelHandle:
+    def kernel(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
+               dropout: bool = False, seqlen_q: int = 0, seqlen_k: int = 0) -> KernelHandle:
         """The variant for a real head dim (the padded tile width and the
         masked/unmasked choice are the backend's business)."""
         raise NotImplementedError
@@ -138,23 +155,18 @@ class AOTBackend(Backend):
                             f"runtime is ABI {ABI_VERSION}: install matching versions")
             return
         for rec in self.archive.kernels:
-            f = rec.functional
-            key = _functional_key(rec.kernel, f["dtype"], f["head_dim"], f.get("pad_head"))
-            self._records.setdefault(key, []).append(rec)
+            self._records.setdefault(_functional_key(rec.kernel, rec.functional), []).append(rec)
         self._tables = _selection_tables(self.archive.manifest, self._records)
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, work=0):
+    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if self.problem:
             return self.problem
-        needed = (kernel,) if kernel != "attn_fwd" else KERNELS
-        for name in needed:
-            if _pick(self._records, name, dtype, head_dim) is None:
-                return (f"the {self.arch} image has no {name} kernel for dtype={dtype}, "
-                        f"head_dim={head_dim}")
-        return None
+        missing = _missing(self._records, kernel, dtype, head_dim, bias, dropout)
+        return f"the {self.arch} image has {missing}" if missing else None
 
-    def kernel(self, kernel, *, dtype, head_dim, seqlen_q=0, seqlen_k=0):
-        key = (kernel, dtype, head_dim)
+    def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
+               seqlen_k=0):
+        key = (kernel, dtype, head_dim, bias, dropout)
         sel = self._handles.get(key)
         if sel is None:
             with self._lock:
@@ -226,22 +238,20 @@ class InterpreterBackend(Backend):
                            for name, ks in spec.kernels.items()}
         self._variants: dict[tuple, object] = {}
         for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
-            f = v.functional
-            key = _functional_key(v.kernel, f["dtype"], f["head_dim"], f.get("pad_head"))
-            self._variants.setdefault(key, v)  # the first config is the default
+            # the first config is the default
+            self._variants.setdefault(_functional_key(v.kernel, v.functional), v)
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, work=0):
-        needed = (kernel,) if kernel != "attn_fwd" else KERNELS
-        for name in needed:
-            if _pick(self._variants, name, dtype, head_dim) is None:
-                return (f"the kernels have no {name} variant for dtype={dtype}, "
-                        f"head_dim={head_dim}")
+    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
+        missing = _missing(self._variants, kernel, dtype, head_dim, bias, dropout)
+        if missing:
+            return f"the kernel sources have {missing}"
         if work > INTERPRETER_MAX_WORK:
             return "too large for the CPU interpreter backend"
         return None
 
-    def kernel(self, kernel, *, dtype, head_dim, seqlen_q=0, seqlen_k=0):
-        variant = _pick(self._variants, kernel, dtype, head_dim)
+    def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
+               seqlen_k=0):
+        variant = _pick(self._variants, kernel, dtype, head_dim, bias, dropout)
         constexprs = dict(variant.constexprs)
         if "UPCAST_DOT" in constexprs:
             constexprs["UPCAST_DOT"] = True
@@ -266,7 +276,7 @@ class UnavailableBackend(Backend):
     def __init__(self, name: str, reason: str):
         self.name, self.reason = name, reason
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, work=0):
+    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         return self.reason
 
 

@@ -40,6 +40,8 @@ def sdpa_unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, 
         return "tensor subclasses and nested tensors are not covered"
     if attn_mask is not None:
         return "an attn_mask is not supported yet"
+    if dropout_p:
+        return "dropout is not supported yet"
     if query.dim() == 4 and key.dim() == 4 and key.size(1) != query.size(1) and not enable_gqa:
         return "query and key/value heads differ without enable_gqa=True (torch decides)"
     return attention.unsupported_reason(query, key, value, dropout_p=dropout_p,

@@ -44,7 +44,7 @@ __all__ = [
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_instr_nonkdim",
                "kpack", "maxnreg")
 REQUIRED_OPTIONS = ("num_warps", "num_stages")
-CONFIG_META_KEYS = ("archs", "head_dims", "allow")
+CONFIG_META_KEYS = ("archs", "head_dims", "when", "allow")
 # What a config's ``allow = {KIND = true, reason = "..."}`` may waive in the
 # code-object validator (codeobject.validate_kernel): register spills (and the
 # scratch memory they take), other scratch use (stack, dynamic stack), LDS over
@@ -82,12 +82,16 @@ class ConfigSpec:
     values: Tuple[Tuple[str, Any], ...]  # in TOML order, without archs/head_dims/allow
     # Waived validator findings: ((kind, reason), ...), kinds from WAIVER_KINDS.
     allow: Tuple[Tuple[str, str], ...] = ()
+    # Other functional values the config is limited to: ((name, (values...)), ...).
+    when: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()
 
     def matches(self, arch: ArchSpec, functional: Dict[str, Any]) -> bool:
         # An arch matches by name, family or a named arch set it belongs to
         # (ci/targets.toml [arch_sets], e.g. "rdna3"; ArchSpec.sets).
         names = (arch.name, arch.family) + tuple(getattr(arch, "sets", ()) or ())
         if not any(n in self.archs for n in names):
+            return False
+        if any(name in functional and functional[name] not in values for name, values in self.when):
             return False
         if self.head_dims is not None and "head_dim" in functional:
             return functional["head_dim"] in self.head_dims
@@ -277,6 +281,23 @@ def _parse_allow(allow: Any, where: str) -> Tuple[Tuple[str, str], ...]:
     return tuple((k, reason.strip()) for k in kinds)
 
 
+def _parse_when(when: Any, functional: Dict[str, Tuple[Any, ...]], where: str):
+    """``when = {enable_dropout = true, dtype = ["fp16", "bf16"]}`` -> (("enable_dropout", (True,)), ...)."""
+    if when is None:
+        return ()
+    if not isinstance(when, dict) or not when:
+        raise VariantSpecError(f"{where}: when must be a table of functional values, "
+                               'e.g. when = {enable_dropout = true}')
+    out = []
+    for k, v in when.items():
+        values = tuple(v) if isinstance(v, list) else (v,)
+        if k not in functional or any(x not in functional[k] for x in values):
+            raise VariantSpecError(f"{where}: when {k} = {v!r} is not a functional value of the "
+                                   f"kernel ({', '.join(functional)})")
+        out.append((str(k), values))
+    return tuple(out)
+
+
 def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
     where = f"{path}: [kernels.{name}]"
 
@@ -348,7 +369,8 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
                 raise VariantSpecError(f"{cw} lacks {k!r}")
         configs.append(ConfigSpec(archs=tuple(str(a) for a in archs),
                                   head_dims=tuple(int(h) for h in hd) if hd is not None else None,
-                                  values=values, allow=_parse_allow(c.get("allow"), cw)))
+                                  values=values, allow=_parse_allow(c.get("allow"), cw),
+                                  when=_parse_when(c.get("when"), fnames, cw)))
     if not configs:
         raise VariantSpecError(f"{where} has no [[kernels.{name}.configs]]")
     return KernelSpec(name=name, module=module, function=function.strip(), args=tuple(args),

@@ -30,6 +30,8 @@ _CPU_FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
 _CPU_FLASH_BWD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
 _FA = "aten::_flash_attention_forward"
 _FA_BWD = "aten::_flash_attention_backward"
+_EFF = "aten::_scaled_dot_product_efficient_attention"
+_EFF_BWD = "aten::_scaled_dot_product_efficient_attention_backward"
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -59,43 +61,90 @@ def _aux_outputs(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor
     return seed, offset, torch.empty(0, dtype=dtype, device=device)
 
 
+@functools.lru_cache(maxsize=None)
+def _unused_int64(device: torch.device) -> torch.Tensor:
+    return torch.empty((), dtype=torch.int64, device=device)
+
+
+def _flash_rng_outputs(device: torch.device):
+    """A fresh Philox state as the flash ops return it on this build: ROCm,
+    int64 seed and offset of shape (); CUDA, a uint64 (2,) ``rng_state``
+    holding both and an unused uint64 ()."""
+    state = attention.new_rng_state(device)
+    if torch.version.hip:
+        return state[0], state[1]
+    return state.view(torch.uint64), torch.empty((), dtype=torch.uint64, device=device)
+
+
+def _rng_inputs(seed: torch.Tensor, offset: torch.Tensor):
+    """The kernels' (seed, offset) int64 scalars from what a forward returned."""
+    if seed.numel() == 2:  # CUDA's (2,) rng_state
+        state = seed.view(torch.int64)
+        return state[0], state[1]
+    return seed.view(torch.int64), offset.view(torch.int64)
+
+
+def _varlen(cum_seq_q, cum_seq_k, max_q, max_k):
+    if cum_seq_q is None and cum_seq_k is None:
+        return None
+    if cum_seq_q is None or cum_seq_k is None:
+        raise Unsupported("cum_seq_q and cum_seq_k must be given together")
+    return attention.Varlen(cum_seq_q, cum_seq_k, int(max_q), int(max_k))
+
+
 class Unsupported(Exception):
     """Raised by the op functions below when our kernels don't cover a call;
     the message is the reason (the override falls back to torch's kernel)."""
 
 
-def _fa_reason(query, key, value, cum_seq_q, cum_seq_k, dropout_p, return_debug_mask=False,
+def _bhsd(t: torch.Tensor, varlen) -> torch.Tensor:
+    """flash-attn's (B, S, H, D) as (B, H, S, D); packed (total, H, D) stays."""
+    return t if varlen is not None else t.transpose(1, 2)
+
+
+def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
                **unsupported_kwargs) -> str | None:
-    if cum_seq_q is not None or cum_seq_k is not None:
-        return "variable-length batches (cum_seq_q/cum_seq_k) are not supported yet"
     for name, val in unsupported_kwargs.items():
         if val is not None:
             return f"{name} is not supported yet"
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+    if varlen is None and (query.dim() != 4 or key.dim() != 4 or value.dim() != 4):
         return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
     return attention.unsupported_reason(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-        dropout_p=dropout_p, return_debug_mask=return_debug_mask)
+        _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), dropout_p=dropout_p,
+        return_debug_mask=return_debug_mask, varlen=varlen)
 
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
                             dropout_p, is_causal, return_debug_mask, *, scale=None,
                             window_size_left=None, window_size_right=None, seqused_k=None,
                             alibi_slopes=None, block_table=None, num_splits=None):
-    """``aten::_flash_attention_forward`` on our kernels: (B, S, H, D) tensors,
-    bottom-right causal, flash-attn's sliding window. Outputs are shaped as
-    torch's meta kernel shapes them. Raises :class:`Unsupported`."""
-    reason = _fa_reason(query, key, value, cum_seq_q, cum_seq_k, dropout_p, return_debug_mask,
+    """``aten::_flash_attention_forward`` on our kernels: (B, S, H, D) tensors
+    or packed (total, H, D) ones with ``cum_seq_q/k`` (variable-length
+    batches), bottom-right causal, flash-attn's sliding window, dropout.
+    Outputs are shaped as torch's meta kernel shapes them. Raises
+    :class:`Unsupported`."""
+    varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
+    reason = _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask,
                         seqused_k=seqused_k, alibi_slopes=alibi_slopes,
                         block_table=block_table, num_splits=num_splits)
     if reason:
         raise Unsupported(reason)
-    window = attention.flash_attn_window(window_size_left, window_size_right, key.size(1))
+    seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
+    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
     out = torch.empty_like(query)
-    _, lse = attention.forward(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                               is_causal=is_causal, scale=scale, out=out.transpose(1, 2),
-                               causal_alignment="bottom_right", window_size=window)
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
+    rng = None
+    if dropout_p or return_debug_mask:
+        seed, offset = _flash_rng_outputs(query.device)
+        rng = _rng_inputs(seed, offset)
+    if return_debug_mask:
+        b, sq, h, _ = query.shape
+        debug = torch.empty((b, h, sq, key.size(1)), dtype=query.dtype, device=query.device)
+    _, lse = attention.forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
+                               is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
+                               causal_alignment="bottom_right", window_size=window,
+                               dropout_p=dropout_p, rng=rng,
+                               debug_mask=debug if return_debug_mask else None, varlen=varlen)
     return out, lse, seed, offset, debug
 
 
@@ -105,17 +154,84 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     """``aten::_flash_attention_backward`` on our kernels (see
     :func:`flash_attention_forward`); gradients are ``empty_like`` the inputs,
     as torch's meta kernel. Raises :class:`Unsupported`."""
-    reason = _fa_reason(query, key, value, cum_seq_q, cum_seq_k, dropout_p)
+    varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
+    reason = _fa_reason(query, key, value, varlen, dropout_p)
     if reason:
         raise Unsupported(reason)
-    window = attention.flash_attn_window(window_size_left, window_size_right, key.size(1))
+    seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
+    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
     grads = tuple(torch.empty_like(t) for t in (query, key, value))
-    attention.backward(grad_out.transpose(1, 2), query.transpose(1, 2), key.transpose(1, 2),
-                       value.transpose(1, 2), out.transpose(1, 2), logsumexp,
+    attention.backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
+                       _bhsd(value, varlen), _bhsd(out, varlen), logsumexp,
                        is_causal=is_causal, scale=scale,
-                       grads=tuple(g.transpose(1, 2) for g in grads),
-                       causal_alignment="bottom_right", window_size=window)
+                       grads=tuple(_bhsd(g, varlen) for g in grads),
+                       causal_alignment="bottom_right", window_size=window, dropout_p=dropout_p,
+                       rng=_rng_inputs(rng_state, unused) if dropout_p else None, varlen=varlen)
     return grads
+
+
+def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp,
+                                dropout_p=0.0, is_causal=False, *, scale=None):
+    """``aten::_scaled_dot_product_efficient_attention`` on our kernels: (B, H,
+    S, D) tensors of any covered dtype (fp32 too), an additive bias (attn_mask)
+    broadcast to (B, H, Sq, Sk), top-left causal, dropout. Outputs are laid
+    out as torch's meta kernel lays them out. Raises :class:`Unsupported`."""
+    reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
+                                          is_causal=is_causal, attn_mask=attn_bias)
+    if reason:
+        raise Unsupported(reason)
+    b, h, sq, _ = query.shape
+    out = torch.empty((b, sq, h, value.size(-1)), dtype=query.dtype,
+                      device=query.device).transpose(1, 2)
+    rows = sq if torch.version.hip else -(-sq // 32) * 32
+    lse = torch.empty((b, h, rows if compute_log_sumexp else 0), dtype=torch.float32,
+                      device=query.device)
+    if dropout_p:
+        state = attention.new_rng_state(query.device)
+        seed, offset = state[0], state[1]
+    else:
+        seed = offset = _unused_int64(query.device)
+    attention.forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
+                      causal_alignment="top_left", bias=attn_bias, dropout_p=dropout_p,
+                      rng=(seed, offset) if dropout_p else None,
+                      lse=lse if compute_log_sumexp else None)
+    return out, lse, seed, offset
+
+
+def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, logsumexp,
+                                 philox_seed, philox_offset, dropout_p, grad_input_mask,
+                                 is_causal=False, *, scale=None):
+    """``aten::_scaled_dot_product_efficient_attention_backward`` on our
+    kernels (see :func:`efficient_attention_forward`): dQ, dK, dV and, when
+    asked for, the bias gradient. Raises :class:`Unsupported`."""
+    reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
+                                          is_causal=is_causal, attn_mask=attn_bias)
+    if reason:
+        raise Unsupported(reason)
+    grads = tuple(torch.empty_permuted(t.size(), (0, 2, 1, 3), dtype=t.dtype, device=t.device)
+                  for t in (query, key, value))
+    bias_grad = full_grad = None
+    if attn_bias is not None and grad_input_mask[3]:
+        # Shaped like attn_bias (as torch's meta kernel); the kernels write
+        # the full (B, H, Sq, Sk) gradient, summed over broadcast dims here.
+        bias_grad = attention.new_bias_grad(attn_bias.shape, attn_bias.dtype, query.device)
+        full = (*query.shape[:3], key.size(2))
+        full_grad = (bias_grad if tuple(attn_bias.shape) == full
+                     else attention.new_bias_grad(full, attn_bias.dtype, query.device))
+    attention.backward(grad_out, query, key, value, out, logsumexp, is_causal=is_causal,
+                       scale=scale, grads=grads, causal_alignment="top_left", bias=attn_bias,
+                       bias_grad=full_grad, dropout_p=dropout_p,
+                       rng=(philox_seed, philox_offset) if dropout_p else None)
+    if full_grad is not None and full_grad is not bias_grad:
+        bias_grad.copy_(full_grad.sum_to_size(attn_bias.shape))
+    return (*grads, bias_grad)
+
+
+def _cpu_reason(query, key, value, dropout_p, attn_mask) -> str | None:
+    if dropout_p:
+        # The CPU op returns no RNG state for its backward to regenerate the mask from.
+        return "dropout on the CPU op is not covered"
+    return attention.unsupported_reason(query, key, value, attn_mask=attn_mask)
 
 
 class _Overrides:
@@ -128,6 +244,8 @@ class _Overrides:
         self._register(_FLASH_BWD, "CUDA", self._flash_bwd)
         self._register(_FA, "CUDA", self._fa_fwd)
         self._register(_FA_BWD, "CUDA", self._fa_bwd)
+        self._register(_EFF, "CUDA", self._eff_fwd)
+        self._register(_EFF_BWD, "CUDA", self._eff_bwd)
         if cpu:
             self._register(_CPU_FLASH, "CPU", self._cpu_fwd)
             self._register(_CPU_FLASH_BWD, "CPU", self._cpu_bwd)
@@ -164,9 +282,17 @@ class _Overrides:
         # On this op is_causal with seqlen_q != seqlen_k means bottom-right
         # (torch's causal_lower_right calls it so; F.sdpa's selector sends it
         # only square causal inputs).
-        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
-                                     causal_alignment="bottom_right")
         seed, offset, debug = _aux_outputs(query.device, query.dtype)
+        rng = None
+        if dropout_p or return_debug_mask:
+            seed, offset = _flash_rng_outputs(query.device)
+            rng = _rng_inputs(seed, offset)
+        if return_debug_mask:
+            debug = torch.empty((*query.shape[:3], key.size(2)), dtype=query.dtype,
+                                device=query.device)
+        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
+                                     causal_alignment="bottom_right", dropout_p=dropout_p,
+                                     rng=rng, debug_mask=debug if return_debug_mask else None)
         return out, lse, None, None, query.size(2), key.size(2), seed, offset, debug
 
     # aten::_scaled_dot_product_flash_attention_backward
@@ -181,7 +307,8 @@ class _Overrides:
                                   is_causal, philox_seed, philox_offset, scale=scale)
         return attention.backward(grad_out, query, key, value, out, logsumexp,
                                   is_causal=is_causal, scale=scale,
-                                  causal_alignment="bottom_right")
+                                  causal_alignment="bottom_right", dropout_p=dropout_p,
+                                  rng=_rng_inputs(philox_seed, philox_offset) if dropout_p else None)
 
     # aten::_flash_attention_forward ((B, S, H, D); torch 2.13 adds block_table, num_splits)
     def _fa_fwd(self, keyset, *args, **kwargs):
@@ -197,17 +324,30 @@ class _Overrides:
         except Unsupported as exc:
             return self._fallback(_FA_BWD, keyset, str(exc), *args, **kwargs)
 
+    # aten::_scaled_dot_product_efficient_attention
+    def _eff_fwd(self, keyset, *args, **kwargs):
+        try:
+            return efficient_attention_forward(*args, **kwargs)
+        except Unsupported as exc:
+            return self._fallback(_EFF, keyset, str(exc), *args, **kwargs)
+
+    # aten::_scaled_dot_product_efficient_attention_backward
+    def _eff_bwd(self, keyset, *args, **kwargs):
+        try:
+            return efficient_attention_backward(*args, **kwargs)
+        except Unsupported as exc:
+            return self._fallback(_EFF_BWD, keyset, str(exc), *args, **kwargs)
+
     # aten::_scaled_dot_product_flash_attention_for_cpu
     def _cpu_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False, *,
                  attn_mask=None, scale=None):
-        reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
-                                              is_causal=is_causal, attn_mask=attn_mask)
+        reason = _cpu_reason(query, key, value, dropout_p, attn_mask)
         if reason:
             return self._fallback(_CPU_FLASH, keyset, reason, query, key, value, dropout_p,
                                   is_causal, attn_mask=attn_mask, scale=scale)
         # torch's CPU flash op (like its math backend) aligns causal top-left.
         out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
-                                     causal_alignment="top_left")
+                                     causal_alignment="top_left", bias=attn_mask)
         b, h, sq, _ = query.shape
         # torch's CPU kernel returns logsumexp as a (B, Sq, H) buffer viewed (B, H, Sq).
         lse_cpu = torch.empty((b, sq, h), dtype=torch.float32).transpose(1, 2)
@@ -217,8 +357,7 @@ class _Overrides:
     # aten::_scaled_dot_product_flash_attention_for_cpu_backward
     def _cpu_bwd(self, keyset, grad_out, query, key, value, out, logsumexp, dropout_p,
                  is_causal, *, attn_mask=None, scale=None):
-        reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
-                                              is_causal=is_causal, attn_mask=attn_mask)
+        reason = _cpu_reason(query, key, value, dropout_p, attn_mask)
         if reason:
             return self._fallback(_CPU_FLASH_BWD, keyset, reason, grad_out, query, key, value,
                                   out, logsumexp, dropout_p, is_causal, attn_mask=attn_mask,
@@ -228,7 +367,7 @@ class _Overrides:
                       for t in (query, key, value))
         return attention.backward(grad_out, query, key, value, out, logsumexp,
                                   is_causal=is_causal, scale=scale, grads=grads,
-                                  causal_alignment="top_left")
+                                  causal_alignment="top_left", bias=attn_mask)
 
 
 _active: _Overrides | None = None
