@@ -1,18 +1,20 @@
 """Direct API for code that does not go through SDPA: flash-attn's
-``flash_attn_func`` on our kernels.
+``flash_attn_func`` and ``flash_attn_varlen_func`` on our kernels.
 
 ``flash_attn_func(q, k, v, ...)`` takes flash-attn's (batch, seqlen, heads,
-head_dim) layout, GQA/MQA (key/value heads dividing the query heads), a
-softmax scale, causal (bottom-right aligned when seqlen_q != seqlen_k, as
-flash-attn) and a sliding window, and is differentiable. CUDA/ROCm tensors run
-the precompiled kernels; CPU tensors run the same kernel sources in Triton's
-interpreter (slow: for testing). Dropout and ``return_attn_probs`` are not
-supported yet and raise :class:`NotImplementedError`; anything else our
-kernels don't cover (dtype, head dim) raises :class:`ValueError` naming the
-reason. There is no fallback here: this API is ours alone.
+head_dim) layout; ``flash_attn_varlen_func`` packed (total, heads, head_dim)
+batches whose sequences start at ``cu_seqlens``. Both cover fp16/bf16/fp32,
+GQA/MQA (key/value heads dividing the query heads), a softmax scale, causal
+(bottom-right aligned when seqlen_q != seqlen_k, as flash-attn; per sequence
+for packed batches), a sliding window and dropout, and are differentiable.
+CUDA/ROCm tensors run the precompiled kernels; CPU tensors run the same kernel
+sources in Triton's interpreter (slow: for testing). Anything our kernels
+don't cover raises :class:`ValueError` naming the reason and what is
+supported. There is no fallback here: this API is ours alone.
 
-:class:`AttentionFunction` (on (batch, heads, seqlen, head_dim) tensors) is
-the autograd function behind it, shared with :class:`aotriton_rocm.AttentionMode`.
+:class:`AttentionFunction` (on (batch, heads, seqlen, head_dim) tensors, or
+packed ones with a :class:`~aotriton_rocm.attention.Varlen`) is the autograd
+function behind both, shared with :class:`aotriton_rocm.AttentionMode`.
 """
 
 from __future__ import annotations
@@ -21,63 +23,235 @@ import torch
 
 from . import attention
 
-SUPPORTED = ("fp16/bf16 (B, S, H, D) tensors, head dims that are multiples of 8 up to "
-             f"{attention.MAX_HEAD_DIM}, GQA/MQA, softmax_scale, causal, window_size, "
-             "dropout_p=0.0, return_attn_probs=False")
+__all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_varlen_func"]
+
+_DTYPES = "fp16/bf16/fp32"
+SUPPORTED = (f"{_DTYPES} tensors, head dims that are multiples of 8 up to "
+             f"{attention.MAX_HEAD_DIM} (fp32: 256), nheads a multiple of nheads_k (GQA/MQA), "
+             "softmax_scale, causal, window_size, 0 <= dropout_p < 1, return_attn_probs; "
+             "no softcap, alibi_slopes or block_table")
 
 
 class AttentionFunction(torch.autograd.Function):
-    """Attention on (B, H, S, D) tensors (k, v may have fewer heads: GQA),
-    forward and backward through :mod:`aotriton_rocm.attention`. The caller
-    has checked :func:`attention.unsupported_reason`."""
+    """Attention on (B, H, S, D) tensors (k, v may have fewer heads: GQA), or
+    on packed (total, H, D) ones with ``varlen``, forward and backward through
+    :mod:`aotriton_rocm.attention`.
+
+    ``apply(q, k, v, bias, scale, is_causal, causal_alignment, window_size,
+    dropout_p=0.0, varlen=None, return_debug_mask=False)`` returns ``(out,
+    lse, debug_mask)``; only ``out`` is differentiable. ``bias`` (None, an
+    additive mask of q's dtype or a boolean mask, True = attend) broadcasts
+    to (B, H, Sq, Sk); a float bias that requires grad gets its gradient,
+    summed to its own shape. With dropout the forward draws a fresh Philox
+    state (:func:`attention.new_rng_state`, from torch's RNG) and the backward
+    regenerates the same mask from it. ``debug_mask`` is None unless asked
+    for: then a zero-initialised (B, H, Sq, Sk) tensor of q's dtype where the
+    kernel stored each visited score's unnormalised probability
+    (``exp(score - running row max)``), negated where dropout dropped it;
+    entries of key blocks a row never visits (outside its causal/window
+    range) stay 0. The caller has checked :func:`attention.unsupported_reason`.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale, is_causal, causal_alignment, window_size):
+    def forward(ctx, q, k, v, bias, scale, is_causal, causal_alignment, window_size,
+                dropout_p=0.0, varlen=None, return_debug_mask=False):
+        state = None
+        if dropout_p:
+            state = attention.new_rng_state(q.device)
+        elif return_debug_mask:
+            # Nothing is dropped at p = 0: any state gives the same mask, so
+            # leave torch's generator alone.
+            state = torch.zeros(2, dtype=torch.int64, device=q.device)
+        debug = None
+        if return_debug_mask:
+            b, h, sq, _ = q.shape
+            # Zeroed: the kernel writes only the key blocks a row visits.
+            debug = torch.zeros((b, h, sq, k.shape[2]), dtype=q.dtype, device=q.device)
+        rng = None if state is None else (state[0], state[1])
         out, lse = attention.forward(q, k, v, is_causal=is_causal, scale=scale,
-                                     causal_alignment=causal_alignment, window_size=window_size)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mask = (scale, is_causal, causal_alignment, window_size)
-        return out
+                                     causal_alignment=causal_alignment, window_size=window_size,
+                                     bias=bias, dropout_p=dropout_p, rng=rng, debug_mask=debug,
+                                     varlen=varlen)
+        ctx.save_for_backward(q, k, v, out, lse, bias, state if dropout_p else None)
+        ctx.options = (scale, is_causal, causal_alignment, window_size, dropout_p, varlen)
+        ctx.mark_non_differentiable(*(t for t in (lse, debug) if t is not None))
+        return out, lse, debug
 
     @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        scale, is_causal, causal_alignment, window_size = ctx.mask
-        dq, dk, dv = attention.backward(grad_out, q, k, v, out, lse, is_causal=is_causal,
-                                        scale=scale, causal_alignment=causal_alignment,
-                                        window_size=window_size)
-        return dq, dk, dv, None, None, None, None
+    def backward(ctx, grad_out, _grad_lse=None, _grad_debug=None):
+        q, k, v, out, lse, bias, state = ctx.saved_tensors
+        scale, is_causal, causal_alignment, window_size, dropout_p, varlen = ctx.options
+        want_bias_grad = (bias is not None and bias.dtype != torch.bool
+                          and ctx.needs_input_grad[3])
+        bias_grad = None
+        if want_bias_grad:
+            b, h, sq, _ = q.shape
+            bias_grad = attention.new_bias_grad((b, h, sq, k.shape[2]), q.dtype, q.device)
+        dq, dk, dv = attention.backward(
+            grad_out, q, k, v, out, lse, is_causal=is_causal, scale=scale,
+            causal_alignment=causal_alignment, window_size=window_size, bias=bias,
+            bias_grad=bias_grad, dropout_p=dropout_p,
+            rng=None if state is None else (state[0], state[1]), varlen=varlen)
+        # The kernels write the (B, H, Sq, Sk) gradient; a broadcast bias gets its sum.
+        dbias = None if bias_grad is None else bias_grad.sum_to_size(bias.shape)
+        return dq, dk, dv, dbias, None, None, None, None, None, None, None
+
+
+def _fail(api: str, reason: str):
+    raise ValueError(f"aotriton_rocm.{api}: {reason} (supported: {SUPPORTED})")
+
+
+def _check_common(api, q, k, v, dropout_p, window_size, softcap, alibi_slopes):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            _fail(api, f"{name} must be a tensor, got {type(t).__name__}")
+    if softcap:
+        _fail(api, f"softcap={softcap} is not supported")
+    if alibi_slopes is not None:
+        _fail(api, "alibi_slopes is not supported")
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        _fail(api, f"window_size must be a pair of ints (-1: unbounded), got {window_size!r}")
+    try:
+        dropout_p = float(dropout_p)
+    except (TypeError, ValueError):
+        _fail(api, f"dropout_p must be a float, got {dropout_p!r}")
+    return dropout_p, (left, right)
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                     softmax_scale: float | None = None, causal: bool = False,
                     window_size: tuple[int, int] = (-1, -1), deterministic: bool = True,
-                    return_attn_probs: bool = False) -> torch.Tensor:
+                    return_attn_probs: bool = False, *, softcap: float = 0.0,
+                    alibi_slopes: torch.Tensor | None = None):
     """flash-attn's ``flash_attn_func`` on our kernels.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k,
     headdim) with nheads_k dividing nheads. Key j is visible from query i iff
     ``i + seqlen_k - seqlen_q - window_size[0] <= j <= i + seqlen_k - seqlen_q
     + window_size[1]`` (-1: unbounded; causal sets ``window_size[1] = 0``);
-    rows that see no key give 0. Returns the output, (batch, seqlen_q, nheads,
-    headdim). The backward pass is always deterministic (``deterministic`` is
-    accepted for compatibility).
+    rows that see no key give 0 (and logsumexp +inf). ``dropout_p`` drops
+    attention probabilities (kept ones scaled by ``1 / (1 - dropout_p)``)
+    with a Philox stream seeded from torch's generator on q's device
+    (``torch.manual_seed`` reproduces it); the backward drops the same ones.
+    The backward pass is always deterministic (``deterministic`` is accepted
+    for compatibility).
+
+    Returns the output, (batch, seqlen_q, nheads, headdim), or with
+    ``return_attn_probs=True`` ``(out, softmax_lse, S_dmask)`` as flash-attn
+    does: ``softmax_lse`` is the fp32 (batch, nheads, seqlen_q) logsumexp of
+    the scaled scores; ``S_dmask`` is None when ``dropout_p == 0`` (as in
+    flash-attn), else a (batch, nheads, seqlen_q, seqlen_k) tensor of q's dtype
+    holding each score's unnormalised probability ``exp(score - m)`` (``m``:
+    the row's running maximum when the kernel reached that key block, so
+    renormalise before reading it as probabilities), negated where dropout
+    dropped it; keys a row does not see hold 0. ``S_dmask >= 0`` is the keep
+    mask on the visible entries. For testing, as in flash-attn: it costs
+    batch * nheads * seqlen_q * seqlen_k elements.
     """
-    if dropout_p:
-        raise NotImplementedError(
-            f"aotriton_rocm.flash_attn_func: dropout_p={dropout_p} is not supported yet "
-            f"(supported: {SUPPORTED})")
-    if return_attn_probs:
-        raise NotImplementedError(
-            "aotriton_rocm.flash_attn_func: return_attn_probs=True is not supported yet "
-            f"(supported: {SUPPORTED})")
+    api = "flash_attn_func"
+    dropout_p, window = _check_common(api, q, k, v, dropout_p, window_size, softcap,
+                                      alibi_slopes)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("aotriton_rocm.flash_attn_func: q, k, v must be 4-D "
-                         "(batch, seqlen, heads, head_dim)")
+        _fail(api, "q, k, v must be 4-D (batch, seqlen, heads, head_dim); packed batches go "
+                   "to flash_attn_varlen_func")
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    reason = attention.unsupported_reason(qt, kt, vt)
+    debug = bool(return_attn_probs) and dropout_p > 0
+    reason = attention.unsupported_reason(qt, kt, vt, dropout_p=dropout_p,
+                                          is_causal=bool(causal), return_debug_mask=debug)
     if reason:
-        raise ValueError(f"aotriton_rocm.flash_attn_func: {reason} (supported: {SUPPORTED})")
-    window = attention.flash_attn_window(*window_size, k.size(1))
-    out = AttentionFunction.apply(qt, kt, vt, softmax_scale, bool(causal), "bottom_right", window)
-    return out.transpose(1, 2)
+        _fail(api, reason)
+    window = attention.flash_attn_window(*window, k.size(1))
+    out, lse, dmask = AttentionFunction.apply(qt, kt, vt, None, softmax_scale, bool(causal),
+                                              "bottom_right", window, dropout_p, None, debug)
+    out = out.transpose(1, 2)
+    return (out, lse, dmask) if return_attn_probs else out
+
+
+def _varlen_bounds(api, cu_q, cu_k, total_q, total_k, max_q, max_k) -> tuple[int, int] | None:
+    """Checks the offsets on the host (one small copy; skipped while a CUDA
+    graph is being captured, where the caller answers for them, as with
+    flash-attn) and returns the packed rows they cover, (last_q, last_k)."""
+    if cu_q.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    ends = []
+    for name, cu, total, longest in (("cu_seqlens_q", cu_q, total_q, max_q),
+                                     ("cu_seqlens_k", cu_k, total_k, max_k)):
+        host = cu.to("cpu", torch.int64)
+        lens = host.diff()
+        if host.numel() and host[0] != 0:
+            _fail(api, f"{name} must start at 0, got {int(host[0])}")
+        if (lens < 0).any():
+            _fail(api, f"{name} must be non-decreasing")
+        if host.numel() and host[-1] > total:
+            _fail(api, f"{name} ends at {int(host[-1])}, beyond the {total} packed rows")
+        if lens.numel() and lens.max() > longest:
+            _fail(api, f"a sequence of {int(lens.max())} rows exceeds "
+                       f"max_seqlen_{name[-1]}={longest}")
+        ends.append(int(host[-1]) if host.numel() else 0)
+    return ends[0], ends[1]
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), deterministic: bool = True,
+                           return_attn_probs: bool = False, *, softcap: float = 0.0,
+                           alibi_slopes: torch.Tensor | None = None,
+                           block_table: torch.Tensor | None = None):
+    """flash-attn's ``flash_attn_varlen_func`` on our kernels.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim): packed
+    batches, sequence b holding rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``
+    of q (and likewise of k, v); ``cu_seqlens_q/k`` are int32 (batch + 1)
+    offsets starting at 0 and ``max_seqlen_q/k`` bound the sequence lengths.
+    Masks (causal: bottom-right aligned, window_size, as in
+    :func:`flash_attn_func`) apply per sequence. Packed rows past the last
+    offset are not attention rows: their output (and gradient) is 0.
+    Differentiable, dropout included.
+
+    With ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``:
+    ``softmax_lse`` is the fp32 (nheads, total_q) logsumexp (flash-attn's
+    packed layout). The dropout mask of a packed batch cannot be returned, so
+    ``return_attn_probs=True`` with ``dropout_p > 0`` raises ValueError.
+    """
+    api = "flash_attn_varlen_func"
+    dropout_p, window = _check_common(api, q, k, v, dropout_p, window_size, softcap,
+                                      alibi_slopes)
+    if block_table is not None:
+        _fail(api, "block_table (paged KV cache) is not supported")
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        _fail(api, "q, k, v must be 3-D packed (total, heads, head_dim); (batch, seqlen, heads, "
+                   "head_dim) tensors go to flash_attn_func")
+    if return_attn_probs and dropout_p > 0:
+        _fail(api, "return_attn_probs=True with dropout_p > 0: the dropout mask of a packed "
+                   "batch cannot be returned (pass dropout_p=0 to get softmax_lse, or use "
+                   "flash_attn_func per sequence)")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            _fail(api, f"{name} must be an int32 tensor, got {type(cu).__name__}")
+    try:
+        max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    except (TypeError, ValueError):
+        _fail(api, "max_seqlen_q and max_seqlen_k must be ints")
+    varlen = attention.Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    reason = attention.unsupported_reason(q, k, v, dropout_p=dropout_p, is_causal=bool(causal),
+                                          varlen=varlen)
+    if reason:
+        _fail(api, reason)
+    ends = _varlen_bounds(api, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_q, max_k)
+    window = attention.flash_attn_window(*window, max_k)
+    total_q = q.shape[0]
+    if ends is not None:
+        # Rows past the last offset belong to no sequence: the kernels never
+        # touch them, so run on the rows that do (slices: no copy) and pad the
+        # output with zeros; autograd gives the cut rows zero gradients.
+        q, k, v = q[:ends[0]], k[:ends[1]], v[:ends[1]]
+    out, lse, _ = AttentionFunction.apply(q, k, v, None, softmax_scale, bool(causal),
+                                          "bottom_right", window, dropout_p, varlen, False)
+    if out.shape[0] < total_q:
+        out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, total_q - out.shape[0]))
+        lse = torch.nn.functional.pad(lse, (0, total_q - lse.shape[1]), value=float("inf"))
+    return (out, lse, None) if return_attn_probs else out

@@ -42,6 +42,8 @@ def sdpa_unsupported_reason(query, key, value, attn_mask, dropout_p, is_causal, 
         return "an attn_mask is not supported yet"
     if dropout_p:
         return "dropout is not supported yet"
+    if dropout_p:
+        return "dropout is not supported yet"
     if query.dim() == 4 and key.dim() == 4 and key.size(1) != query.size(1) and not enable_gqa:
         return "query and key/value heads differ without enable_gqa=True (torch decides)"
     return attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
@@ -66,7 +68,8 @@ class AttentionMode(TorchFunctionMode):
             reason = "unexpected arguments" if call is None else sdpa_unsupported_reason(*call)
             if reason is None:
                 query, key, value, _, _, is_causal, scale, _ = call
-                return AttentionFunction.apply(query, key, value, scale, bool(is_causal),
-                                               "top_left", (-1, -1))
+                out, _, _ = AttentionFunction.apply(query, key, value, None, scale,
+                                                    bool(is_causal), "top_left", (-1, -1))
+                return out
             self.passed_through[reason] += 1
         return func(*args, **kwargs)
