@@ -46,18 +46,29 @@ def _warn_fallback(op: str, reason: str) -> None:
                   stacklevel=3)
 
 
+@functools.lru_cache(maxsize=1)
+def _rng_layout() -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+    """(shape, dtype) of the flash op's two RNG-state outputs in this torch
+    build, read off torch's own meta kernel: ROCm builds and torch < 2.7 return
+    an int64 seed and offset of shape (); CUDA builds of torch >= 2.7 a uint64
+    (2,) ``rng_state`` and an unused uint64 ()."""
+    try:
+        q = torch.empty((1, 1, 1, 8), dtype=torch.float16, device="meta")
+        outs = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, False, False)
+        return tuple((tuple(t.shape), t.dtype) for t in outs[6:8])
+    except Exception:  # no meta kernel in this build: the documented layouts
+        if torch.version.hip:
+            return (((), torch.int64), ((), torch.int64))
+        return (((2,), torch.uint64), ((), torch.uint64))
+
+
 @functools.lru_cache(maxsize=None)
 def _aux_outputs(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     """RNG state, ``unused`` and debug mask, as torch's meta kernel shapes them
     for this build. Without dropout and without a debug mask nothing reads or
     writes them, so one unfilled set per device and dtype serves every call
     (allocating them costs more than the attention at small sizes)."""
-    if torch.version.hip:
-        seed = torch.empty((), dtype=torch.int64, device=device)
-        offset = torch.empty((), dtype=torch.int64, device=device)
-    else:
-        seed = torch.empty((2,), dtype=torch.uint64, device=device)
-        offset = torch.empty((), dtype=torch.uint64, device=device)
+    seed, offset = (torch.empty(shape, dtype=dt, device=device) for shape, dt in _rng_layout())
     return seed, offset, torch.empty(0, dtype=dtype, device=device)
 
 
@@ -67,13 +78,14 @@ def _unused_int64(device: torch.device) -> torch.Tensor:
 
 
 def _flash_rng_outputs(device: torch.device):
-    """A fresh Philox state as the flash ops return it on this build: ROCm,
-    int64 seed and offset of shape (); CUDA, a uint64 (2,) ``rng_state``
-    holding both and an unused uint64 ()."""
+    """A fresh Philox state as the flash ops return it on this build (see
+    :func:`_rng_layout`): a seed and an offset, or a (2,) ``rng_state``
+    holding both and an unused ()."""
     state = attention.new_rng_state(device)
-    if torch.version.hip:
-        return state[0], state[1]
-    return state.view(torch.uint64), torch.empty((), dtype=torch.uint64, device=device)
+    (seed_shape, seed_dtype), (_, offset_dtype) = _rng_layout()
+    if seed_shape == (2,):
+        return state.view(seed_dtype), torch.empty((), dtype=offset_dtype, device=device)
+    return state[0].view(seed_dtype), state[1].view(offset_dtype)
 
 
 def _rng_inputs(seed: torch.Tensor, offset: torch.Tensor):
