@@ -232,3 +232,44 @@ def test_scale_and_seqlen_one():
     lp = attn_reference.attention(q, k, v, do, scale=1 / 48, dtype=BF16)
     _judge(got, golden, lp, BF16)
     assert math.isfinite(got["lse"].max().item())
+
+
+# --- property-based: random shapes, GQA ratios, masks, bias broadcasts, dropout -----
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+FEATURE_EXAMPLES = 15
+
+
+@st.composite
+def _feature_cases(draw):
+    hk = draw(st.integers(1, 2))
+    b, h, sq, sk = draw(st.integers(1, 2)), hk * draw(st.sampled_from([1, 2])), \
+        draw(st.integers(1, 24)), draw(st.integers(1, 24))
+    bias_shape = draw(st.sampled_from([None, (b, h, sq, sk), (1, h, 1, sk), (sq, sk)]))
+    return dict(dtype=draw(st.sampled_from([F16, BF16, F32])), d=8 * draw(st.integers(1, 16)),
+                b=b, h=h, hk=hk, sq=sq, sk=sk,
+                causal=draw(st.sampled_from([False, "br", "tl"])),
+                bias_shape=bias_shape, p=draw(st.sampled_from([0.0, 0.0, 0.25])),
+                seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=FEATURE_EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_feature_cases())
+def test_feature_property(case):
+    c = case
+    q, k, v, do, gen = _inputs(c["dtype"], c["b"], c["h"], c["hk"], c["sq"], c["sk"], c["d"],
+                               c["seed"])
+    bias = None if c["bias_shape"] is None else _rand(c["bias_shape"], c["dtype"], gen)
+    rng = tuple(attention.new_rng_state(q.device)) if c["p"] else None
+    align = "top_left" if c["causal"] == "tl" else "bottom_right"
+    got = _run(q, k, v, do, causal=bool(c["causal"]), alignment=align, bias=bias,
+               bias_grad=bias is not None, dropout_p=c["p"], rng=rng)
+    keep = (philox_reference.keep_mask_for(rng, (c["b"], c["h"], c["sq"], c["sk"]), c["p"])
+            if rng else None)
+    kw = dict(causal=bool(c["causal"]), alignment=align, bias=bias, keep=keep, dropout_p=c["p"])
+    golden = attn_reference.attention(q, k, v, do, dtype=attn_reference.golden_dtype(c["dtype"]),
+                                      **kw)
+    lp = attn_reference.attention(q, k, v, do, dtype=c["dtype"], **kw)
+    _judge(got, golden, lp, c["dtype"])

@@ -151,7 +151,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
         rng = _rng_inputs(seed, offset)
     if return_debug_mask:
         b, sq, h, _ = query.shape
-        debug = torch.empty((b, h, sq, key.size(1)), dtype=query.dtype, device=query.device)
+        debug = torch.zeros((b, h, sq, key.size(1)), dtype=query.dtype, device=query.device)
     _, lse = attention.forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
                                is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
                                causal_alignment="bottom_right", window_size=window,
@@ -300,7 +300,7 @@ class _Overrides:
             seed, offset = _flash_rng_outputs(query.device)
             rng = _rng_inputs(seed, offset)
         if return_debug_mask:
-            debug = torch.empty((*query.shape[:3], key.size(2)), dtype=query.dtype,
+            debug = torch.zeros((*query.shape[:3], key.size(2)), dtype=query.dtype,
                                 device=query.device)
         out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
                                      causal_alignment="bottom_right", dropout_p=dropout_p,
