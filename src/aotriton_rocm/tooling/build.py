@@ -304,10 +304,10 @@ def format_arch_table(report: Dict[str, Any]) -> str:
     compiled/cached now, archive size, compile seconds (the sum of every
     candidate's compile time as recorded in the cache when it was compiled:
     wall time in a worker, so a loaded machine counts waiting for a core),
-    worst register pressure, min
-    occupancy, spills/scratch, matrix-core kernels, allowed exceptions,
-    choices measured/static (AMD numbers from the code-object validator),
-    then how the kernel count compares with upstream AOTriton."""
+    worst register pressure, min occupancy, spills/scratch, matrix-core
+    kernels, allowed exceptions, choices measured/static (AMD numbers from
+    the code-object validator), then how the kernel count compares with
+    upstream AOTriton."""
     def c(v: Any) -> str:
         return "-" if v is None else str(v)
     rows = [("arch", "shipped", "candidates", "compiled", "cached", "KiB", "compile s", "worst VGPR/AGPR/SGPR",
