@@ -50,15 +50,24 @@ def test_signatures_match_variants_toml():
         assert params == [a for a, _ in kern["args"]] + list(kern["constexprs"]), name
 
 
-def _compile(kernel, target, family, dtype="fp16", head_dim=64, pad_head=False):
+def _compile(kernel, target, family, dtype="fp16", head_dim=64, pad_head=False, features=False):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kern = SPEC["kernels"][kernel]
-    cfg = next(c for c in kern["configs"] if family in c["archs"]
-               and head_dim in c.get("head_dims", [head_dim]))
+    point = {"dtype": dtype, "head_dim": head_dim, "pad_head": pad_head,
+             "has_bias": features, "enable_dropout": features}
+
+    def matches(c):
+        when = c.get("when", {})
+        return family in c["archs"] and head_dim in c.get("head_dims", [head_dim]) and all(
+            point[k] in (v if isinstance(v, list) else [v]) for k, v in when.items())
+
+    # the most specific matching config (a `when` table) first
+    cfg = sorted((c for c in kern["configs"] if matches(c)), key=lambda c: "when" not in c)[0]
     signature = {a: t.replace("{dtype}", dtype) for a, t in kern["args"]}
-    values = {"BLOCK_D": head_dim, "PAD_HEAD": pad_head, "UPCAST_DOT": False}
+    values = {"BLOCK_D": head_dim, "PAD_HEAD": pad_head, "UPCAST_DOT": False,
+              "HAS_BIAS": features, "ENABLE_DROPOUT": features}
     values.update({k: v for k, v in cfg.items() if k.isupper()})
     constexprs = {c: values[c] for c in kern["constexprs"]}
     signature.update({c: "constexpr" for c in kern["constexprs"]})
@@ -77,9 +86,10 @@ def _compile_env(monkeypatch, tmp_path):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
 
 
-@pytest.mark.parametrize("pad_head", [False, True], ids=["d64", "d64-masked"])
-def test_fwd_compiles_for_gfx942(pad_head):
-    k = _compile("attn_fwd", ("hip", "gfx942", 64), "cdna", pad_head=pad_head)
+@pytest.mark.parametrize("pad_head,features", [(False, False), (True, False), (True, True)],
+                         ids=["d64", "d64-masked", "d64-bias-dropout"])
+def test_fwd_compiles_for_gfx942(pad_head, features):
+    k = _compile("attn_fwd", ("hip", "gfx942", 64), "cdna", pad_head=pad_head, features=features)
     hsaco = k.asm["hsaco"]
     assert isinstance(hsaco, bytes) and hsaco[:4] == b"\x7fELF"
     assert k.metadata.global_scratch_size == 0
