@@ -200,3 +200,24 @@ def test_zero_size_batch():
         out = F.scaled_dot_product_attention(q, q, q)
     out.sum().backward()
     assert out.shape == q.shape and q.grad.shape == q.shape
+
+
+def test_torch_compile_with_bias_and_dropout_free_paths_matches_eager():
+    # inductor calls our efficient-op override (a bias) and flash-op override
+    # (GQA) as extern kernels: outputs must match eager bit for bit.
+    q, k, v = (_rand(2, 4, 256, 64, seed=i) for i in range(3))
+    kv = _rand(2, 2, 256, 64, seed=5)
+    mask = _rand(2, 1, 256, 256, seed=4)
+
+    def attn(q, k, v, kv, mask):
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            b = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+        return a, b
+
+    eager = attn(q, k, v, kv, mask)
+    compiled = torch.compile(attn)(q, k, v, kv, mask)
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c, e, atol=0, rtol=0)
+    assert _ours("attn_fwd") >= 2
