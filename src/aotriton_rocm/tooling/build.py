@@ -46,7 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from .. import _version
 from ..archive import KernelRecord, write_archive, write_manifest_sidecar
@@ -393,7 +393,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
           progress: bool = True, stream: Optional[TextIO] = None,
           shard: Optional[Tuple[int, int]] = None, executor: str = "local",
           scheduler: Optional[str] = None, compile_missing: bool = True,
-          expected_inputs_hash: Optional[str] = None) -> BuildResult:
+          expected_inputs_hash: Optional[str] = None,
+          select: Optional[Callable[[Variant], bool]] = None) -> BuildResult:
     """Build one archive per arch for ROCm ``profile`` into ``out_dir``.
 
     ``archs``: arch names / families / "default" / "all" (comma lists allowed);
@@ -411,6 +412,9 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     127.0.0.1 with ``jobs`` workers). ``compile_missing=False`` (merge):
     every code object must already be in the cache; ``expected_inputs_hash``:
     refuse if the inputs hash differs (shards built from other inputs).
+    ``select``: build only the variants it accepts (tests, probes; whole
+    functional points should be kept or dropped, or the choice among
+    candidates changes).
     """
     t_start = time.monotonic()
     if executor not in EXECUTORS:
@@ -456,7 +460,7 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     plan: Dict[str, List[Tuple[Variant, CompileTask]]] = {}
     warnings: Dict[str, List[str]] = {}
     for a in arch_specs:
-        vs = spec.variants_for(a)
+        vs = [v for v in spec.variants_for(a) if select is None or select(v)]
         if not vs:
             raise VariantSpecError(
                 f"{spec.path}: no config matches {a.name} (family {a.family}); add "
