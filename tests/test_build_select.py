@@ -221,11 +221,22 @@ def test_waiver_ships_and_is_recorded(built, tmp_path, capsys):
     ('allow = { spills = false, reason = "x" }', "at least one of spills, scratch, lds"),
     ('allow = { registers = true, reason = "x" }', r"allow names \['registers'\]"),
     ('allow = "spills"', "allow must be a table"),
+    ('allow = { spills = true, reason = "x", only = [{ dtype = "fp8" }] }', "allow.only must list partial"),
 ])
 def test_waiver_syntax_errors(tmp_path, allow, match):
     root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", allow))
     with pytest.raises(VariantSpecError, match=match):
         load_variants(root / "kernels")
+
+
+def test_waiver_only_at_some_points(tmp_path):
+    allow = 'allow = { spills = true, reason = "x", only = [{ dtype = "bf16" }] }'
+    spec = load_variants(make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", allow).replace(
+        'functional = { dtype = ["fp16"] }', 'functional = { dtype = ["fp16", "bf16"] }')) / "kernels")
+    from aotriton_rocm.tooling.targets import load_targets
+    vs = spec.variants_for(load_targets(ROOT / "ci" / "targets.toml").archs["gfx1100"])
+    assert {v.functional["dtype"]: v.allow for v in vs if v.kernel == "hog" and v.config["BLOCK_M"] == 32} == \
+        {"fp16": {}, "bf16": {"spills": "x"}}
 
 
 def test_cost_model_order():

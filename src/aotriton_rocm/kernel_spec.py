@@ -82,6 +82,9 @@ class ConfigSpec:
     values: Tuple[Tuple[str, Any], ...]  # in TOML order, without archs/head_dims/allow
     # Waived validator findings: ((kind, reason), ...), kinds from WAIVER_KINDS.
     allow: Tuple[Tuple[str, str], ...] = ()
+    # allow.only: the partial functional points the waiver is limited to (any
+    # of them; empty: every point of the config).
+    allow_only: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()
     # Other functional values the config is limited to: ((name, (values...)), ...).
     when: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()
 
@@ -257,18 +260,28 @@ def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: Con
     return Variant(key=variant_key(ks.name, func, config), kernel=ks.name, module=ks.module,
                    function=ks.function, arch=arch.name, functional=dict(func), config=config,
                    constexprs=constexprs, options=options, args=tuple(args),
-                   divisible_16=ks.divisible_16, grid=ks.grid, allow=dict(cfg.allow))
+                   divisible_16=ks.divisible_16, grid=ks.grid,
+                   allow=dict(cfg.allow) if not cfg.allow_only or any(
+                       all(func.get(k) == val for k, val in pt) for pt in cfg.allow_only) else {})
 
 
-def _parse_allow(allow: Any, where: str) -> Tuple[Tuple[str, str], ...]:
-    """``allow = {spills = true, reason = "..."}`` -> (("spills", reason),)."""
+def _parse_allow(allow: Any, functional: Dict[str, Tuple[Any, ...]], where: str):
+    """``allow = {spills = true, reason = "...", only = [{has_bias = true}]}``
+    -> ((("spills", reason),), ((("has_bias", True),),))."""
     if allow is None:
-        return ()
+        return (), ()
     example = 'allow = {spills = true, reason = "why this is acceptable"}'
     if not isinstance(allow, dict):
         raise VariantSpecError(f"{where}: allow must be a table, e.g. {example}")
     reason = allow.get("reason")
-    kinds = [k for k in allow if k != "reason"]
+    only = []
+    for pt in allow.get("only") or ():
+        if not isinstance(pt, dict) or not pt or any(
+                k not in functional or v not in functional[k] for k, v in pt.items()):
+            raise VariantSpecError(f"{where}: allow.only must list partial functional points of the "
+                                   f"kernel ({', '.join(functional)}), e.g. only = [{{has_bias = true}}]")
+        only.append(tuple(pt.items()))
+    kinds = [k for k in allow if k not in ("reason", "only")]
     bad = [k for k in kinds if k not in WAIVER_KINDS]
     if bad:
         raise VariantSpecError(f"{where}: allow names {bad}; it may waive {', '.join(WAIVER_KINDS)} "
@@ -278,7 +291,7 @@ def _parse_allow(allow: Any, where: str) -> Tuple[Tuple[str, str], ...]:
                                f"set to true, e.g. {example}")
     if not isinstance(reason, str) or not reason.strip():
         raise VariantSpecError(f"{where}: allow needs a reason (a non-empty string): {example}")
-    return tuple((k, reason.strip()) for k in kinds)
+    return tuple((k, reason.strip()) for k in kinds), tuple(only)
 
 
 def _parse_when(when: Any, functional: Dict[str, Tuple[Any, ...]], where: str):
@@ -367,9 +380,10 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
         for k in REQUIRED_OPTIONS:
             if k not in c:
                 raise VariantSpecError(f"{cw} lacks {k!r}")
+        allow, allow_only = _parse_allow(c.get("allow"), fnames, cw)
         configs.append(ConfigSpec(archs=tuple(str(a) for a in archs),
                                   head_dims=tuple(int(h) for h in hd) if hd is not None else None,
-                                  values=values, allow=_parse_allow(c.get("allow"), cw),
+                                  values=values, allow=allow, allow_only=allow_only,
                                   when=_parse_when(c.get("when"), fnames, cw)))
     if not configs:
         raise VariantSpecError(f"{where} has no [[kernels.{name}.configs]]")
