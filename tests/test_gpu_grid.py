@@ -60,7 +60,8 @@ EFFICIENT = [
         ((512, torch.float16), (512, torch.bfloat16), (8, torch.float32), (72, torch.float32),
          (256, torch.float32)),
         (False, True), (False, True))
-    if not (causal and sq != sk)
+    # torch refuses an attn_mask together with is_causal
+    if not (causal and sq != sk) and not (causal and bias)
 ]
 
 _summary = {"cases": 0, "passed": 0, "worst_ratio": dict.fromkeys(OUTPUTS, 0.0), "failures": []}
@@ -154,10 +155,16 @@ def test_pytorch_grid_dropout(b, sq, sk, d, causal, p, dtype):
     out, lse, cq, ck, mq, mk, seed, offset, debug = flash(q, k, v, p, causal, True)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward.default(
         grad, q, k, v, out, lse, cq, ck, mq, mk, p, causal, seed, offset)
-    keep = philox_reference.keep_mask_for(torch_integration._rng_inputs(seed, offset),
-                                          (b, h, sq, sk), p).cuda()
+    # The mask our kernels drew, from the debug mask; the host Philox model
+    # must agree on the first and the last (batch, head) slice (modelling
+    # every slice on the host would cost minutes at 8 x 4 x 2048 x 2048).
+    keep = debug >= 0
     vis = attn_reference.visible(sq, sk, causal).cuda()
-    assert torch.equal((debug >= 0)[..., vis], keep[..., vis]), "debug mask != Philox model"
+    rng_seed, rng_offset = (int(t.item()) for t in torch_integration._rng_inputs(seed, offset))
+    for zh in (0, b * h - 1):
+        model = philox_reference.keep_mask(rng_seed, rng_offset + zh * sq * sk, (1, 1, sq, sk),
+                                           p).cuda()[0, 0]
+        assert torch.equal(keep.view(b * h, sq, sk)[zh][vis], model[vis]), "debug mask != Philox"
     kw = dict(causal=causal, keep=keep, dropout_p=p)
     golden = attn_reference.attention(q, k, v, grad, **kw)
     lp_ref = attn_reference.attention(q, k, v, grad, dtype=dtype, **kw)
