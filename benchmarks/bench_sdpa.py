@@ -81,9 +81,12 @@ def _triton_jit_forward():
         o = torch.empty_like(q)
         lse = torch.empty((b, h, s), dtype=torch.float32, device=q.device)
         grid = (-(-s // variant.config["BLOCK_M"]), b * h, 1)
-        fn[grid](q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                 *o.stride()[:3], h, 1, s, s, d, *attention.mask_args(causal, s, s),
-                 attention.default_scale(d),
+        unused_cu = torch.zeros(2, dtype=torch.int32, device=q.device)
+        unused_rng = torch.zeros(2, dtype=torch.int64, device=q.device)
+        fn[grid](q, k, v, q, o, lse, q, unused_cu, unused_cu, unused_rng, unused_rng,
+                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], 0, 0, 0,
+                 *o.stride()[:3], h * s, s, b, h, 1, s, s, 0, d,
+                 *attention.mask_args(causal, s, s), attention.default_scale(d), 0.0, 0,
                  **variant.options, **variant.constexprs)
         return o
 

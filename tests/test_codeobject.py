@@ -146,10 +146,15 @@ def test_parse_matches_triton(compiled, arch, which):
             assert "." + key not in km.raw and getattr(km, key) == 0, key
         else:
             assert int(m.group(1)) == getattr(km, key), key
-    # every argument explicit (no hidden args), natural layout
+    # the explicit arguments in their natural layout, then only the implicit
+    # (hidden_*) ones the HIP runtime fills at launch: the flash kernels read
+    # the grid size (tl.num_programs) from hidden_block_count_y
     layout, end = C.expected_kernarg_layout(rec["args"])
-    assert [(a[".offset"], a[".size"]) for a in km.args] == [(o, s) for _, o, s in layout]
-    assert km.kernarg_segment_size == end
+    assert [(a[".offset"], a[".size"]) for a in km.explicit_args] == [(o, s) for _, o, s in layout]
+    hidden = km.args[len(km.explicit_args):]
+    assert all(a[".value_kind"].startswith("hidden_") and a[".offset"] >= end for a in hidden)
+    assert km.kernarg_segment_size == end if not hidden else km.kernarg_segment_size > end
+    assert bool(hidden) == (which == "flash")
     v = validate_kernel(code, rec, _limits(arch), code_object_version=5)
     assert v.stats["lds_bytes"] == k.metadata.shared
     # the occupancy estimate reproduces LLVM's own figure (VGPR-bound here)
