@@ -7,13 +7,23 @@ argument lists, constexprs, grids and tuning configs.
 
 Layout: Q/O/DO/DQ are (batch, num_heads, seqlen_q, head_dim) and K/V/DK/DV are
 (batch, num_heads // gqa_group, seqlen_k, head_dim) tensors addressed by
-(z, h, row) strides; the last-dimension stride is 1. LSE and Delta are
-contiguous fp32 (batch, num_heads, seqlen_q) tensors.
+(z, h, row) strides; the last-dimension stride is 1. LSE and Delta are fp32
+rows addressed by (z, h) strides (``stride_lz``, ``stride_lh``) with unit row
+stride. BIAS / DBIAS are (batch, num_heads, seqlen_q, seqlen_k) views with a
+unit key stride (broadcast dims have stride 0). DMASK is a contiguous
+(batch, num_heads, max_seqlen_q, max_seqlen_k) tensor.
 
 Conventions shared by all kernels:
 
-* program id 1 is ``z * heads + h`` (query heads, except in ``attn_bwd_dkdv``
-  where it is the key/value head); program id 0 is the row block;
+* program id 1 + program id 2 * (grid size 1) is ``z * heads + h`` (query
+  heads, except in ``attn_bwd_dkdv`` where it is the key/value head): the y
+  grid dimension holds at most 65535, the rest continues along z, and
+  programs past ``batch`` do nothing; program id 0 is the row block;
+* variable-length batches (``varlen != 0``): Q/K/V are packed (total, heads,
+  head_dim) with no z stride; sequence z holds rows ``CU_Q[z] ..
+  CU_Q[z + 1]`` of Q (``CU_K`` for K/V) and its own seqlens;
+  ``max_seqlen_q/k`` size the grid. Dense batches have ``varlen = 0`` and
+  ``seqlen = max_seqlen``; a program past its sequence's end does nothing;
 * GQA/MQA: query head ``h`` reads key/value head ``h // gqa_group``
   (``gqa_group = num_heads // num_heads_k``, 1 without GQA). ``attn_bwd_dkdv``
   runs one program per key/value head and key block and loops over the
@@ -33,9 +43,10 @@ Conventions shared by all kernels:
   iff ``i + causal_shift - window_left <= j <= i + causal_shift +
   window_right`` (flash-attn's local attention), where a negative
   ``window_left`` / ``window_right`` leaves that side unbounded. The
-  diagonal ``causal_shift = seqlen_k - seqlen_q`` is the bottom-right
-  alignment (torch's CUDA flash op, flash-attn), ``causal_shift = 0`` the
-  top-left one (torch's math backend and CPU flash op). Causal attention is
+  diagonal ``causal_shift = seqlen_k - seqlen_q`` (``bottom_right = 1``) is
+  the bottom-right alignment (torch's CUDA flash op, flash-attn),
+  ``causal_shift = 0`` the top-left one (torch's math backend, CPU flash op
+  and efficient op), per sequence. Causal attention is
   ``window_right = 0``; ``window_left = window_right = -1`` makes every key
   visible (non-causal). The kernels turn these into per-row column bounds
   ``[i + lo_shift, i + hi_shift]``. Causality and windows are runtime
@@ -57,7 +68,22 @@ Conventions shared by all kernels:
   natural-log value;
 * all element-wise math happens in fp32; matmuls use ``tl.dot`` with fp32
   accumulation and fp16/bf16 operands (P and dS are rounded to the input
-  dtype before their dot, as in FlashAttention-2);
+  dtype before their dot, as in FlashAttention-2); ``input_precision="ieee"``
+  keeps fp32 inputs in fp32 (no TF32; it changes nothing for fp16/bf16);
+* ``HAS_BIAS``: the bias (natural-log units) is added to the scaled scores;
+  a -inf bias hides a key like the causal mask does, and the first, unmasked
+  blocks then use the same guarded row maximum as the masked ones. dBias is
+  dS itself, stored by ``attn_bwd_dq`` when ``store_dbias``;
+* ``ENABLE_DROPOUT``: score (z, h, i, j) is kept iff the top 24 bits of the
+  first word of Philox-4x32-10 (key: the seed at ``RNG_SEED``; counter: the
+  offset at ``RNG_OFFSET`` plus ``((z * heads + h) * max_seqlen_q + i) *
+  max_seqlen_k + j``), read as a uniform draw in [0, 1), are >= ``dropout_p``;
+  kept probabilities are scaled by 1 / (1 - dropout_p). Seed and offset are
+  read from device memory, so a CUDA graph replays with whatever the
+  captured RNG op wrote there. The backward kernels regenerate the same
+  draws. Philox is written out in each kernel (see below why no helper);
+  with ``store_dmask`` the forward writes the unnormalised probability to
+  DMASK, negated where dropped;
 * ``UPCAST_DOT=True`` (CPU interpreter only) converts every dot operand to
   fp32 after that rounding, because the interpreter stores bf16 as raw
   uint16 and cannot multiply it (the interpreter's fp32 dot is exact fp32;
