@@ -27,8 +27,9 @@ seqlen along the kernel's grid axis: ``seqlen_q`` for fwd/dq/preprocess,
    (the loop tile, more is better), then fewer warps;
 4. declaration order in variants.toml.
 
-sm_90 (the NVIDIA test target) has no validator numbers; its candidates are
-ranked by steps 3-4 only, and its tuning file records the H100 measurements.
+sm_90 (the NVIDIA test target) has no occupancy figure; its candidates are
+ranked by steps 1 (shared memory is its only resource check), 3 and 4, and
+its tuning file records the H100 measurements.
 
 Buckets: upper bounds ``SEQLEN_BUCKETS`` (16 .. 8192, the bins upstream
 AOTriton's tuning database uses) and one open bucket above; a run-time seqlen
