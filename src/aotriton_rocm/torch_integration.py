@@ -246,6 +246,17 @@ def _cpu_reason(query, key, value, dropout_p, attn_mask) -> str | None:
     return attention.unsupported_reason(query, key, value, attn_mask=attn_mask)
 
 
+def _routed(op: str, implementation):
+    """An override of ``op`` running ``implementation``, or torch's kernel
+    when it raises :class:`Unsupported`."""
+    def kernel(self, keyset, *args, **kwargs):
+        try:
+            return implementation(*args, **kwargs)
+        except Unsupported as exc:
+            return self._fallback(op, keyset, str(exc), *args, **kwargs)
+    return kernel
+
+
 class _Overrides:
     """The kernels we put on the dispatcher; ``remove()`` gives torch's back."""
 
@@ -322,33 +333,13 @@ class _Overrides:
                                   causal_alignment="bottom_right", dropout_p=dropout_p,
                                   rng=_rng_inputs(philox_seed, philox_offset) if dropout_p else None)
 
-    # aten::_flash_attention_forward ((B, S, H, D); torch 2.13 adds block_table, num_splits)
-    def _fa_fwd(self, keyset, *args, **kwargs):
-        try:
-            return flash_attention_forward(*args, **kwargs)
-        except Unsupported as exc:
-            return self._fallback(_FA, keyset, str(exc), *args, **kwargs)
-
-    # aten::_flash_attention_backward
-    def _fa_bwd(self, keyset, *args, **kwargs):
-        try:
-            return flash_attention_backward(*args, **kwargs)
-        except Unsupported as exc:
-            return self._fallback(_FA_BWD, keyset, str(exc), *args, **kwargs)
-
-    # aten::_scaled_dot_product_efficient_attention
-    def _eff_fwd(self, keyset, *args, **kwargs):
-        try:
-            return efficient_attention_forward(*args, **kwargs)
-        except Unsupported as exc:
-            return self._fallback(_EFF, keyset, str(exc), *args, **kwargs)
-
-    # aten::_scaled_dot_product_efficient_attention_backward
-    def _eff_bwd(self, keyset, *args, **kwargs):
-        try:
-            return efficient_attention_backward(*args, **kwargs)
-        except Unsupported as exc:
-            return self._fallback(_EFF_BWD, keyset, str(exc), *args, **kwargs)
+    # Ops whose implementation raises Unsupported: torch's kernel takes the
+    # very same call then. _flash_attention_forward is (B, S, H, D); torch
+    # 2.13 adds block_table and num_splits to it.
+    _fa_fwd = _routed(_FA, flash_attention_forward)
+    _fa_bwd = _routed(_FA_BWD, flash_attention_backward)
+    _eff_fwd = _routed(_EFF, efficient_attention_forward)
+    _eff_bwd = _routed(_EFF_BWD, efficient_attention_backward)
 
     # aten::_scaled_dot_product_flash_attention_for_cpu
     def _cpu_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False, *,
