@@ -268,11 +268,8 @@ def flash_attn_window(window_size_left, window_size_right, seqlen_k: int) -> tup
     return (-1 if left >= seqlen_k else left), (-1 if right >= seqlen_k else right)
 
 
-def _rng_args(rng, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    if rng is None:
-        dummy = _placeholders(device, dtype)["rng"]
-        return dummy, dummy
-    return rng
+def _rng_args(rng, spare: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return (spare["rng"], spare["rng"]) if rng is None else rng
 
 
 def _lse_args(lse: torch.Tensor, varlen: Varlen | None) -> tuple[int, int]:
@@ -327,7 +324,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     bias4 = spare["values"] if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
     bias_strides = (0, 0, 0) if bias is None else _strides(bias4)
     dropout = bool(dropout_p) or debug_mask is not None
-    seed, offset = _rng_args(rng, q.device, q.dtype)
+    seed, offset = _rng_args(rng, spare)
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
                   else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
     kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
@@ -392,7 +389,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     bias_strides = (0, 0, 0) if bias is None else _strides(bias4)
     db = spare["values"] if bias_grad is None else bias_grad
     db_strides = (0, 0, 0) if bias_grad is None else _strides(bias_grad)
-    seed, offset = _rng_args(rng, q.device, q.dtype)
+    seed, offset = _rng_args(rng, spare)
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
                   else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
     is_varlen = int(varlen is not None)

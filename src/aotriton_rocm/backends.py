@@ -75,6 +75,14 @@ def _missing(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool,
     return None
 
 
+def _memo_missing(memo: dict, table: dict, *key) -> str | None:
+    """:func:`_missing`, remembered per call key (it runs on every call)."""
+    try:
+        return memo[key]
+    except KeyError:
+        missing = memo[key] = _missing(table, *key)
+        return missing
+
 
 def _selection_tables(manifest: dict, groups: dict) -> dict:
     """Per functional key of ``groups`` (key -> records): (bounds, records,
@@ -142,6 +150,7 @@ class AOTBackend(Backend):
         # per (kernel, dtype, head dim, ...) call key: (bounds, handles, on_k)
         self._handles: dict[tuple, tuple] = {}
         self._tables: dict[tuple, tuple] = {}
+        self._reasons: dict[tuple, str | None] = {}
         self._lock = threading.Lock()
         path = find_archives().get(self.arch)
         if path is None:
@@ -161,7 +170,8 @@ class AOTBackend(Backend):
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if self.problem:
             return self.problem
-        missing = _missing(self._records, kernel, dtype, head_dim, bias, dropout)
+        missing = _memo_missing(self._reasons, self._records, kernel, dtype, head_dim, bias,
+                                dropout)
         return f"the {self.arch} image has {missing}" if missing else None
 
     def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
@@ -237,12 +247,14 @@ class InterpreterBackend(Backend):
         self._functions = {name: InterpretedFunction(kernel_spec.jit_function(ks).fn)
                            for name, ks in spec.kernels.items()}
         self._variants: dict[tuple, object] = {}
+        self._reasons: dict[tuple, str | None] = {}
         for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
             # the first config is the default
             self._variants.setdefault(_functional_key(v.kernel, v.functional), v)
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
-        missing = _missing(self._variants, kernel, dtype, head_dim, bias, dropout)
+        missing = _memo_missing(self._reasons, self._variants, kernel, dtype, head_dim, bias,
+                                dropout)
         if missing:
             return f"the kernel sources have {missing}"
         if work > INTERPRETER_MAX_WORK:
