@@ -122,6 +122,7 @@ def test_cuda_graph_replays(p):
     (torch.float32, 64, (2, 4, 300, 257), "float", True),
     (torch.float16, 512, (1, 4, 1, 257), "float", True),
     (torch.float32, 256, (2, 1, 300, 1), "float", False),
+    (torch.float32, 512, (2, 4, 300, 257), "float", True),
 ])
 def test_efficient_attention_with_bias(dtype, d, mask_shape, kind, grad):
     q, k, v, g = (_rand(2, 4, s, d, dtype=dtype, seed=i) for i, s in enumerate((300, 257, 257, 300)))
@@ -141,10 +142,10 @@ def test_efficient_attention_with_bias(dtype, d, mask_shape, kind, grad):
     _judge(got, q, k, v, g, bias=bias)
 
 
-def test_efficient_attention_fp32_head_dim_512_falls_back_with_reason():
+def test_efficient_attention_uncovered_head_dim_falls_back_with_reason():
     torch_integration._warned.clear()
-    q = _rand(1, 2, 64, 512, dtype=torch.float32)
-    with pytest.warns(UserWarning, match="fp32, head_dim=512"):
+    q = _rand(1, 2, 64, 12, dtype=torch.float32)  # torch's kernel takes fp32 head dims of 4k
+    with pytest.warns(UserWarning, match="head_dim 12 is not covered"):
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
             F.scaled_dot_product_attention(q, q, q)
     assert not _ours()
