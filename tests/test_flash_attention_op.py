@@ -110,13 +110,12 @@ def test_flash_attention_op_falls_back_with_reason(kwargs, reason):
     # The override hands the very same call to torch's kernel, with the reason.
     calls = []
 
-    class Orig:
-        def call_boxed(self, keyset, *a, **kw):
-            calls.append((keyset, a, kw))
-            return "torch's result"
+    def torchs_kernel(keyset, *a, **kw):
+        calls.append((keyset, a, kw))
+        return "torch's result"
 
     ov = ti._Overrides.__new__(ti._Overrides)
-    ov._orig = {ti._FA: Orig()}
+    ov._orig = {ti._FA: torchs_kernel}
     ti._warned.clear()  # the warning is once per reason
     with pytest.warns(UserWarning, match=reason):
         assert ov._fa_fwd("keyset", q, q, q, *pos, **args) == "torch's result"
@@ -146,9 +145,13 @@ def test_flash_attention_op_variable_length_batch():
         q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), 0.0, True, False)
     dq, dk, dv = ti.flash_attention_backward(g, q, k, v, out, lse, cu_q, cu_k, max(lens_q),
                                              max(lens_k), 0.0, True, seed, offset)
-    m_out = FA(*map(_meta, (q, k, v, cu_q, cu_k)), max(lens_q), max(lens_k), 0.0, True, False)
-    for mine, meta in zip((out, lse), m_out):
-        assert (mine.shape, mine.stride(), mine.dtype) == (meta.shape, meta.stride(), meta.dtype)
+    if hasattr(torch.library, "get_kernel"):
+        # (torch < 2.9 keeps its own op, whose varlen logsumexp was (B, H, max_q))
+        m_out = FA(*map(_meta, (q, k, v, cu_q, cu_k)), max(lens_q), max(lens_k), 0.0, True,
+                   False)
+        for mine, meta in zip((out, lse), m_out):
+            assert (mine.shape, mine.stride(), mine.dtype) == (meta.shape, meta.stride(),
+                                                               meta.dtype)
     for i in range(3):
         rq, rk = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
         t = lambda x, r: x[r].transpose(0, 1).unsqueeze(0)  # noqa: E731

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import backends, device, images, smoke
+from aotriton_rocm import backends, device, images, smoke, torch_integration
 
 pytestmark = pytest.mark.gpu
 
@@ -121,3 +121,55 @@ def test_attention_mode_on_gpu():
     with aotriton_rocm.AttentionMode() as mode:
         F.scaled_dot_product_attention(q.double(), k.double(), v.double())
     assert mode.passed_through
+
+
+def _same_results(got, want, rng_outputs=(), atol=0.0):
+    """Equal layouts; equal values (within atol) except in the RNG-state
+    outputs, which may be uninitialised without dropout (the dropout masks
+    drawn from them show in the other outputs)."""
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if isinstance(b, torch.Tensor):
+            assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+            if i not in rng_outputs:
+                torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=f"output {i}")
+        else:
+            assert a == b
+
+
+@pytest.mark.parametrize("dropout_p,causal", [(0.0, False), (0.3, True)])
+def test_old_torch_fallbacks_equal_torchs_own_kernels(dropout_p, causal):
+    """On torch 2.5-2.8 the fallback is the lower-level op torch's SDPA kernel
+    calls; here (torch's kernels registered, ours not) it must give torch's
+    results, the dropout masks drawn from the same seed included: forwards bit
+    for bit, backwards up to the order of torch's atomic adds (its dQ)."""
+    aotriton_rocm.disable()
+    gen = torch.Generator("cuda").manual_seed(11)
+    q, g = (torch.randn(2, 4, 300, 64, device="cuda", generator=gen, dtype=torch.float16)
+            for _ in range(2))
+    k, v = (torch.randn(2, 4, 257, 64, device="cuda", generator=gen, dtype=torch.float16)
+            for _ in range(2))
+    # as F.scaled_dot_product_attention hands a mask to the op: rows padded to
+    # 16 elements, broadcast dims expanded with stride 0
+    bias = torch.randn(2, 1, 300, 272, device="cuda", generator=gen,
+                       dtype=torch.float16)[..., :257].expand(2, 4, 300, 257)
+
+    def both(op, subop, *args, rng_outputs=(), atol=0.0):
+        torch.manual_seed(5)
+        want = op(*args)
+        torch.manual_seed(5)
+        got = subop(*args)
+        _same_results(got, want, rng_outputs, atol)
+        return want
+
+    fwd = both(torch.ops.aten._scaled_dot_product_flash_attention,
+               torch_integration._flash_by_subop, q, k, v, dropout_p, causal, False,
+               rng_outputs=(6, 7))
+    both(torch.ops.aten._scaled_dot_product_flash_attention_backward,
+         torch_integration._flash_bwd_by_subop, g, q, k, v, fwd[0], fwd[1], *fwd[2:6],
+         dropout_p, causal, *fwd[6:8], atol=2e-3)
+    fwd = both(torch.ops.aten._scaled_dot_product_efficient_attention,
+               torch_integration._efficient_by_subop, q, k, v, bias, True, dropout_p, causal,
+               rng_outputs=(2, 3))
+    both(torch.ops.aten._scaled_dot_product_efficient_attention_backward,
+         torch_integration._efficient_bwd_by_subop, g, q, k, v, bias, fwd[0], fwd[1], fwd[2],
+         fwd[3], dropout_p, [True, True, True, True], causal, atol=2e-3)

@@ -23,9 +23,9 @@ def test_data_covers_this_torch_and_line():
     assert torch_compat.DATA_FILE.is_file()
     supported = torch_compat.supported_torch()
     assert supported == torch_compat.supported_torch(aotriton_rocm.ABI_VERSION)
-    # the registry route needs torch >= 2.10, the aten-override route >= 2.9
-    # (torch.library.get_kernel); 2.11 runs on the GPU machine, 2.13 here
-    assert all(tuple(map(int, v.split("."))) >= (2, 9) for v in supported)
+    # the registry route needs torch >= 2.10, the aten-override route >= 2.5
+    # (the SDPA op schemas it overrides); 2.11 runs on the GPU machine, 2.13 here
+    assert all(tuple(map(int, v.split("."))) >= (2, 5) for v in supported)
     assert {"2.11", "2.13"} <= set(supported)
     assert torch_compat.torch_minor(torch.__version__) in supported
     assert data["schema"] == 1
@@ -43,20 +43,20 @@ def test_check_torch_refuses_with_a_clear_message(monkeypatch):
     monkeypatch.delenv(torch_compat.ALLOW_ENV, raising=False)
     torch_compat.check_torch("2.11.0+rocm6.4")
     with pytest.raises(torch_compat.UnsupportedTorchError) as e:
-        torch_compat.check_torch("2.8.1+rocm6.3")
+        torch_compat.check_torch("2.4.1+rocm6.1")
     msg = str(e.value)
-    assert "does not support torch 2.8.1+rocm6.3" in msg
-    assert "2.9, 2.10, 2.11, 2.12, 2.13" in msg and "torch==2.13.*" in msg
+    assert "does not support torch 2.4.1+rocm6.1" in msg
+    assert "2.5, 2.6, 2.7, 2.8, 2.9, 2.10, 2.11, 2.12, 2.13" in msg and "torch==2.13.*" in msg
     assert torch_compat.ALLOW_ENV in msg
     monkeypatch.setenv(torch_compat.ALLOW_ENV, "1")
     with pytest.warns(UserWarning, match="going ahead anyway"):
-        torch_compat.check_torch("2.8.1")
+        torch_compat.check_torch("2.4.1")
 
 
 def test_enable_refuses_unsupported_torch(monkeypatch):
     monkeypatch.delenv(torch_compat.ALLOW_ENV, raising=False)
-    monkeypatch.setattr(torch, "__version__", "2.8.0+rocm6.3")
-    with pytest.raises(torch_compat.UnsupportedTorchError, match="supports torch 2.9"):
+    monkeypatch.setattr(torch, "__version__", "2.4.0+rocm6.1")
+    with pytest.raises(torch_compat.UnsupportedTorchError, match="supports torch 2.5"):
         aotriton_rocm.enable()
     assert not aotriton_rocm.is_enabled()
     if torch_integration.has_registry():  # torch's own activation path refuses too
@@ -69,11 +69,11 @@ def test_enable_refuses_unsupported_torch(monkeypatch):
 def test_autoload_warns_instead_of_raising(monkeypatch):
     monkeypatch.delenv(torch_compat.ALLOW_ENV, raising=False)
     monkeypatch.setenv("AOTRITON_ROCM_ENABLE", "1")
-    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    monkeypatch.setattr(torch, "__version__", "2.4.0")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _autoload.autoload()  # must not raise: it runs inside `import torch`
-    assert any("does not support torch 2.8.0" in str(w.message) for w in caught)
+    assert any("does not support torch 2.4.0" in str(w.message) for w in caught)
     assert not aotriton_rocm.is_enabled()
 
 
@@ -142,7 +142,7 @@ def test_conda_recipe_takes_the_torch_range_from_the_data():
     supported = torch_compat.supported_torch()
     hi = supported[-1].split(".")
     spec = f">={supported[0]},<{hi[0]}.{int(hi[1]) + 1}.0a0"
-    assert conda.torch_requirement(aotriton_rocm.__version__, ROOT) == spec == ">=2.9,<2.14.0a0"
+    assert conda.torch_requirement(aotriton_rocm.__version__, ROOT) == spec == ">=2.5,<2.14.0a0"
 
     variants = conda._variant_config(ROOT, aotriton_rocm.__version__, "6.4", ["gfx942"], ["3.12"])
     rendered = Stage0Recipe.from_file(ROOT / "recipe" / "recipe.yaml").render(variants)

@@ -82,11 +82,15 @@ def test_not_active_until_enabled():
     ({"attn_mask": torch.randn(8, 8)}, (1, 2, 8, 64), torch.float16, "attn_mask dtype"),
     ({}, (1, 2, 8, 64), torch.float64, "dtype"),
     ({}, (1, 2, 8, 520), torch.float16, "head_dim"),
-    ({}, (1, 2, 8, 512), torch.float32, "head_dim=512"),
+    ({}, (1, 2, 8, 12), torch.float32, "head_dim 12"),
 ])
 def test_uncovered_requests_fall_back_with_reason(enabled, kwargs, shape, dtype, reason):
     torch_integration._warned.clear()
     q = torch.randn(shape, dtype=dtype, requires_grad=True)
+    if not hasattr(torch.library, "get_kernel"):  # torch < 2.9: no CPU kernel to fall back to
+        with pytest.raises(NotImplementedError, match=f"{reason}.*aotriton_rocm.disable"):
+            _flash(q, q, q, **kwargs)
+        return
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = _flash(q, q, q, **kwargs)
@@ -253,10 +257,17 @@ def test_sdpa_attn_mask_on_the_cpu_op_matches_math(enabled, dtype, mask_shape, m
 @pytest.mark.parametrize("h,hk,causal", [(4, 2, False), (6, 1, True), (4, 1, False)])
 def test_sdpa_gqa_matches_math(enabled, h, hk, causal):
     # torch 2.13 sends enable_gqa=True calls to the CPU flash op with Hq != Hkv.
+    try:
+        _flash(*(torch.zeros(1, n, 4, 32, dtype=torch.float16) for n in (h, hk, hk)),
+               enable_gqa=True)
+    except RuntimeError as exc:
+        if "No available kernel" not in str(exc):
+            raise
+        pytest.skip(f"torch {torch.__version__} sends no GQA call to the CPU flash op")
     _judge(lambda q, k, v: _flash(q, k, v, is_causal=causal, enable_gqa=True),
            _math(is_causal=causal, enable_gqa=True),
            [(2, h, 13, 32), (2, hk, 13, 32), (2, hk, 13, 32), (2, h, 13, 32)], torch.float16)
-    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 1
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 2
 
 
 def test_direct_api_gqa_bottom_right_and_head_dim_80():

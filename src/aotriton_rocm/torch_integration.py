@@ -6,8 +6,11 @@ Route (a), torch >= 2.10: we register with ``torch.nn.attention``'s flash
 registry under ``IMPL_NAME``; the user activates it with
 ``activate_flash_attention_impl(IMPL_NAME)`` or :func:`aotriton_rocm.enable`.
 Without the registry, :func:`enable` installs the same overrides directly.
-Whatever our kernels don't cover goes to the kernel torch had registered
-before us, with a one-time warning naming the reason.
+Whatever our kernels don't cover goes to torch's own kernel, with a one-time
+warning naming the reason: on torch >= 2.9 the kernel torch had registered
+before us (``torch.library.get_kernel``); on torch 2.5-2.8, which cannot
+hand that kernel out, the lower-level op torch's SDPA kernel itself calls
+(:data:`_SUBOP_FALLBACKS`), and ops without one are left to torch.
 """
 
 from __future__ import annotations
@@ -257,6 +260,58 @@ def _routed(op: str, implementation):
     return kernel
 
 
+def _t(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2)
+
+
+# Custom mask types of torch's efficient-attention ops.
+_NO_MASK, _CAUSAL_TOP_LEFT = 0, 1
+
+
+def _flash_by_subop(query, key, value, dropout_p=0.0, is_causal=False,
+                    return_debug_mask=False, *, scale=None):
+    """torch's CUDA ``_scaled_dot_product_flash_attention``, as that kernel
+    computes it: ``_flash_attention_forward`` on (B, S, H, D) views."""
+    sq, sk = query.size(2), key.size(2)
+    out, lse, seed, offset, debug = torch.ops.aten._flash_attention_forward(
+        _t(query), _t(key), _t(value), None, None, sq, sk, dropout_p, is_causal,
+        return_debug_mask, scale=scale)
+    return _t(out), lse, None, None, sq, sk, seed, offset, debug
+
+
+def _flash_bwd_by_subop(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k,
+                        max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *,
+                        scale=None):
+    grads = torch.ops.aten._flash_attention_backward(
+        _t(grad_out), _t(query), _t(key), _t(value), _t(out), logsumexp, cum_seq_q, cum_seq_k,
+        max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, scale=scale)
+    return tuple(_t(g) for g in grads)
+
+
+def _efficient_by_subop(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                        is_causal=False, *, scale=None):
+    out, lse, seed, offset, _, _ = torch.ops.aten._efficient_attention_forward(
+        _t(query), _t(key), _t(value), attn_bias, None, None, None, None, dropout_p,
+        _CAUSAL_TOP_LEFT if is_causal else _NO_MASK, compute_log_sumexp, scale=scale)
+    return _t(out), lse, seed, offset
+
+
+def _efficient_bwd_by_subop(grad_out, query, key, value, attn_bias, out, logsumexp,
+                            philox_seed, philox_offset, dropout_p, grad_input_mask,
+                            is_causal=False, *, scale=None):
+    dq, dk, dv, dbias = torch.ops.aten._efficient_attention_backward(
+        _t(grad_out), _t(query), _t(key), _t(value), attn_bias, _t(out), None, None,
+        query.size(2), key.size(2), logsumexp, dropout_p, philox_seed, philox_offset,
+        _CAUSAL_TOP_LEFT if is_causal else _NO_MASK, bool(grad_input_mask[3]), scale=scale)
+    return _t(dq), _t(dk), _t(dv), dbias
+
+
+# torch's own kernel of an SDPA-level CUDA op, for torch < 2.9: the
+# lower-level op it calls (which we leave alone there).
+_SUBOP_FALLBACKS = {_FLASH: _flash_by_subop, _FLASH_BWD: _flash_bwd_by_subop,
+                    _EFF: _efficient_by_subop, _EFF_BWD: _efficient_bwd_by_subop}
+
+
 class _Overrides:
     """The kernels we put on the dispatcher; ``remove()`` gives torch's back."""
 
@@ -274,10 +329,19 @@ class _Overrides:
             self._register(_CPU_FLASH_BWD, "CPU", self._cpu_bwd)
 
     def _register(self, op: str, key: str, fn) -> None:
-        try:
-            self._orig[op] = torch.library.get_kernel(op, key)
-        except RuntimeError:
-            return  # this torch build has no kernel there (a CPU-only build's CUDA key)
+        if hasattr(torch.library, "get_kernel"):
+            try:
+                kernel = torch.library.get_kernel(op, key)
+            except RuntimeError:
+                return  # this torch build has no kernel there (a CPU-only build's CUDA key)
+            self._orig[op] = kernel.call_boxed
+        elif op in _SUBOP_FALLBACKS:
+            subop = _SUBOP_FALLBACKS[op]
+            self._orig[op] = lambda keyset, *args, **kwargs: subop(*args, **kwargs)
+        elif key == "CPU":
+            self._orig[op] = None  # the CPU interpreter route (testing): an error instead
+        else:
+            return  # torch < 2.9 could not fall back from it: leave the op to torch
         with warnings.catch_warnings():
             # Overriding torch's kernel is the point; its one-time warning says so.
             warnings.filterwarnings("ignore",
@@ -290,8 +354,15 @@ class _Overrides:
             self._lib = None
 
     def _fallback(self, op, keyset, reason, *args, **kwargs):
-        _warn_fallback(op.split("::")[1], reason)
-        return self._orig[op].call_boxed(keyset, *args, **kwargs)
+        name = op.split("::")[1]
+        if self._orig[op] is None:
+            raise NotImplementedError(
+                f"aotriton-rocm's CPU interpreter route does not cover this {name} call "
+                f"({reason}), and torch {torch.__version__} cannot hand it back to torch's "
+                "CPU kernel (torch.library.get_kernel arrived in torch 2.9): call "
+                "aotriton_rocm.disable() around such calls, or use torch >= 2.9")
+        _warn_fallback(name, reason)
+        return self._orig[op](keyset, *args, **kwargs)
 
     # aten::_scaled_dot_product_flash_attention
     def _flash_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False,
