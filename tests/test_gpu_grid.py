@@ -58,7 +58,7 @@ EFFICIENT = [
     for b, (sq, sk), (d, dtype), causal, bias in itertools.product(
         (1, 8), ((4, 4), (143, 579), (2048, 2048)),
         ((512, torch.float16), (512, torch.bfloat16), (8, torch.float32), (72, torch.float32),
-         (256, torch.float32)),
+         (256, torch.float32), (512, torch.float32)),
         (False, True), (False, True))
     # torch refuses an attn_mask together with is_causal
     if not (causal and sq != sk) and not (causal and bias)
