@@ -5,7 +5,8 @@ kernel sources through the Triton JIT where triton is installed.
     python benchmarks/bench_sdpa.py [--json FILE] [--quick]
 
 Prints fwd and fwd+bwd TFLOP/s for B=4, H=16, S in {1024, 4096, 8192},
-D in {64, 128}, causal and not (fp16), then the wall time of one tiny SDPA
+D in {64, 128}, causal and not (fp16), each for a single call from an idle
+GPU and for calls queued back to back, then the wall time of one tiny SDPA
 call per backend (launch overhead). A benchmark, not a test: numbers are
 measured on whatever GPU runs it, never asserted.
 """
@@ -41,18 +42,26 @@ def _run(peer: str, fn):
         return fn()
 
 
-def _median_ms(fn, reps: int, warmup: int = 3) -> float:
+def _median_ms(fn, reps: int, warmup: int = 3, calls: int = 1) -> float:
+    """Median milliseconds per call between CUDA events around `calls`
+    back-to-back calls: 1 is a single call's latency from an idle GPU (host
+    time before the launch included), more lets the host run ahead of the
+    GPU as in a training or serving loop (kernel-bound)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / calls)
     return statistics.median(times)
+
+
+QUEUED = 8  # back-to-back calls per timing in the "queued" columns
 
 
 def _flops(b, h, s, d, causal):
@@ -114,14 +123,15 @@ def bench_throughput(quick: bool) -> list[dict]:
                         out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
                         out.backward(g)
 
-                    try:
-                        ms = _run(peer, lambda: _median_ms(fwd, reps))
-                        ms_fb = _run(peer, lambda: _median_ms(fwd_bwd, reps))
-                        row[f"{peer} fwd"] = flops / ms / 1e9
-                        row[f"{peer} fwd+bwd"] = 3.5 * flops / ms_fb / 1e9
-                    except RuntimeError as exc:  # e.g. a backend that refuses this shape
-                        row[f"{peer} fwd"] = row[f"{peer} fwd+bwd"] = None
-                        row[f"{peer} error"] = str(exc).splitlines()[0]
+                    for suffix, calls in (("", 1), (" queued", QUEUED)):
+                        try:
+                            ms = _run(peer, lambda: _median_ms(fwd, reps, calls=calls))
+                            ms_fb = _run(peer, lambda: _median_ms(fwd_bwd, reps, calls=calls))
+                            row[f"{peer} fwd{suffix}"] = flops / ms / 1e9
+                            row[f"{peer} fwd+bwd{suffix}"] = 3.5 * flops / ms_fb / 1e9
+                        except RuntimeError as exc:  # e.g. a backend that refuses this shape
+                            row[f"{peer} fwd{suffix}"] = row[f"{peer} fwd+bwd{suffix}"] = None
+                            row[f"{peer} error"] = str(exc).splitlines()[0]
                 if jit_fwd is not None:
                     ms = _median_ms(lambda: jit_fwd(q, k, v, causal), reps)
                     row["triton JIT fwd"] = flops / ms / 1e9
@@ -132,7 +142,8 @@ def bench_throughput(quick: bool) -> list[dict]:
 
 def _fmt_row(row: dict) -> str:
     cells = [f"D{row['D']:<4}{'causal' if row['causal'] else 'full':<7}S{row['S']:<6}"]
-    for key in [f"{p} {w}" for w in ("fwd", "fwd+bwd") for p in PEERS] + ["triton JIT fwd"]:
+    keys = [f"{p} {w}" for w in ("fwd", "fwd+bwd", "fwd queued", "fwd+bwd queued") for p in PEERS]
+    for key in keys + ["triton JIT fwd"]:
         if key in row:
             val = row[key]
             cells.append(f"{key}={'n/a' if val is None else f'{val:.0f}'}")
