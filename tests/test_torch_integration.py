@@ -264,10 +264,11 @@ def test_sdpa_gqa_matches_math(enabled, h, hk, causal):
         if "No available kernel" not in str(exc):
             raise
         pytest.skip(f"torch {torch.__version__} sends no GQA call to the CPU flash op")
+    backends.reset_launch_counts()
     _judge(lambda q, k, v: _flash(q, k, v, is_causal=causal, enable_gqa=True),
            _math(is_causal=causal, enable_gqa=True),
            [(2, h, 13, 32), (2, hk, 13, 32), (2, hk, 13, 32), (2, h, 13, 32)], torch.float16)
-    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 2
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 1
 
 
 def test_direct_api_gqa_bottom_right_and_head_dim_80():
