@@ -1,0 +1,240 @@
+/*
+ * libaotriton_rocm: ahead-of-time compiled FlashAttention kernels (Triton)
+ * for AMD ROCm GPUs (and the NVIDIA sm_90 test target), behind a plain C ABI.
+ *
+ * The library reads the kernel archives (`<arch>.aotr`) that the
+ * aotriton-rocm packages install, picks the kernel and config for a request,
+ * packs its arguments and launches it through the HIP runtime or the CUDA
+ * driver that the process has already loaded (dlopen; nothing is linked at
+ * build time).
+ *
+ * Conventions
+ * - Every function that can fail returns an aotr_status; on failure
+ *   aotr_last_error() holds a message for the calling thread that says what
+ *   went wrong and what to do. Nothing aborts the process.
+ * - Structs passed in start with `struct_size` (set it to sizeof the struct
+ *   you compiled against): later releases of one ABI line only append
+ *   fields, and treat the fields a caller did not pass as zero.
+ * - Tensors are described by aotr_tensor (device address, dtype, sizes and
+ *   strides in elements). Nothing is copied or allocated on the device: a
+ *   tensor whose layout the kernels cannot read in place is reported with
+ *   AOTR_NEEDS_LAYOUT and the caller makes a copy that meets
+ *   aotr_layout_ok().
+ *
+ * ABI: the soname is libaotriton_rocm.so.<ABI line> (e.g. .so.0.1); point
+ * releases of one line keep every symbol, prototype and struct prefix.
+ */
+#ifndef AOTRITON_ROCM_H
+#define AOTRITON_ROCM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define AOTR_API __attribute__((visibility("default")))
+#else
+#define AOTR_API
+#endif
+
+#define AOTR_VERSION_MAJOR 0
+#define AOTR_VERSION_MINOR 1
+#define AOTR_VERSION_PATCH 0
+#define AOTR_ABI_LINE "0.1"
+
+typedef enum aotr_status {
+    AOTR_OK = 0,
+    /* The caller broke the contract (NULL pointer, struct_size, rank, ...). */
+    AOTR_INVALID_ARGUMENT = 1,
+    /* A well-formed request the kernels do not cover: use another
+     * implementation (torch's own kernel, for instance). */
+    AOTR_UNSUPPORTED = 2,
+    /* A tensor's layout breaks the assumptions the kernels were compiled
+     * with (unit last stride, 16-byte aligned base, strides divisible by 16
+     * elements): copy it into a layout that meets aotr_layout_ok(), call again. */
+    AOTR_NEEDS_LAYOUT = 3,
+    /* No kernel archive is installed for the device's arch. */
+    AOTR_NOT_FOUND = 4,
+    /* An archive is unreadable, truncated or corrupted. */
+    AOTR_ARCHIVE_INVALID = 5,
+    /* An archive is for another arch, ABI line or backend than the file
+     * name, the device or this library. */
+    AOTR_IDENTITY_MISMATCH = 6,
+    /* The process has no usable HIP runtime / CUDA driver. */
+    AOTR_DRIVER_UNAVAILABLE = 7,
+    /* A driver call (module load, launch) failed. */
+    AOTR_DRIVER_ERROR = 8,
+    AOTR_OUT_OF_MEMORY = 9
+} aotr_status;
+
+/* The calling thread's message for the last failure ("" if none). */
+AOTR_API const char *aotr_last_error(void);
+/* "AOTR_OK", "AOTR_UNSUPPORTED", ...; "AOTR_UNKNOWN_STATUS" otherwise. */
+AOTR_API const char *aotr_status_name(aotr_status status);
+/* "0.1.0" and "0.1". */
+AOTR_API const char *aotr_version(void);
+AOTR_API const char *aotr_abi_line(void);
+
+typedef enum aotr_dtype {
+    AOTR_DTYPE_INVALID = 0,
+    AOTR_FP16 = 1,
+    AOTR_BF16 = 2,
+    AOTR_FP32 = 3,
+    AOTR_INT32 = 4,
+    AOTR_INT64 = 5
+} aotr_dtype;
+
+#define AOTR_MAX_RANK 4
+
+typedef struct aotr_tensor {
+    void *data;        /* device address; NULL marks an optional tensor absent */
+    int32_t dtype;     /* aotr_dtype */
+    int32_t rank;      /* 0..AOTR_MAX_RANK */
+    int64_t sizes[AOTR_MAX_RANK];
+    int64_t strides[AOTR_MAX_RANK]; /* in elements */
+} aotr_tensor;
+
+/* 1 if the kernels can read/write `t` in place: unit last-dim stride,
+ * 16-byte aligned base address, every other stride a multiple of 16. */
+AOTR_API int aotr_layout_ok(const aotr_tensor *t);
+
+/* ---------------------------------------------------------------- archives */
+
+typedef struct aotr_archive aotr_archive;
+
+/* Open `<arch>.aotr`: reads the header and index (code objects are read,
+ * decompressed and sha256-checked on first use), and checks the archive's
+ * identity: format version, manifest arch == file name, ABI line == this
+ * library's. */
+AOTR_API aotr_status aotr_archive_open(const char *path, aotr_archive **out);
+AOTR_API void aotr_archive_close(aotr_archive *archive);
+AOTR_API const char *aotr_archive_path(const aotr_archive *archive);
+/* Manifest fields: "arch", "abi_version", "package_version", "backend",
+ * "rocm_profile", "build_inputs_hash", ...; NULL when absent or not a string. */
+AOTR_API const char *aotr_archive_manifest_string(const aotr_archive *archive, const char *key);
+AOTR_API size_t aotr_archive_kernel_count(const aotr_archive *archive);
+/* Check the whole blob region and every code object against the index. */
+AOTR_API aotr_status aotr_archive_verify(aotr_archive *archive);
+
+/* Where the archive of `arch` is, in this order: `dir` (if not NULL), the
+ * directories in AOTRITON_ROCM_ARCHIVE_DIR, the image packages installed
+ * beside this library (wheel: site-packages/aotriton_rocm_<arch>/; conda:
+ * <prefix>/share/aotriton-rocm/). Writes the path (NUL-terminated). */
+AOTR_API aotr_status aotr_find_archive(const char *arch, const char *dir, char *path,
+                                       size_t path_capacity);
+
+/* ----------------------------------------------------------------- runtime */
+
+typedef enum aotr_backend {
+    AOTR_BACKEND_AUTO = 0, /* from the archive's manifest */
+    AOTR_BACKEND_HIP = 1,
+    AOTR_BACKEND_CUDA = 2
+} aotr_backend;
+
+typedef struct aotr_runtime_options {
+    uint32_t struct_size;
+    /* Searched before everything else for `<arch>.aotr` (may be NULL). */
+    const char *archive_dir;
+    /* The driver library to use instead of the one already loaded in the
+     * process (libamdhip64.so / libcuda.so.1); may be NULL. */
+    const char *driver_library;
+} aotr_runtime_options;
+
+typedef struct aotr_runtime aotr_runtime;
+
+/* A runtime serves every device of the process; thread-safe. `options` may
+ * be NULL (defaults). */
+AOTR_API aotr_status aotr_runtime_create(const aotr_runtime_options *options,
+                                         aotr_runtime **out);
+AOTR_API void aotr_runtime_destroy(aotr_runtime *runtime);
+/* Use this archive for its arch (instead of searching). The archive's arch
+ * must match the device it is used on. */
+AOTR_API aotr_status aotr_runtime_add_archive(aotr_runtime *runtime, const char *path);
+/* The arch name the runtime uses for `device` ("gfx942", "sm_90"). */
+AOTR_API aotr_status aotr_runtime_device_arch(aotr_runtime *runtime, int32_t device,
+                                              char *arch, size_t arch_capacity);
+/* Launches since creation (all kernels), for tests and smoke checks. */
+AOTR_API uint64_t aotr_runtime_launch_count(const aotr_runtime *runtime);
+
+/* --------------------------------------------------------------- attention */
+
+typedef enum aotr_causal_alignment {
+    /* Key j visible from query i iff j <= i + (seqlen_k - seqlen_q)
+     * (flash-attn, torch's CUDA flash op). */
+    AOTR_CAUSAL_BOTTOM_RIGHT = 0,
+    /* j <= i (torch's math backend). Equal when seqlen_q == seqlen_k. */
+    AOTR_CAUSAL_TOP_LEFT = 1
+} aotr_causal_alignment;
+
+/* One attention problem. Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D),
+ * Hq a multiple of Hkv. Variable length: cu_seqlens_q/k given, q (total_q,
+ * Hq, D), k/v (total_k, Hkv, D), max_seqlen_q/k the longest sequences. */
+typedef struct aotr_attn_problem {
+    aotr_tensor q, k, v;
+    aotr_tensor cu_seqlens_q, cu_seqlens_k; /* int32 (B + 1,), or absent */
+    int32_t max_seqlen_q, max_seqlen_k;     /* varlen only */
+    /* Additive bias, a (B, Hq, Sq, Sk) view (stride 0 on broadcast dims),
+     * of q's dtype; or absent. */
+    aotr_tensor bias;
+    float scale;                            /* softmax scale (e.g. 1/sqrt(D)) */
+    float dropout_p;                        /* in [0, 1) */
+    /* Philox seed and offset: int64 device scalars; needed when dropout_p
+     * > 0 or a debug mask is written; the backward must get the forward's. */
+    aotr_tensor philox_seed, philox_offset;
+    int32_t causal;                         /* 0 or 1 */
+    int32_t causal_alignment;               /* aotr_causal_alignment */
+    /* Sliding window: key j visible from query i iff
+     * i + shift - left <= j <= i + shift + right (shift per causal_alignment);
+     * -1: unbounded on that side; causal sets right = 0. */
+    int32_t window_left, window_right;
+} aotr_attn_problem;
+
+typedef struct aotr_attn_fwd_params {
+    uint32_t struct_size;
+    int32_t device;           /* device index */
+    void *stream;             /* hipStream_t / CUstream; NULL: the default stream */
+    aotr_attn_problem problem;
+    aotr_tensor out;          /* like q */
+    aotr_tensor lse;          /* fp32 (B, Hq, >= Sq), varlen (Hq, total_q): natural log */
+    /* Optional (B, Hq, Sq, Sk) contiguous, q's dtype: unnormalised
+     * probabilities, negated where dropout dropped them. */
+    aotr_tensor debug_mask;
+} aotr_attn_fwd_params;
+
+typedef struct aotr_attn_bwd_params {
+    uint32_t struct_size;
+    int32_t device;
+    void *stream;
+    aotr_attn_problem problem; /* the forward's */
+    aotr_tensor out, lse;      /* the forward's outputs */
+    aotr_tensor grad_out;      /* like out */
+    aotr_tensor grad_q, grad_k, grad_v; /* like q, k, v */
+    aotr_tensor grad_bias;     /* optional, like the bias view, zeroed by the caller */
+    aotr_tensor delta;         /* workspace: fp32, shaped and strided like lse */
+} aotr_attn_bwd_params;
+
+/* The device-independent half of aotr_attn_supported: ranks, dtypes,
+ * shapes, head dim, GQA ratio, dropout range, 32-bit limits. Needs no
+ * runtime and reads no data (any address works, also host memory). */
+AOTR_API aotr_status aotr_attn_check(const aotr_attn_problem *problem);
+
+/* AOTR_OK if the kernels cover the request (the device's archive has every
+ * kernel it needs and the shapes are in range); AOTR_UNSUPPORTED with the
+ * reason in aotr_last_error() otherwise. Launches nothing; `backward`
+ * non-zero also requires the backward kernels. */
+AOTR_API aotr_status aotr_attn_supported(aotr_runtime *runtime, int32_t device,
+                                         const aotr_attn_problem *problem, int32_t backward);
+
+/* Launch the forward / backward on `stream`. Asynchronous, like any
+ * kernel launch. AOTR_UNSUPPORTED / AOTR_NEEDS_LAYOUT launch nothing. */
+AOTR_API aotr_status aotr_attn_fwd(aotr_runtime *runtime, const aotr_attn_fwd_params *params);
+AOTR_API aotr_status aotr_attn_bwd(aotr_runtime *runtime, const aotr_attn_bwd_params *params);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AOTRITON_ROCM_H */

@@ -1,0 +1,63 @@
+/* Status names and the thread-local error message. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define MESSAGE_CAPACITY 2048
+
+static _Thread_local char message[MESSAGE_CAPACITY];
+
+const char *aotr_last_error(void) { return message; }
+
+void aotr_clear_error(void) { message[0] = '\0'; }
+
+aotr_status aotr_fail(aotr_status status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+aotr_status aotr_fail_prefix(aotr_status status, const char *fmt, ...)
+{
+    char prefix[MESSAGE_CAPACITY];
+    char previous[MESSAGE_CAPACITY];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(previous, message, sizeof previous);
+    snprintf(message, sizeof message, "%s: %s", prefix, previous);
+    return status;
+}
+
+const char *aotr_status_name(aotr_status status)
+{
+    switch (status) {
+    case AOTR_OK: return "AOTR_OK";
+    case AOTR_INVALID_ARGUMENT: return "AOTR_INVALID_ARGUMENT";
+    case AOTR_UNSUPPORTED: return "AOTR_UNSUPPORTED";
+    case AOTR_NEEDS_LAYOUT: return "AOTR_NEEDS_LAYOUT";
+    case AOTR_NOT_FOUND: return "AOTR_NOT_FOUND";
+    case AOTR_ARCHIVE_INVALID: return "AOTR_ARCHIVE_INVALID";
+    case AOTR_IDENTITY_MISMATCH: return "AOTR_IDENTITY_MISMATCH";
+    case AOTR_DRIVER_UNAVAILABLE: return "AOTR_DRIVER_UNAVAILABLE";
+    case AOTR_DRIVER_ERROR: return "AOTR_DRIVER_ERROR";
+    case AOTR_OUT_OF_MEMORY: return "AOTR_OUT_OF_MEMORY";
+    }
+    return "AOTR_UNKNOWN_STATUS";
+}
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+const char *aotr_version(void)
+{
+    return STR(AOTR_VERSION_MAJOR) "." STR(AOTR_VERSION_MINOR) "." STR(AOTR_VERSION_PATCH);
+}
+
+const char *aotr_abi_line(void) { return AOTR_ABI_LINE; }

@@ -1,0 +1,145 @@
+/* Internal interfaces of libaotriton_rocm (not installed). */
+#ifndef AOTR_INTERNAL_H
+#define AOTR_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "aotriton_rocm/aotriton_rocm.h"
+
+#define AOTR_HIDDEN __attribute__((visibility("hidden")))
+
+/* ------------------------------------------------------------ error.c */
+/* Set the thread-local message (printf format) and return `status`. */
+AOTR_HIDDEN aotr_status aotr_fail(aotr_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefix the current message with "<prefix>: " (keeps the status). */
+AOTR_HIDDEN aotr_status aotr_fail_prefix(aotr_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+AOTR_HIDDEN void aotr_clear_error(void);
+
+/* ------------------------------------------------------------- json.c */
+/* A read-only JSON DOM (RFC 8259), enough for the archive index. Strings
+ * are NUL-terminated UTF-8 (escapes decoded; a \u0000 is refused). Numbers
+ * keep their double value and, when integral and in range, int64. */
+typedef enum aotr_json_type {
+    AOTR_JSON_NULL, AOTR_JSON_FALSE, AOTR_JSON_TRUE, AOTR_JSON_NUMBER,
+    AOTR_JSON_STRING, AOTR_JSON_ARRAY, AOTR_JSON_OBJECT
+} aotr_json_type;
+
+typedef struct aotr_json aotr_json;
+struct aotr_json {
+    aotr_json_type type;
+    int is_int;          /* NUMBER: the value is integral and fits int64 */
+    int64_t i;           /* NUMBER */
+    double d;            /* NUMBER */
+    const char *s;       /* STRING: value; */
+    size_t n;            /* ARRAY/OBJECT: number of items; STRING: byte length */
+    aotr_json *items;    /* ARRAY: n values; OBJECT: n values, keys[i] names items[i] */
+    const char **keys;   /* OBJECT */
+};
+
+/* Parse `len` bytes (not NUL-terminated). Returns NULL with an aotr_fail
+ * message ("json: ... at byte N") on error. Depth is limited (64). One
+ * allocation arena per document, freed by aotr_json_free(root). */
+AOTR_HIDDEN aotr_json *aotr_json_parse(const char *text, size_t len);
+AOTR_HIDDEN void aotr_json_free(aotr_json *root);
+/* Object member or NULL (also NULL when `obj` is not an object). */
+AOTR_HIDDEN const aotr_json *aotr_json_get(const aotr_json *obj, const char *key);
+/* Typed getters: 1 on success. */
+AOTR_HIDDEN int aotr_json_int(const aotr_json *v, int64_t *out);
+AOTR_HIDDEN const char *aotr_json_str(const aotr_json *v); /* NULL if not a string */
+
+/* ----------------------------------------------------------- sha256.c */
+typedef struct aotr_sha256 {
+    uint32_t h[8];
+    uint64_t length;
+    uint8_t block[64];
+    size_t used;
+} aotr_sha256;
+AOTR_HIDDEN void aotr_sha256_init(aotr_sha256 *ctx);
+AOTR_HIDDEN void aotr_sha256_update(aotr_sha256 *ctx, const void *data, size_t len);
+AOTR_HIDDEN void aotr_sha256_final(aotr_sha256 *ctx, uint8_t digest[32]);
+AOTR_HIDDEN void aotr_sha256(const void *data, size_t len, uint8_t digest[32]);
+/* 64 lowercase hex chars -> 32 bytes; 1 on success. */
+AOTR_HIDDEN int aotr_hex_to_digest(const char *hex, uint8_t digest[32]);
+
+/* --------------------------------------------------------------- xz.c */
+/* Decompress one .xz stream of exactly `out_size` bytes through liblzma
+ * (dlopen("liblzma.so.5") on first use; no link-time dependency). */
+AOTR_HIDDEN aotr_status aotr_xz_decode(const uint8_t *in, size_t in_size, uint8_t *out,
+                                       size_t out_size);
+
+/* ---------------------------------------------------------- archive.c */
+/* Kernel argument types as recorded in the archive ("*fp16", "i32", ...). */
+typedef enum aotr_arg_kind {
+    AOTR_ARG_POINTER = 1, /* "*<anything>": 8 bytes */
+    AOTR_ARG_I32 = 2,     /* "i32": 4 bytes */
+    AOTR_ARG_FP32 = 3,    /* "fp32": 4 bytes */
+    AOTR_ARG_I64 = 4      /* "i64": 8 bytes */
+} aotr_arg_kind;
+
+typedef struct aotr_kernel_arg {
+    const char *name;     /* "Q", "stride_qz", ..., "global_scratch" */
+    const char *type;     /* as recorded */
+    aotr_arg_kind kind;
+} aotr_kernel_arg;
+
+typedef struct aotr_kernel_record {
+    const char *key;      /* unique in the archive */
+    const char *kernel;   /* "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq" */
+    const char *symbol;
+    /* functional values; -1 where the record has no such axis */
+    aotr_dtype dtype;     /* from "dtype": "fp16"/"bf16"/"fp32" */
+    int32_t head_dim;     /* padded tile width BLOCK_D */
+    int32_t pad_head, has_bias, enable_dropout;
+    /* config: BLOCK_M / BLOCK_N (0 when absent) */
+    int32_t block_m, block_n;
+    int32_t num_warps, num_stages, warp_size;
+    uint32_t shared;
+    size_t num_args;      /* includes the trailing global/profile scratch pointers */
+    const aotr_kernel_arg *args;
+    size_t num_divisible;
+    const char *const *divisible_16; /* argument names compiled as divisible by 16 */
+    uint64_t offset, compressed_size, size;
+    uint8_t sha256[32];
+    const aotr_json *json; /* the record itself (functional, config, ...) */
+} aotr_kernel_record;
+
+
+/* The records (archive order) and the manifest object of an open archive. */
+AOTR_HIDDEN size_t aotr_archive_records(const aotr_archive *a, const aotr_kernel_record **records);
+AOTR_HIDDEN const aotr_json *aotr_archive_manifest(const aotr_archive *a);
+/* The sha256-checked code object of record `index`, decoded on first use
+ * and cached in the archive (thread-safe). The bytes live as long as the
+ * archive. */
+AOTR_HIDDEN aotr_status aotr_archive_code_object(aotr_archive *a, size_t index,
+                                                 const uint8_t **code, size_t *size);
+
+/* ----------------------------------------------------------- driver.c */
+typedef struct aotr_driver aotr_driver;
+
+/* Open the HIP runtime (AOTR_BACKEND_HIP) or CUDA driver (AOTR_BACKEND_CUDA):
+ * `library` if given, else the copy already loaded in the process
+ * (RTLD_NOLOAD first), else the default soname. */
+AOTR_HIDDEN aotr_status aotr_driver_open(aotr_backend backend, const char *library,
+                                         aotr_driver **out);
+AOTR_HIDDEN void aotr_driver_close(aotr_driver *d);
+AOTR_HIDDEN aotr_backend aotr_driver_backend(const aotr_driver *d);
+/* "gfx942" (target features dropped) or "sm_90". */
+AOTR_HIDDEN aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch,
+                                                size_t capacity);
+/* Load a code object on `device` and get `symbol` from it (opting in to
+ * `shared` bytes of dynamic shared memory where the API needs it). The
+ * module stays loaded until aotr_driver_close. */
+AOTR_HIDDEN aotr_status aotr_driver_load(aotr_driver *d, int32_t device, const void *image,
+                                         size_t size, const char *symbol, uint32_t shared,
+                                         void **function);
+/* Launch with the packed argument buffer (natural alignment, as the kernel
+ * declares its parameters), through the launch API's "extra" array. */
+AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
+                                           const uint32_t grid[3], uint32_t block_x,
+                                           uint32_t shared, void *stream, void *args,
+                                           size_t args_size);
+
+#endif /* AOTR_INTERNAL_H */
