@@ -60,7 +60,7 @@ typedef struct aotr_sha256 {
 AOTR_HIDDEN void aotr_sha256_init(aotr_sha256 *ctx);
 AOTR_HIDDEN void aotr_sha256_update(aotr_sha256 *ctx, const void *data, size_t len);
 AOTR_HIDDEN void aotr_sha256_final(aotr_sha256 *ctx, uint8_t digest[32]);
-AOTR_HIDDEN void aotr_sha256(const void *data, size_t len, uint8_t digest[32]);
+AOTR_HIDDEN void aotr_sha256_digest(const void *data, size_t len, uint8_t digest[32]);
 /* 64 lowercase hex chars -> 32 bytes; 1 on success. */
 AOTR_HIDDEN int aotr_hex_to_digest(const char *hex, uint8_t digest[32]);
 
@@ -143,3 +143,51 @@ AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void 
                                            size_t args_size);
 
 #endif /* AOTR_INTERNAL_H */
+
+/* ---------------------------------------------- runtime.c / attention.c */
+enum { AOTR_KERNEL_FWD, AOTR_KERNEL_BWD_PRE, AOTR_KERNEL_BWD_DKDV, AOTR_KERNEL_BWD_DQ,
+       AOTR_KERNEL_COUNT };
+AOTR_HIDDEN extern const char *const aotr_kernel_names[AOTR_KERNEL_COUNT];
+
+/* The value of every kernel argument name the library knows (attention.c
+ * owns the list); a launch packs the ones a kernel declares, in its order. */
+typedef union aotr_arg_value {
+    void *p;
+    int32_t i32;
+    int64_t i64;
+    float f32;
+} aotr_arg_value;
+
+/* Slot of an argument name, or -1; its kind via aotr_arg_kind_of. */
+AOTR_HIDDEN int aotr_arg_slot(const char *name);
+AOTR_HIDDEN aotr_arg_kind aotr_arg_slot_kind(int slot);
+AOTR_HIDDEN const char *aotr_arg_slot_name(int slot);
+/* The argument names kernel `kernel_id` must declare, in no particular order
+ * (the trailing scratch pointers excluded); terminated by -1. */
+AOTR_HIDDEN const int *aotr_kernel_required_slots(int kernel_id);
+#define AOTR_ARG_SLOTS 96
+
+typedef struct aotr_device aotr_device;
+typedef struct aotr_launchable aotr_launchable;
+
+/* The device's state (arch, archive, driver, kernel tables), initialised on
+ * first use; the status of a failed initialisation is kept and returned
+ * again with its message. */
+AOTR_HIDDEN aotr_status aotr_runtime_device(aotr_runtime *rt, int32_t device, aotr_device **out);
+/* The kernel for a call (functional key + seqlen bucket), or NULL with an
+ * AOTR_UNSUPPORTED message naming what the archive lacks. */
+AOTR_HIDDEN const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id,
+                                                    aotr_dtype dtype, int32_t head_dim,
+                                                    int bias, int dropout,
+                                                    int64_t seqlen_q, int64_t seqlen_k);
+AOTR_HIDDEN int32_t aotr_launchable_block_m(const aotr_launchable *k);
+AOTR_HIDDEN int32_t aotr_launchable_block_n(const aotr_launchable *k);
+/* Check the divisibility assumptions of `k` against `values`
+ * (AOTR_NEEDS_LAYOUT naming the argument). */
+AOTR_HIDDEN aotr_status aotr_launchable_check(const aotr_launchable *k,
+                                              const aotr_arg_value *values);
+/* Pack `values` in the kernel's order and launch (loading the code object
+ * on first use). */
+AOTR_HIDDEN aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev,
+                                           const aotr_launchable *k, const uint32_t grid[3],
+                                           void *stream, const aotr_arg_value *values);

@@ -141,6 +141,9 @@ typedef struct aotr_runtime_options {
     /* The driver library to use instead of the one already loaded in the
      * process (libamdhip64.so / libcuda.so.1); may be NULL. */
     const char *driver_library;
+    /* aotr_backend: AUTO takes the backend of an added archive, else the
+     * HIP runtime or CUDA driver the process has loaded. */
+    int32_t backend;
 } aotr_runtime_options;
 
 typedef struct aotr_runtime aotr_runtime;
@@ -156,8 +159,9 @@ AOTR_API aotr_status aotr_runtime_add_archive(aotr_runtime *runtime, const char 
 /* The arch name the runtime uses for `device` ("gfx942", "sm_90"). */
 AOTR_API aotr_status aotr_runtime_device_arch(aotr_runtime *runtime, int32_t device,
                                               char *arch, size_t arch_capacity);
-/* Launches since creation (all kernels), for tests and smoke checks. */
-AOTR_API uint64_t aotr_runtime_launch_count(const aotr_runtime *runtime);
+/* Launches since creation of `kernel` ("attn_fwd", ...; NULL: all kernels),
+ * so that a caller can prove these kernels ran. */
+AOTR_API uint64_t aotr_runtime_launch_count(const aotr_runtime *runtime, const char *kernel);
 
 /* --------------------------------------------------------------- attention */
 
@@ -221,12 +225,17 @@ typedef struct aotr_attn_bwd_params {
  * runtime and reads no data (any address works, also host memory). */
 AOTR_API aotr_status aotr_attn_check(const aotr_attn_problem *problem);
 
-/* AOTR_OK if the kernels cover the request (the device's archive has every
- * kernel it needs and the shapes are in range); AOTR_UNSUPPORTED with the
- * reason in aotr_last_error() otherwise. Launches nothing; `backward`
- * non-zero also requires the backward kernels. */
+enum {
+    AOTR_NEED_BACKWARD = 1,   /* the backward kernels must be there too */
+    AOTR_NEED_DEBUG_MASK = 2  /* the forward writes a debug mask */
+};
+
+/* AOTR_OK if the kernels cover the request (aotr_attn_check passes and the
+ * device's archive has every kernel it needs); AOTR_UNSUPPORTED with the
+ * reason in aotr_last_error() otherwise (or the status of a missing or
+ * mismatched archive). Launches nothing. `needs`: AOTR_NEED_* flags. */
 AOTR_API aotr_status aotr_attn_supported(aotr_runtime *runtime, int32_t device,
-                                         const aotr_attn_problem *problem, int32_t backward);
+                                         const aotr_attn_problem *problem, uint32_t needs);
 
 /* Launch the forward / backward on `stream`. Asynchronous, like any
  * kernel launch. AOTR_UNSUPPORTED / AOTR_NEEDS_LAYOUT launch nothing. */

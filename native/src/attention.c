@@ -1,0 +1,651 @@
+/* FlashAttention forward and backward: request checks, the kernels'
+ * argument values by name, grids, and the launches. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define INT32_LIMIT 2147483647LL
+#define MAX_HEAD_DIM 512
+#define MAX_BLOCK 256   /* the largest BLOCK_M / BLOCK_N of any config */
+#define MAX_GRID_Y 65535
+
+/* -- argument names ------------------------------------------------------- */
+
+enum {
+    A_Q, A_K, A_V, A_BIAS, A_O, A_LSE, A_DMASK, A_CU_Q, A_CU_K, A_RNG_SEED, A_RNG_OFFSET,
+    A_DO, A_DELTA, A_DK, A_DV, A_DQ, A_DBIAS,
+    A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ, A_SBH, A_SBM,
+    A_SOZ, A_SOH, A_SOM, A_SLZ, A_SLH, A_SDOZ, A_SDOH, A_SDOM, A_SDKZ, A_SDKH, A_SDKN,
+    A_SDVZ, A_SDVH, A_SDVN, A_SDQZ, A_SDQH, A_SDQM, A_SDBZ, A_SDBH, A_SDBM,
+    A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K, A_VARLEN, A_HEAD_DIM,
+    A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_STORE_DMASK, A_STORE_DBIAS,
+    A_SM_SCALE, A_DROPOUT_P,
+    A_COUNT
+};
+_Static_assert(A_COUNT <= AOTR_ARG_SLOTS, "AOTR_ARG_SLOTS is too small");
+
+static const char *const slot_names[A_COUNT] = {
+    "Q", "K", "V", "BIAS", "O", "LSE", "DMASK", "CU_Q", "CU_K", "RNG_SEED", "RNG_OFFSET",
+    "DO", "Delta", "DK", "DV", "DQ", "DBIAS",
+    "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
+    "stride_vz", "stride_vh", "stride_vn", "stride_bz", "stride_bh", "stride_bm",
+    "stride_oz", "stride_oh", "stride_om", "stride_lz", "stride_lh",
+    "stride_doz", "stride_doh", "stride_dom", "stride_dkz", "stride_dkh", "stride_dkn",
+    "stride_dvz", "stride_dvh", "stride_dvn", "stride_dqz", "stride_dqh", "stride_dqm",
+    "stride_dbz", "stride_dbh", "stride_dbm",
+    "batch", "num_heads", "gqa_group", "max_seqlen_q", "max_seqlen_k", "varlen", "head_dim",
+    "bottom_right", "window_left", "window_right", "store_dmask", "store_dbias",
+    "sm_scale", "dropout_p",
+};
+
+int aotr_arg_slot(const char *name)
+{
+    for (int i = 0; i < A_COUNT; i++)
+        if (strcmp(name, slot_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *aotr_arg_slot_name(int slot)
+{
+    return slot >= 0 && slot < A_COUNT ? slot_names[slot] : "?";
+}
+
+aotr_arg_kind aotr_arg_slot_kind(int slot)
+{
+    if (slot <= A_DBIAS)
+        return AOTR_ARG_POINTER;
+    return slot >= A_SM_SCALE ? AOTR_ARG_FP32 : AOTR_ARG_I32;
+}
+
+static const int fwd_slots[] = {
+    A_Q, A_K, A_V, A_BIAS, A_O, A_LSE, A_DMASK, A_CU_Q, A_CU_K, A_RNG_SEED, A_RNG_OFFSET,
+    A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ, A_SBH, A_SBM,
+    A_SOZ, A_SOH, A_SOM, A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q,
+    A_MAX_SEQLEN_K, A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT,
+    A_SM_SCALE, A_DROPOUT_P, A_STORE_DMASK, -1};
+static const int pre_slots[] = {
+    A_O, A_DO, A_DELTA, A_CU_Q, A_SOZ, A_SOH, A_SOM, A_SDOZ, A_SDOH, A_SDOM, A_SLZ, A_SLH,
+    A_BATCH, A_NUM_HEADS, A_MAX_SEQLEN_Q, A_VARLEN, A_HEAD_DIM, -1};
+static const int dkdv_slots[] = {
+    A_Q, A_K, A_V, A_BIAS, A_DO, A_LSE, A_DELTA, A_DK, A_DV, A_CU_Q, A_CU_K, A_RNG_SEED,
+    A_RNG_OFFSET, A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ,
+    A_SBH, A_SBM, A_SDOZ, A_SDOH, A_SDOM, A_SDKZ, A_SDKH, A_SDKN, A_SDVZ, A_SDVH, A_SDVN,
+    A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
+    A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE,
+    A_DROPOUT_P, -1};
+static const int dq_slots[] = {
+    A_Q, A_K, A_V, A_BIAS, A_DO, A_LSE, A_DELTA, A_DQ, A_DBIAS, A_CU_Q, A_CU_K, A_RNG_SEED,
+    A_RNG_OFFSET, A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ,
+    A_SBH, A_SBM, A_SDOZ, A_SDOH, A_SDOM, A_SDQZ, A_SDQH, A_SDQM, A_SDBZ, A_SDBH, A_SDBM,
+    A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
+    A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE,
+    A_DROPOUT_P, A_STORE_DBIAS, -1};
+
+const int *aotr_kernel_required_slots(int kernel_id)
+{
+    static const int *const table[AOTR_KERNEL_COUNT] = {fwd_slots, pre_slots, dkdv_slots,
+                                                        dq_slots};
+    static const int none[] = {-1};
+    return kernel_id >= 0 && kernel_id < AOTR_KERNEL_COUNT ? table[kernel_id] : none;
+}
+
+/* -- tensors and problems --------------------------------------------------- */
+
+int aotr_layout_ok(const aotr_tensor *t)
+{
+    if (!t || t->rank < 0 || t->rank > AOTR_MAX_RANK)
+        return 0;
+    uint64_t bits = (uint64_t)(uintptr_t)t->data;
+    if (t->rank == 0)
+        return !(bits & 15u);
+    if (t->strides[t->rank - 1] != 1)
+        return 0;
+    for (int i = 0; i < t->rank - 1; i++)
+        bits |= (uint64_t)t->strides[i];
+    return !(bits & 15u);
+}
+
+typedef struct dims {
+    int64_t b, h, hk, sq, sk, d;
+    int varlen;
+} dims;
+
+static int present(const aotr_tensor *t) { return t->data != NULL; }
+
+static int64_t numel(const aotr_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->rank; i++)
+        n *= t->sizes[i];
+    return n;
+}
+
+static const char *dtype_text(int32_t dtype)
+{
+    switch (dtype) {
+    case AOTR_FP16: return "fp16";
+    case AOTR_BF16: return "bf16";
+    case AOTR_FP32: return "fp32";
+    case AOTR_INT32: return "int32";
+    case AOTR_INT64: return "int64";
+    default: return "an unknown dtype";
+    }
+}
+
+static aotr_status check_tensor(const aotr_tensor *t, const char *name)
+{
+    if (t->rank < 0 || t->rank > AOTR_MAX_RANK)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: rank %d is outside 0..%d", name, t->rank,
+                         AOTR_MAX_RANK);
+    for (int i = 0; i < t->rank; i++)
+        if (t->sizes[i] < 0)
+            return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: negative size", name);
+    return AOTR_OK;
+}
+
+static int same_shape(const aotr_tensor *a, const aotr_tensor *b)
+{
+    if (a->rank != b->rank)
+        return 0;
+    for (int i = 0; i < a->rank; i++)
+        if (a->sizes[i] != b->sizes[i])
+            return 0;
+    return 1;
+}
+
+static aotr_status problem_dims(const aotr_attn_problem *p, dims *d)
+{
+    aotr_status st;
+    if ((st = check_tensor(&p->q, "q")) || (st = check_tensor(&p->k, "k")) ||
+        (st = check_tensor(&p->v, "v")))
+        return st;
+    d->varlen = present(&p->cu_seqlens_q) || present(&p->cu_seqlens_k);
+    int rank = d->varlen ? 3 : 4;
+    if (p->q.rank != rank || p->k.rank != rank || p->v.rank != rank)
+        return aotr_fail(AOTR_UNSUPPORTED, "query/key/value must be %d-D %s", rank,
+                         d->varlen ? "(total, heads, head_dim)"
+                                   : "(batch, heads, seqlen, head_dim)");
+    if (d->varlen) {
+        if (!present(&p->cu_seqlens_q) || !present(&p->cu_seqlens_k))
+            return aotr_fail(AOTR_UNSUPPORTED, "cu_seqlens_q and cu_seqlens_k must be "
+                             "given together");
+        const aotr_tensor *cu[2] = {&p->cu_seqlens_q, &p->cu_seqlens_k};
+        for (int i = 0; i < 2; i++)
+            if (cu[i]->dtype != AOTR_INT32 || cu[i]->rank != 1)
+                return aotr_fail(AOTR_UNSUPPORTED, "%s must be a 1-D int32 tensor",
+                                 i ? "cu_seqlens_k" : "cu_seqlens_q");
+        if (p->cu_seqlens_q.sizes[0] != p->cu_seqlens_k.sizes[0] ||
+            p->cu_seqlens_q.sizes[0] < 1)
+            return aotr_fail(AOTR_UNSUPPORTED, "cu_seqlens_q and cu_seqlens_k must have the "
+                             "same length (batch + 1)");
+        if (p->max_seqlen_q < 0 || p->max_seqlen_k < 0)
+            return aotr_fail(AOTR_INVALID_ARGUMENT, "max_seqlen_q/k must be >= 0");
+        d->b = p->cu_seqlens_q.sizes[0] - 1;
+        d->h = p->q.sizes[1];
+        d->hk = p->k.sizes[1];
+        d->sq = p->max_seqlen_q;
+        d->sk = p->max_seqlen_k;
+        d->d = p->q.sizes[2];
+    } else {
+        d->b = p->q.sizes[0];
+        d->h = p->q.sizes[1];
+        d->hk = p->k.sizes[1];
+        d->sq = p->q.sizes[2];
+        d->sk = p->k.sizes[2];
+        d->d = p->q.sizes[3];
+    }
+    return AOTR_OK;
+}
+
+/* (z, h, row) strides of q/k/v-like tensors; a packed batch has no z stride. */
+static void zhm(const aotr_tensor *t, int varlen, int64_t out[3])
+{
+    if (varlen) {
+        out[0] = 0;
+        out[1] = t->strides[1];
+        out[2] = t->strides[0];
+    } else {
+        out[0] = t->strides[0];
+        out[1] = t->strides[1];
+        out[2] = t->strides[2];
+    }
+}
+
+aotr_status aotr_attn_check(const aotr_attn_problem *p)
+{
+    if (!p)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_check: `problem` is NULL");
+    dims d;
+    aotr_status st = problem_dims(p, &d);
+    if (st != AOTR_OK)
+        return st;
+    int32_t dtype = p->q.dtype;
+    if (p->k.dtype != dtype || p->v.dtype != dtype)
+        return aotr_fail(AOTR_UNSUPPORTED, "query, key and value must share a dtype");
+    if (dtype != AOTR_FP16 && dtype != AOTR_BF16 && dtype != AOTR_FP32)
+        return aotr_fail(AOTR_UNSUPPORTED, "dtype %s is not covered (fp16, bf16 and fp32 are)",
+                         dtype_text(dtype));
+    if (!same_shape(&p->k, &p->v) || p->q.sizes[p->q.rank - 1] != p->k.sizes[p->k.rank - 1])
+        return aotr_fail(AOTR_UNSUPPORTED, "key and value must have one shape, and query "
+                         "their head_dim");
+    if (!d.varlen && p->k.sizes[0] != d.b)
+        return aotr_fail(AOTR_UNSUPPORTED, "query and key/value batch sizes differ");
+    if ((d.hk == 0 && d.h > 0) || (d.hk && d.h % d.hk))
+        return aotr_fail(AOTR_UNSUPPORTED, "query heads (%lld) must be a multiple of "
+                         "key/value heads (%lld) (GQA/MQA)", (long long)d.h, (long long)d.hk);
+    if (d.d % 8 || d.d < 8 || d.d > MAX_HEAD_DIM)
+        return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld is not covered (multiples of 8 "
+                         "from 8 to %d are)", (long long)d.d, MAX_HEAD_DIM);
+    if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
+        return aotr_fail(AOTR_UNSUPPORTED, "dropout_p=%g is outside [0, 1)",
+                         (double)p->dropout_p);
+    if (p->dropout_p > 0.0f && MAX_BLOCK * d.sk > INT32_LIMIT)
+        return aotr_fail(AOTR_UNSUPPORTED, "dropout with seqlen_k > 2**23 is not covered");
+    if (!isfinite(p->scale))
+        return aotr_fail(AOTR_UNSUPPORTED, "scale=%g is not finite", (double)p->scale);
+    if (p->causal != 0 && p->causal != 1)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "causal must be 0 or 1, not %d", p->causal);
+    if (p->causal_alignment != AOTR_CAUSAL_BOTTOM_RIGHT &&
+        p->causal_alignment != AOTR_CAUSAL_TOP_LEFT)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "causal_alignment must be "
+                         "AOTR_CAUSAL_BOTTOM_RIGHT or AOTR_CAUSAL_TOP_LEFT, not %d",
+                         p->causal_alignment);
+    if (d.varlen) {
+        if (d.b > INT32_LIMIT || p->q.sizes[0] > INT32_LIMIT || p->k.sizes[0] > INT32_LIMIT)
+            return aotr_fail(AOTR_UNSUPPORTED, "more than 2**31 packed rows");
+        if (present(&p->bias))
+            return aotr_fail(AOTR_UNSUPPORTED, "an attn_mask or a debug mask with a "
+                             "variable-length batch is not covered");
+    }
+    if (present(&p->bias)) {
+        if ((st = check_tensor(&p->bias, "bias")) != AOTR_OK)
+            return st;
+        if (p->bias.dtype != dtype)
+            return aotr_fail(AOTR_UNSUPPORTED, "the bias must have the query's dtype (%s), "
+                             "not %s", dtype_text(dtype), dtype_text(p->bias.dtype));
+        if (p->bias.rank != 4 || p->bias.sizes[0] != d.b || p->bias.sizes[1] != d.h ||
+            p->bias.sizes[2] != d.sq || p->bias.sizes[3] != d.sk)
+            return aotr_fail(AOTR_UNSUPPORTED, "the bias must be a (batch, heads, seqlen_q, "
+                             "seqlen_k) = (%lld, %lld, %lld, %lld) view (stride 0 where it "
+                             "broadcasts)", (long long)d.b, (long long)d.h, (long long)d.sq,
+                             (long long)d.sk);
+    }
+    if (d.sk == 0 && d.sq > 0 && d.b * d.h > 0)
+        return aotr_fail(AOTR_UNSUPPORTED, "seqlen_k = 0 (no keys)");
+    if (d.b > INT32_LIMIT || d.h > INT32_LIMIT || d.sq > INT32_LIMIT || d.sk > INT32_LIMIT)
+        return aotr_fail(AOTR_UNSUPPORTED, "sizes beyond 32 bits are not covered");
+    const aotr_tensor *qkv[3] = {&p->q, &p->k, &p->v};
+    for (int i = 0; i < 3; i++) {
+        int64_t s[3];
+        zhm(qkv[i], d.varlen, s);
+        int64_t largest = 0;
+        for (int j = 0; j < qkv[i]->rank; j++)
+            if (qkv[i]->strides[j] > largest)
+                largest = qkv[i]->strides[j];
+        /* Strides are 32-bit kernel arguments; offsets inside one block of up
+         * to MAX_BLOCK rows are 32-bit too (blocks are offset in 64-bit). */
+        if (largest > INT32_LIMIT || s[2] > INT32_LIMIT / MAX_BLOCK)
+            return aotr_fail(AOTR_UNSUPPORTED, "strides too large for the kernels' 32-bit "
+                             "stride arguments");
+    }
+    return AOTR_OK;
+}
+
+static uint32_t kernels_needed(uint32_t needs, int kernels[AOTR_KERNEL_COUNT])
+{
+    uint32_t n = 0;
+    kernels[n++] = AOTR_KERNEL_FWD;
+    if (needs & AOTR_NEED_BACKWARD) {
+        kernels[n++] = AOTR_KERNEL_BWD_PRE;
+        kernels[n++] = AOTR_KERNEL_BWD_DKDV;
+        kernels[n++] = AOTR_KERNEL_BWD_DQ;
+    }
+    return n;
+}
+
+aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_attn_problem *p,
+                                uint32_t needs)
+{
+    if (!rt)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_supported: `runtime` is NULL");
+    aotr_status st = aotr_attn_check(p);
+    if (st != AOTR_OK)
+        return st;
+    aotr_device *dev = NULL;
+    if ((st = aotr_runtime_device(rt, device, &dev)) != AOTR_OK)
+        return st;
+    dims d;
+    problem_dims(p, &d);
+    int dropout = p->dropout_p > 0.0f || (needs & AOTR_NEED_DEBUG_MASK);
+    int kernels[AOTR_KERNEL_COUNT];
+    uint32_t n = kernels_needed(needs, kernels);
+    for (uint32_t i = 0; i < n; i++)
+        if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype, (int32_t)d.d,
+                              present(&p->bias), dropout, d.sq, d.sk))
+            return AOTR_UNSUPPORTED;
+    return AOTR_OK;
+}
+
+/* -- argument values ------------------------------------------------------ */
+
+static aotr_status need_layout(const aotr_tensor *t, const char *name)
+{
+    if (aotr_layout_ok(t))
+        return AOTR_OK;
+    return aotr_fail(AOTR_NEEDS_LAYOUT, "%s does not meet the kernels' layout assumptions "
+                     "(unit last stride, 16-byte aligned base, other strides multiples of 16): "
+                     "pass a copy that does", name);
+}
+
+static aotr_status like(const aotr_tensor *t, const aotr_tensor *model, const char *name,
+                        const char *model_name)
+{
+    aotr_status st = check_tensor(t, name);
+    if (st != AOTR_OK)
+        return st;
+    if (!present(t) || !same_shape(t, model) || t->dtype != model->dtype)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be given, shaped and typed like %s",
+                         name, model_name);
+    return need_layout(t, name);
+}
+
+static aotr_status set_i32(aotr_arg_value *v, int slot, int64_t x)
+{
+    if (x > INT32_LIMIT || x < -INT32_LIMIT - 1)
+        return aotr_fail(AOTR_UNSUPPORTED, "%s = %lld does not fit the kernels' 32-bit "
+                         "argument", aotr_arg_slot_name(slot), (long long)x);
+    v[slot].i32 = (int32_t)x;
+    return AOTR_OK;
+}
+
+static aotr_status set_strides(aotr_arg_value *v, int first, const int64_t s[], int count)
+{
+    aotr_status st = AOTR_OK;
+    for (int i = 0; i < count && st == AOTR_OK; i++)
+        st = set_i32(v, first + i, s[i]);
+    return st;
+}
+
+static aotr_status set_zhm(aotr_arg_value *v, int first, const aotr_tensor *t, int varlen)
+{
+    int64_t s[3];
+    zhm(t, varlen, s);
+    return set_strides(v, first, s, 3);
+}
+
+/* (z, h) strides of the logsumexp (and Delta): (B, H, >= Sq) dense, (H, total) packed. */
+static aotr_status check_lse(const aotr_tensor *lse, const dims *d, const char *name,
+                             int64_t out[2])
+{
+    aotr_status st = check_tensor(lse, name);
+    if (st != AOTR_OK)
+        return st;
+    int ok = present(lse) && lse->dtype == AOTR_FP32;
+    if (ok && d->varlen)
+        ok = lse->rank == 2 && lse->sizes[0] == d->h && lse->sizes[1] >= 0;
+    else if (ok)
+        ok = lse->rank == 3 && lse->sizes[0] == d->b && lse->sizes[1] == d->h &&
+             lse->sizes[2] >= d->sq;
+    if (!ok)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be an fp32 %s tensor", name,
+                         d->varlen ? "(heads, total_q)" : "(batch, heads, >= seqlen_q)");
+    if (lse->strides[lse->rank - 1] != 1 || ((uintptr_t)lse->data & 15u))
+        return aotr_fail(AOTR_NEEDS_LAYOUT, "%s needs a unit last stride and a 16-byte "
+                         "aligned base: pass a contiguous copy", name);
+    out[0] = d->varlen ? 0 : lse->strides[0];
+    out[1] = d->varlen ? lse->strides[0] : lse->strides[1];
+    return AOTR_OK;
+}
+
+/* Everything the forward and the backward kernels share. */
+static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int needs_rng,
+                                 aotr_arg_value *v)
+{
+    aotr_status st;
+    if ((st = need_layout(&p->q, "q")) || (st = need_layout(&p->k, "k")) ||
+        (st = need_layout(&p->v, "v")))
+        return st;
+    /* Pointers a launch never dereferences (a feature it does not use) get
+     * q's address: valid device memory, aligned like every other input. */
+    void *spare = p->q.data;
+    v[A_Q].p = p->q.data;
+    v[A_K].p = p->k.data;
+    v[A_V].p = p->v.data;
+    v[A_CU_Q].p = d->varlen ? p->cu_seqlens_q.data : spare;
+    v[A_CU_K].p = d->varlen ? p->cu_seqlens_k.data : spare;
+    if (needs_rng) {
+        const aotr_tensor *r[2] = {&p->philox_seed, &p->philox_offset};
+        for (int i = 0; i < 2; i++)
+            if (!present(r[i]) || r[i]->dtype != AOTR_INT64 || numel(r[i]) < 1 ||
+                ((uintptr_t)r[i]->data & 7u))
+                return aotr_fail(AOTR_INVALID_ARGUMENT, "dropout needs philox_%s: an "
+                                 "8-byte aligned int64 device scalar",
+                                 i ? "offset" : "seed");
+    }
+    v[A_RNG_SEED].p = needs_rng ? p->philox_seed.data : spare;
+    v[A_RNG_OFFSET].p = needs_rng ? p->philox_offset.data : spare;
+    if (present(&p->bias)) {
+        if ((st = need_layout(&p->bias, "bias")) != AOTR_OK)
+            return st;
+        v[A_BIAS].p = p->bias.data;
+        if ((st = set_strides(v, A_SBZ, p->bias.strides, 3)) != AOTR_OK)
+            return st;
+    } else {
+        v[A_BIAS].p = spare;
+        v[A_SBZ].i32 = v[A_SBH].i32 = v[A_SBM].i32 = 0;
+    }
+    if ((st = set_zhm(v, A_SQZ, &p->q, d->varlen)) || (st = set_zhm(v, A_SKZ, &p->k, d->varlen)) ||
+        (st = set_zhm(v, A_SVZ, &p->v, d->varlen)))
+        return st;
+    /* The window (flash-attn's window_size; causal is right = 0), clamped to
+     * seqlen_q + seqlen_k (the same mask) so that no bound overflows int32. */
+    int64_t left = p->window_left, right = p->causal ? 0 : p->window_right;
+    int64_t cap = d->sq + d->sk;
+    left = left < 0 ? -1 : (left < cap ? left : cap);
+    right = right < 0 ? -1 : (right < cap ? right : cap);
+    if ((st = set_i32(v, A_BATCH, d->b)) || (st = set_i32(v, A_NUM_HEADS, d->h)) ||
+        (st = set_i32(v, A_GQA_GROUP, d->hk ? d->h / d->hk : 1)) ||
+        (st = set_i32(v, A_MAX_SEQLEN_Q, d->sq)) || (st = set_i32(v, A_MAX_SEQLEN_K, d->sk)) ||
+        (st = set_i32(v, A_WINDOW_LEFT, left)) || (st = set_i32(v, A_WINDOW_RIGHT, right)))
+        return st;
+    v[A_VARLEN].i32 = d->varlen;
+    v[A_HEAD_DIM].i32 = (int32_t)d->d;
+    v[A_BOTTOM_RIGHT].i32 = p->causal_alignment == AOTR_CAUSAL_BOTTOM_RIGHT;
+    v[A_SM_SCALE].f32 = p->scale;
+    v[A_DROPOUT_P].f32 = p->dropout_p;
+    return AOTR_OK;
+}
+
+static uint64_t cdiv(int64_t a, int64_t b) { return (uint64_t)((a + b - 1) / b); }
+
+static aotr_status make_grid(uint64_t blocks, int64_t programs, uint32_t grid[3])
+{
+    int64_t y = programs < MAX_GRID_Y ? programs : MAX_GRID_Y;
+    if (y < 1)
+        y = 1;
+    uint64_t z = cdiv(programs, y);
+    if (blocks > 0x7fffffffu || z > MAX_GRID_Y)
+        return aotr_fail(AOTR_UNSUPPORTED, "the launch grid (%llu, %lld, %llu) is too large",
+                         (unsigned long long)blocks, (long long)y, (unsigned long long)z);
+    grid[0] = (uint32_t)blocks;
+    grid[1] = (uint32_t)y;
+    grid[2] = (uint32_t)z;
+    return AOTR_OK;
+}
+
+static aotr_status launch(aotr_runtime *rt, aotr_device *dev, const aotr_launchable *k,
+                          uint64_t blocks, int64_t programs, void *stream,
+                          const aotr_arg_value *v)
+{
+    uint32_t grid[3];
+    aotr_status st = make_grid(blocks, programs, grid);
+    if (st == AOTR_OK)
+        st = aotr_launchable_check(k, v);
+    if (st == AOTR_OK)
+        st = aotr_device_launch(rt, dev, k, grid, stream, v);
+    return st;
+}
+
+static aotr_status begin(aotr_runtime *rt, uint32_t struct_size, size_t minimum,
+                         const char *what)
+{
+    if (!rt)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `runtime` is NULL", what);
+    if (struct_size < minimum)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: params->struct_size is %u, at least %zu "
+                         "(set it to sizeof the params struct)", what, struct_size, minimum);
+    return AOTR_OK;
+}
+
+aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
+{
+    if (!params)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd: `params` is NULL");
+    aotr_status st = begin(rt, params->struct_size, sizeof *params, "aotr_attn_fwd");
+    if (st != AOTR_OK)
+        return st;
+    const aotr_attn_problem *p = &params->problem;
+    if ((st = aotr_attn_check(p)) != AOTR_OK)
+        return st;
+    dims d;
+    problem_dims(p, &d);
+    if ((st = like(&params->out, &p->q, "out", "q")) != AOTR_OK)
+        return st;
+    aotr_arg_value v[A_COUNT];
+    memset(v, 0, sizeof v);
+    int64_t lse_s[2];
+    if ((st = check_lse(&params->lse, &d, "lse", lse_s)) != AOTR_OK)
+        return st;
+    if (d.b * d.h * d.sq == 0)
+        return AOTR_OK; /* nothing to compute */
+    const aotr_tensor *dm = &params->debug_mask;
+    int store_dmask = present(dm);
+    if (store_dmask) {
+        if (d.varlen)
+            return aotr_fail(AOTR_UNSUPPORTED, "an attn_mask or a debug mask with a "
+                             "variable-length batch is not covered");
+        int ok = dm->rank == 4 && dm->dtype == p->q.dtype && dm->sizes[0] == d.b &&
+                 dm->sizes[1] == d.h && dm->sizes[2] == d.sq && dm->sizes[3] == d.sk &&
+                 dm->strides[3] == 1 && dm->strides[2] == d.sk && dm->strides[1] == d.sq * d.sk &&
+                 dm->strides[0] == d.h * d.sq * d.sk;
+        if (!ok)
+            return aotr_fail(AOTR_INVALID_ARGUMENT, "debug_mask must be a contiguous (batch, "
+                             "heads, seqlen_q, seqlen_k) tensor of the query's dtype");
+    }
+    int dropout = p->dropout_p > 0.0f || store_dmask;
+    if ((st = common_values(p, &d, dropout, v)) != AOTR_OK)
+        return st;
+    v[A_O].p = params->out.data;
+    v[A_LSE].p = params->lse.data;
+    v[A_DMASK].p = store_dmask ? dm->data : p->q.data;
+    v[A_STORE_DMASK].i32 = store_dmask;
+    if ((st = set_zhm(v, A_SOZ, &params->out, d.varlen)) ||
+        (st = set_strides(v, A_SLZ, lse_s, 2)))
+        return st;
+    aotr_device *dev = NULL;
+    if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
+        return st;
+    const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_FWD, (aotr_dtype)p->q.dtype,
+                                                (int32_t)d.d, present(&p->bias), dropout,
+                                                d.sq, d.sk);
+    if (!k)
+        return AOTR_UNSUPPORTED;
+    return launch(rt, dev, k, cdiv(d.sq, aotr_launchable_block_m(k)), d.b * d.h,
+                  params->stream, v);
+}
+
+aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
+{
+    if (!params)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_bwd: `params` is NULL");
+    aotr_status st = begin(rt, params->struct_size, sizeof *params, "aotr_attn_bwd");
+    if (st != AOTR_OK)
+        return st;
+    const aotr_attn_problem *p = &params->problem;
+    if ((st = aotr_attn_check(p)) != AOTR_OK)
+        return st;
+    dims d;
+    problem_dims(p, &d);
+    if ((st = like(&params->out, &p->q, "out", "q")) ||
+        (st = like(&params->grad_out, &p->q, "grad_out", "q")) ||
+        (st = like(&params->grad_q, &p->q, "grad_q", "q")) ||
+        (st = like(&params->grad_k, &p->k, "grad_k", "k")) ||
+        (st = like(&params->grad_v, &p->v, "grad_v", "v")))
+        return st;
+    int64_t lse_s[2], delta_s[2];
+    if ((st = check_lse(&params->lse, &d, "lse", lse_s)) ||
+        (st = check_lse(&params->delta, &d, "delta", delta_s)))
+        return st;
+    if (delta_s[0] != lse_s[0] || delta_s[1] != lse_s[1] ||
+        !same_shape(&params->delta, &params->lse))
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "delta must be shaped and strided like lse");
+    if (numel(&p->q) == 0 || numel(&p->k) == 0) {
+        if (numel(&params->grad_k) == 0 && numel(&params->grad_q) == 0)
+            return AOTR_OK;
+        return aotr_fail(AOTR_UNSUPPORTED, "an empty query or key/value: the gradients are "
+                         "zeros, which this library does not write (it allocates and clears "
+                         "no device memory)");
+    }
+    const aotr_tensor *db = &params->grad_bias;
+    int store_dbias = present(db);
+    if (store_dbias) {
+        if (!present(&p->bias) || !same_shape(db, &p->bias) || db->dtype != p->bias.dtype)
+            return aotr_fail(AOTR_INVALID_ARGUMENT, "grad_bias needs a bias, and must be "
+                             "shaped and typed like it");
+        if ((st = need_layout(db, "grad_bias")) != AOTR_OK)
+            return st;
+    }
+    aotr_arg_value v[A_COUNT];
+    memset(v, 0, sizeof v);
+    int dropout = p->dropout_p > 0.0f;
+    if ((st = common_values(p, &d, dropout, v)) != AOTR_OK)
+        return st;
+    v[A_O].p = params->out.data;
+    v[A_DO].p = params->grad_out.data;
+    v[A_LSE].p = params->lse.data;
+    v[A_DELTA].p = params->delta.data;
+    v[A_DQ].p = params->grad_q.data;
+    v[A_DK].p = params->grad_k.data;
+    v[A_DV].p = params->grad_v.data;
+    v[A_DBIAS].p = store_dbias ? db->data : p->q.data;
+    v[A_STORE_DBIAS].i32 = store_dbias;
+    if ((st = set_zhm(v, A_SOZ, &params->out, d.varlen)) ||
+        (st = set_zhm(v, A_SDOZ, &params->grad_out, d.varlen)) ||
+        (st = set_zhm(v, A_SDQZ, &params->grad_q, d.varlen)) ||
+        (st = set_zhm(v, A_SDKZ, &params->grad_k, d.varlen)) ||
+        (st = set_zhm(v, A_SDVZ, &params->grad_v, d.varlen)) ||
+        (st = set_strides(v, A_SLZ, lse_s, 2)))
+        return st;
+    if (store_dbias && (st = set_strides(v, A_SDBZ, db->strides, 3)) != AOTR_OK)
+        return st;
+    aotr_device *dev = NULL;
+    if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
+        return st;
+    aotr_dtype dtype = (aotr_dtype)p->q.dtype;
+    int bias = present(&p->bias);
+    const aotr_launchable *pre = aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d.d,
+                                                  0, 0, d.sq, d.sk);
+    const aotr_launchable *dkdv = pre ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype,
+                                                         (int32_t)d.d, bias, dropout, d.sq,
+                                                         d.sk) : NULL;
+    const aotr_launchable *dq = dkdv ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ, dtype,
+                                                        (int32_t)d.d, bias, dropout, d.sq,
+                                                        d.sk) : NULL;
+    if (!dq)
+        return AOTR_UNSUPPORTED;
+    /* Check all three before the first launch, so a refusal launches nothing. */
+    if ((st = aotr_launchable_check(pre, v)) || (st = aotr_launchable_check(dkdv, v)) ||
+        (st = aotr_launchable_check(dq, v)))
+        return st;
+    if ((st = launch(rt, dev, pre, cdiv(d.sq, aotr_launchable_block_m(pre)), d.b * d.h,
+                     params->stream, v)) != AOTR_OK)
+        return st;
+    if ((st = launch(rt, dev, dkdv, cdiv(d.sk, aotr_launchable_block_n(dkdv)), d.b * d.hk,
+                     params->stream, v)) != AOTR_OK)
+        return st;
+    return launch(rt, dev, dq, cdiv(d.sq, aotr_launchable_block_m(dq)), d.b * d.h,
+                  params->stream, v);
+}
