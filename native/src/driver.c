@@ -1,0 +1,883 @@
+/* The CUDA driver / HIP runtime, opened with dlopen: module loads and
+ * launches with a packed argument buffer.
+ *
+ * No CUDA or ROCm header is used: the prototypes and constants below follow
+ * cuda.h and hip_runtime_api.h (all handles are pointers, CUdevice and the
+ * result codes are ints). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+_Static_assert(sizeof(void *) == sizeof(void (*)(void)),
+               "function pointers are stored through void *");
+
+typedef int drv_result;
+
+/* ------------------------------------------------------------ constants */
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_INSUFFICIENT_DRIVER 35
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_INVALID_IMAGE 200
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_NO_BINARY_FOR_GPU 209
+#define CUDA_ERROR_UNSUPPORTED_PTX_VERSION 222
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_ILLEGAL_ADDRESS 700
+#define CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES 701
+#define CUDA_ERROR_LAUNCH_FAILED 719
+
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
+#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+/* Dynamic shared memory above this needs the opt-in attribute. */
+#define CUDA_DEFAULT_MAX_DYNAMIC_SHARED 49152u
+
+#define CU_LAUNCH_PARAM_END ((void *)0)
+#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+
+#define hipSuccess 0
+#define hipErrorInvalidValue 1
+#define hipErrorInsufficientDriver 35
+#define hipErrorInvalidDeviceFunction 98
+#define hipErrorNoDevice 100
+#define hipErrorInvalidDevice 101
+#define hipErrorInvalidImage 200
+#define hipErrorNoBinaryForGpu 209
+#define hipErrorSharedObjectInitFailed 303
+#define hipErrorInvalidHandle 400
+#define hipErrorNotFound 500
+#define hipErrorIllegalAddress 700
+#define hipErrorLaunchOutOfResources 701
+#define hipErrorLaunchFailure 719
+
+#define HIP_LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define HIP_LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+#define HIP_LAUNCH_PARAM_END ((void *)3)
+
+/* Byte offset of `char gcnArchName[256]` in hipDeviceProp_t on LP64:
+ * - hipDeviceProp_tR0600 (hipGetDevicePropertiesR0600, ROCm 6.0 to 7.x): 1160
+ *   (the struct is 1472 bytes);
+ * - the older layout (hipGetDeviceProperties, ROCm 4.5 to 5.7): 396 (792).
+ * Both computed with offsetof from the public hip_runtime_api.h (ROCm/HIP
+ * tags rocm-4.5.0 .. rocm-6.2.0 and amd-staging; ROCm 7's copy in
+ * ROCm/rocm-systems has the same members before gcnArchName). */
+#define HIP_PROPS_R0600_GCN_ARCH_NAME 1160
+#define HIP_PROPS_R0000_GCN_ARCH_NAME 396
+#define HIP_GCN_ARCH_NAME_SIZE 256
+#define HIP_PROPS_BUFFER 4096
+
+/* ---------------------------------------------------------------- tables */
+
+typedef void *drv_handle;
+
+struct cuda_api {
+    drv_result (*Init)(unsigned);
+    drv_result (*GetErrorName)(drv_result, const char **);
+    drv_result (*GetErrorString)(drv_result, const char **);
+    drv_result (*DeviceGet)(int *, int);
+    drv_result (*DeviceGetAttribute)(int *, int, int);
+    drv_result (*DevicePrimaryCtxRetain)(drv_handle *, int);
+    drv_result (*DevicePrimaryCtxRelease)(int);
+    drv_result (*CtxGetCurrent)(drv_handle *);
+    drv_result (*CtxSetCurrent)(drv_handle);
+    drv_result (*CtxPushCurrent)(drv_handle);
+    drv_result (*CtxPopCurrent)(drv_handle *);
+    drv_result (*ModuleLoadData)(drv_handle *, const void *);
+    drv_result (*ModuleUnload)(drv_handle);
+    drv_result (*ModuleGetFunction)(drv_handle *, drv_handle, const char *);
+    drv_result (*FuncSetAttribute)(drv_handle, int, int);
+    drv_result (*LaunchKernel)(drv_handle, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, drv_handle, void **, void **);
+};
+
+struct hip_api {
+    drv_result (*Init)(unsigned);
+    const char *(*GetErrorName)(drv_result);
+    const char *(*GetErrorString)(drv_result);
+    drv_result (*GetDevice)(int *);
+    drv_result (*SetDevice)(int);
+    drv_result (*ModuleLoadData)(drv_handle *, const void *);
+    drv_result (*ModuleUnload)(drv_handle);
+    drv_result (*ModuleGetFunction)(drv_handle *, drv_handle, const char *);
+    drv_result (*ModuleLaunchKernel)(drv_handle, unsigned, unsigned, unsigned, unsigned,
+                                     unsigned, unsigned, unsigned, drv_handle, void **,
+                                     void **);
+    /* Optional: at most one is used (see HIP_PROPS_*). */
+    drv_result (*GetDevicePropertiesR0600)(void *, int);
+    drv_result (*GetDeviceProperties)(void *, int);
+};
+
+struct symbol {
+    const char *name;
+    size_t offset;
+    int optional;
+};
+
+#define CU(field, name) {name, offsetof(struct cuda_api, field), 0}
+static const struct symbol cuda_symbols[] = {
+    CU(Init, "cuInit"),
+    CU(GetErrorName, "cuGetErrorName"),
+    CU(GetErrorString, "cuGetErrorString"),
+    CU(DeviceGet, "cuDeviceGet"),
+    CU(DeviceGetAttribute, "cuDeviceGetAttribute"),
+    CU(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    CU(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
+    CU(CtxGetCurrent, "cuCtxGetCurrent"),
+    CU(CtxSetCurrent, "cuCtxSetCurrent"),
+    CU(CtxPushCurrent, "cuCtxPushCurrent_v2"),
+    CU(CtxPopCurrent, "cuCtxPopCurrent_v2"),
+    CU(ModuleLoadData, "cuModuleLoadData"),
+    CU(ModuleUnload, "cuModuleUnload"),
+    CU(ModuleGetFunction, "cuModuleGetFunction"),
+    CU(FuncSetAttribute, "cuFuncSetAttribute"),
+    CU(LaunchKernel, "cuLaunchKernel"),
+};
+#undef CU
+
+#define HIP(field, name, optional) {name, offsetof(struct hip_api, field), optional}
+static const struct symbol hip_symbols[] = {
+    HIP(Init, "hipInit", 0),
+    HIP(GetErrorName, "hipGetErrorName", 0),
+    HIP(GetErrorString, "hipGetErrorString", 0),
+    HIP(GetDevice, "hipGetDevice", 0),
+    HIP(SetDevice, "hipSetDevice", 0),
+    HIP(ModuleLoadData, "hipModuleLoadData", 0),
+    HIP(ModuleUnload, "hipModuleUnload", 0),
+    HIP(ModuleGetFunction, "hipModuleGetFunction", 0),
+    HIP(ModuleLaunchKernel, "hipModuleLaunchKernel", 0),
+    HIP(GetDevicePropertiesR0600, "hipGetDevicePropertiesR0600", 1),
+    HIP(GetDeviceProperties, "hipGetDeviceProperties", 1),
+};
+#undef HIP
+
+struct loaded_module {
+    drv_handle module;
+    int32_t device;
+    struct loaded_module *next;
+};
+
+struct aotr_driver {
+    aotr_backend backend;
+    void *lib;
+    char library[512]; /* what was opened, for messages */
+    struct cuda_api cu;
+    struct hip_api hip;
+    pthread_mutex_t lock; /* guards modules and contexts */
+    struct loaded_module *modules;
+    /* CUDA: the primary context of device i (retained once), or NULL. */
+    drv_handle *contexts;
+    size_t num_contexts;
+};
+
+/* ---------------------------------------------------------------- errors */
+
+static const char cuda_no_driver_hint[] =
+    "the CUDA backend needs an NVIDIA GPU and its driver (libcuda.so.1 comes with the "
+    "NVIDIA driver, not with torch): install the NVIDIA driver, or load the process's "
+    "CUDA (import torch) first";
+static const char hip_no_runtime_hint[] =
+    "the HIP backend needs an AMD GPU and the HIP runtime (libamdhip64): install ROCm, put "
+    "ROCm's lib directory on LD_LIBRARY_PATH, or load a ROCm build of torch first";
+static const char not_in_image_hint[] =
+    "the kernel symbol is not in the code object: the archive's index does not match its "
+    "code objects; reinstall the kernel archive";
+
+static const char *cuda_hint(const char *function, drv_result code)
+{
+    if (strcmp(function, "cuLaunchKernel") == 0) {
+        switch (code) {
+        case CUDA_ERROR_INVALID_CONTEXT:
+            return "no CUDA context of the kernel's device is current on this thread: make "
+                   "the device current (torch.cuda.device(index)) before the call";
+        case CUDA_ERROR_INVALID_HANDLE:
+            return "the stream or function belongs to another device: pass that device's "
+                   "stream and make it current";
+        case CUDA_ERROR_INVALID_VALUE:
+            return "invalid launch configuration (grid y/z above 65535, block above 1024 "
+                   "threads, or shared memory above the function's limit)";
+        case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
+            return "the kernel needs more registers or shared memory than the GPU offers for "
+                   "this block size: the kernel variant does not fit this GPU";
+        case CUDA_ERROR_ILLEGAL_ADDRESS:
+            return "a kernel accessed invalid memory; the CUDA context is now unusable, "
+                   "restart the process. Please report it with the shapes, dtypes and strides";
+        case CUDA_ERROR_LAUNCH_FAILED:
+            return "a kernel failed; the CUDA context is now unusable, restart the process";
+        default:
+            return NULL;
+        }
+    }
+    switch (code) {
+    case CUDA_ERROR_NO_BINARY_FOR_GPU:
+        return "the cubin was compiled for another GPU architecture: install the kernel "
+               "archive built for this GPU";
+    case CUDA_ERROR_INVALID_IMAGE:
+        return "the code object is not a valid cubin for this driver: the archive may be "
+               "damaged or built for another backend; reinstall it";
+    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+        return "the code object needs a newer NVIDIA driver: update the driver";
+    case CUDA_ERROR_NOT_FOUND:
+        return not_in_image_hint;
+    case CUDA_ERROR_INVALID_DEVICE:
+        return "no such device index (check CUDA_VISIBLE_DEVICES)";
+    case CUDA_ERROR_NO_DEVICE:
+        return cuda_no_driver_hint;
+    case CUDA_ERROR_INSUFFICIENT_DRIVER:
+        return "the installed NVIDIA driver is too old: update it";
+    default:
+        return strcmp(function, "cuInit") == 0 ? cuda_no_driver_hint : NULL;
+    }
+}
+
+static const char *hip_hint(const char *function, drv_result code)
+{
+    if (strcmp(function, "hipModuleLaunchKernel") == 0) {
+        switch (code) {
+        case hipErrorInvalidValue:
+            return "invalid launch configuration (block above 1024 threads, or shared memory "
+                   "above the LDS per workgroup: 64 KiB, 160 KiB on gfx950)";
+        case hipErrorInvalidDeviceFunction:
+            return "the function does not belong to the stream's device or this GPU's arch: "
+                   "make the device current (torch.cuda.device(index)) and pass its stream";
+        case hipErrorInvalidHandle:
+            return "the stream or function belongs to another device: pass that device's "
+                   "stream and make it current";
+        case hipErrorLaunchOutOfResources:
+            return "the kernel needs more registers or LDS than the GPU offers for this block "
+                   "size: the kernel variant does not fit this GPU";
+        case hipErrorIllegalAddress:
+            return "a kernel accessed invalid memory; the HIP context is now unusable, "
+                   "restart the process. Please report it with the shapes, dtypes and strides";
+        case hipErrorLaunchFailure:
+            return "a kernel failed; restart the process";
+        default:
+            return NULL;
+        }
+    }
+    switch (code) {
+    case hipErrorNoBinaryForGpu:
+        return "the code object was compiled for another GPU architecture: install the "
+               "kernel archive for this GPU's gfx arch";
+    case hipErrorInvalidImage:
+        return "the code object is not a valid HSACO for this runtime: the archive may be "
+               "damaged, or built for another arch or code object version; reinstall it";
+    case hipErrorSharedObjectInitFailed:
+        return "the runtime could not load the code object: it may target another arch or "
+               "need a newer ROCm";
+    case hipErrorNotFound:
+        return not_in_image_hint;
+    case hipErrorInvalidDevice:
+        return "no such device index (check HIP_VISIBLE_DEVICES)";
+    case hipErrorNoDevice:
+        return hip_no_runtime_hint;
+    case hipErrorInsufficientDriver:
+        return "the amdgpu kernel driver is too old for this ROCm runtime";
+    default:
+        return strcmp(function, "hipInit") == 0 ? hip_no_runtime_hint : NULL;
+    }
+}
+
+static void error_name_string(const aotr_driver *d, drv_result code, const char **name,
+                              const char **text)
+{
+    *name = NULL;
+    *text = NULL;
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        if (d->cu.GetErrorName(code, name) != CUDA_SUCCESS)
+            *name = NULL;
+        if (d->cu.GetErrorString(code, text) != CUDA_SUCCESS)
+            *text = NULL;
+        if (!*name)
+            *name = "CUDA_ERROR_UNRECOGNIZED";
+    } else {
+        *name = d->hip.GetErrorName(code);
+        *text = d->hip.GetErrorString(code);
+        if (!*name)
+            *name = "hipErrorUnknown";
+    }
+    if (!*text)
+        *text = "no description";
+}
+
+/* "<function> failed: <name>: <string> (code N; <hint>)" plus, when given,
+ * " [<context>]". `hint` NULL: the backend's hint for the code, if any. */
+static aotr_status driver_error(const aotr_driver *d, aotr_status status, const char *function,
+                                drv_result code, const char *hint, const char *context)
+{
+    const char *name, *text;
+    error_name_string(d, code, &name, &text);
+    if (!hint)
+        hint = d->backend == AOTR_BACKEND_CUDA ? cuda_hint(function, code)
+                                               : hip_hint(function, code);
+    return aotr_fail(status, "%s failed: %s: %s (code %d%s%s)%s%s%s", function, name, text,
+                     (int)code, hint ? "; " : "", hint ? hint : "", context ? " [" : "",
+                     context ? context : "", context ? "]" : "");
+}
+
+/* ------------------------------------------------------------------ open */
+
+struct find_loaded {
+    const char *prefix;
+    char path[512];
+};
+
+static int find_loaded_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+    struct find_loaded *f = data;
+    const char *base;
+    (void)size;
+    if (!info->dlpi_name || !info->dlpi_name[0])
+        return 0;
+    base = strrchr(info->dlpi_name, '/');
+    base = base ? base + 1 : info->dlpi_name;
+    if (strncmp(base, f->prefix, strlen(f->prefix)) != 0)
+        return 0;
+    snprintf(f->path, sizeof f->path, "%s", info->dlpi_name);
+    return 1;
+}
+
+static void *open_loaded(const char *const *sonames, size_t n, const char *prefix,
+                         char *opened, size_t opened_size)
+{
+    struct find_loaded f;
+    void *lib;
+    for (size_t i = 0; i < n; i++) {
+        lib = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD);
+        if (lib) {
+            snprintf(opened, opened_size, "%s", sonames[i]);
+            return lib;
+        }
+    }
+    /* A copy loaded under another soname (e.g. bundled in a wheel). */
+    f.prefix = prefix;
+    f.path[0] = '\0';
+    if (dl_iterate_phdr(find_loaded_cb, &f) && f.path[0]) {
+        lib = dlopen(f.path, RTLD_NOW | RTLD_NOLOAD);
+        if (lib) {
+            snprintf(opened, opened_size, "%s", f.path);
+            return lib;
+        }
+    }
+    return NULL;
+}
+
+static aotr_status open_library(aotr_driver *d, const char *library)
+{
+    static const char *const cuda_sonames[] = {"libcuda.so.1"};
+    static const char *const hip_sonames[] = {"libamdhip64.so.7", "libamdhip64.so.6",
+                                              "libamdhip64.so.5", "libamdhip64.so"};
+    static const char *const hip_defaults[] = {"libamdhip64.so", "libamdhip64.so.7",
+                                               "libamdhip64.so.6", "libamdhip64.so.5"};
+    const int cuda = d->backend == AOTR_BACKEND_CUDA;
+    const char *what = cuda ? "the CUDA driver" : "the HIP runtime";
+    const char *hint = cuda ? cuda_no_driver_hint : hip_no_runtime_hint;
+    const char *const *defaults = cuda ? cuda_sonames : hip_defaults;
+    size_t num_defaults = cuda ? 1 : sizeof hip_defaults / sizeof hip_defaults[0];
+    char failures[1024];
+    size_t used = 0;
+
+    if (library && library[0]) {
+        d->lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+        if (!d->lib) {
+            const char *e = dlerror();
+            return aotr_fail(AOTR_DRIVER_UNAVAILABLE, "cannot load %s from %s (%s): %s", what,
+                             library, e ? e : "unknown error", hint);
+        }
+        snprintf(d->library, sizeof d->library, "%s", library);
+        return AOTR_OK;
+    }
+    d->lib = cuda ? open_loaded(cuda_sonames, 1, "libcuda.so", d->library, sizeof d->library)
+                  : open_loaded(hip_sonames, sizeof hip_sonames / sizeof hip_sonames[0],
+                                "libamdhip64", d->library, sizeof d->library);
+    if (d->lib)
+        return AOTR_OK;
+    failures[0] = '\0';
+    for (size_t i = 0; i < num_defaults; i++) {
+        const char *e;
+        int w;
+        d->lib = dlopen(defaults[i], RTLD_NOW | RTLD_LOCAL);
+        if (d->lib) {
+            snprintf(d->library, sizeof d->library, "%s", defaults[i]);
+            return AOTR_OK;
+        }
+        e = dlerror();
+        if (used < sizeof failures) {
+            w = snprintf(failures + used, sizeof failures - used, "%s%s", used ? "; " : "",
+                         e ? e : defaults[i]);
+            if (w > 0)
+                used += (size_t)w;
+        }
+    }
+    return aotr_fail(AOTR_DRIVER_UNAVAILABLE, "cannot load %s (%s): %s", what, failures, hint);
+}
+
+static aotr_status resolve(aotr_driver *d)
+{
+    const int cuda = d->backend == AOTR_BACKEND_CUDA;
+    const struct symbol *table = cuda ? cuda_symbols : hip_symbols;
+    size_t n = cuda ? sizeof cuda_symbols / sizeof cuda_symbols[0]
+                    : sizeof hip_symbols / sizeof hip_symbols[0];
+    char *base = cuda ? (char *)&d->cu : (char *)&d->hip;
+    for (size_t i = 0; i < n; i++) {
+        void *p;
+        dlerror();
+        p = dlsym(d->lib, table[i].name);
+        if (!p && !table[i].optional)
+            return aotr_fail(AOTR_DRIVER_UNAVAILABLE,
+                             "%s has no function %s: it is not %s or it is too old; %s",
+                             d->library, table[i].name,
+                             cuda ? "the CUDA driver" : "the HIP runtime",
+                             cuda ? "update the NVIDIA driver" : "update ROCm");
+        memcpy(base + table[i].offset, &p, sizeof p);
+    }
+    if (!cuda && d->hip.GetDevicePropertiesR0600)
+        d->hip.GetDeviceProperties = NULL; /* that one is the old layout */
+    return AOTR_OK;
+}
+
+aotr_status aotr_driver_open(aotr_backend backend, const char *library, aotr_driver **out)
+{
+    aotr_driver *d;
+    aotr_status st;
+    drv_result rc;
+    if (!out)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_driver_open: out is NULL");
+    *out = NULL;
+    if (backend != AOTR_BACKEND_CUDA && backend != AOTR_BACKEND_HIP)
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_driver_open: backend %d is neither HIP (1) nor CUDA (2)",
+                         (int)backend);
+    d = calloc(1, sizeof *d);
+    if (!d)
+        return aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_driver_open: out of memory");
+    d->backend = backend;
+    if (pthread_mutex_init(&d->lock, NULL) != 0) {
+        free(d);
+        return aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_driver_open: cannot create a mutex");
+    }
+    st = open_library(d, library);
+    if (st == AOTR_OK)
+        st = resolve(d);
+    if (st == AOTR_OK) {
+        const char *fn = backend == AOTR_BACKEND_CUDA ? "cuInit" : "hipInit";
+        rc = backend == AOTR_BACKEND_CUDA ? d->cu.Init(0) : d->hip.Init(0);
+        if (rc != 0) {
+            char context[600];
+            snprintf(context, sizeof context, "%s", d->library);
+            st = driver_error(d, AOTR_DRIVER_UNAVAILABLE, fn, rc, NULL, context);
+        }
+    }
+    if (st != AOTR_OK) {
+        if (d->lib)
+            dlclose(d->lib);
+        pthread_mutex_destroy(&d->lock);
+        free(d);
+        return st;
+    }
+    *out = d;
+    return AOTR_OK;
+}
+
+aotr_backend aotr_driver_backend(const aotr_driver *d) { return d->backend; }
+
+/* -------------------------------------------------------- CUDA contexts */
+
+/* The primary context of `device`, retained on first use. */
+static aotr_status cuda_primary_context(aotr_driver *d, int32_t device, drv_handle *ctx)
+{
+    aotr_status st = AOTR_OK;
+    pthread_mutex_lock(&d->lock);
+    if ((size_t)device >= d->num_contexts) {
+        size_t n = (size_t)device + 1;
+        drv_handle *grown = realloc(d->contexts, n * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_unlock(&d->lock);
+            return aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory");
+        }
+        for (size_t i = d->num_contexts; i < n; i++)
+            grown[i] = NULL;
+        d->contexts = grown;
+        d->num_contexts = n;
+    }
+    *ctx = d->contexts[device];
+    if (!*ctx) {
+        int dev = 0;
+        drv_result rc = d->cu.DeviceGet(&dev, device);
+        if (rc != CUDA_SUCCESS) {
+            st = driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGet", rc, NULL, NULL);
+        } else {
+            rc = d->cu.DevicePrimaryCtxRetain(ctx, dev);
+            if (rc != CUDA_SUCCESS)
+                st = driver_error(d, AOTR_DRIVER_ERROR, "cuDevicePrimaryCtxRetain", rc, NULL,
+                                  NULL);
+            else
+                d->contexts[device] = *ctx;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    return st;
+}
+
+/* Make `device`'s primary context current: set when the thread has none,
+ * pushed (*pushed = 1) when another one is current. */
+static aotr_status cuda_enter(aotr_driver *d, int32_t device, int *pushed)
+{
+    drv_handle ctx, current = NULL;
+    drv_result rc;
+    aotr_status st = cuda_primary_context(d, device, &ctx);
+    *pushed = 0;
+    if (st != AOTR_OK)
+        return st;
+    rc = d->cu.CtxGetCurrent(&current);
+    if (rc != CUDA_SUCCESS)
+        return driver_error(d, AOTR_DRIVER_ERROR, "cuCtxGetCurrent", rc, NULL, NULL);
+    if (current == ctx)
+        return AOTR_OK;
+    if (!current) {
+        rc = d->cu.CtxSetCurrent(ctx);
+        if (rc != CUDA_SUCCESS)
+            return driver_error(d, AOTR_DRIVER_ERROR, "cuCtxSetCurrent", rc, NULL, NULL);
+        return AOTR_OK;
+    }
+    rc = d->cu.CtxPushCurrent(ctx);
+    if (rc != CUDA_SUCCESS)
+        return driver_error(d, AOTR_DRIVER_ERROR, "cuCtxPushCurrent", rc, NULL, NULL);
+    *pushed = 1;
+    return AOTR_OK;
+}
+
+static void cuda_leave(aotr_driver *d, int pushed)
+{
+    drv_handle popped = NULL;
+    if (pushed)
+        (void)d->cu.CtxPopCurrent(&popped);
+}
+
+/* ------------------------------------------------------------------ arch */
+
+aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch,
+                                    size_t capacity)
+{
+    char name[HIP_GCN_ARCH_NAME_SIZE];
+    int w;
+    if (!d || !arch || capacity == 0)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_driver_device_arch: NULL argument");
+    if (device < 0)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "device index %d is negative", (int)device);
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        int dev = 0, major = 0, minor = 0;
+        drv_result rc = d->cu.DeviceGet(&dev, device);
+        if (rc != CUDA_SUCCESS)
+            return aotr_fail_prefix(
+                driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGet", rc, NULL, NULL),
+                "device %d", (int)device);
+        rc = d->cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                      dev);
+        if (rc == CUDA_SUCCESS)
+            rc = d->cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                          dev);
+        if (rc != CUDA_SUCCESS)
+            return aotr_fail_prefix(
+                driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute", rc, NULL,
+                             "compute capability"),
+                "device %d", (int)device);
+        w = snprintf(name, sizeof name, "sm_%d%d", major, minor);
+    } else {
+        const char *fn = d->hip.GetDevicePropertiesR0600 ? "hipGetDevicePropertiesR0600"
+                                                         : "hipGetDeviceProperties";
+        size_t offset = d->hip.GetDevicePropertiesR0600 ? HIP_PROPS_R0600_GCN_ARCH_NAME
+                                                        : HIP_PROPS_R0000_GCN_ARCH_NAME;
+        drv_result (*get)(void *, int) = d->hip.GetDevicePropertiesR0600
+                                             ? d->hip.GetDevicePropertiesR0600
+                                             : d->hip.GetDeviceProperties;
+        unsigned char *props;
+        const char *gcn;
+        size_t len;
+        drv_result rc;
+        if (!get)
+            return aotr_fail(AOTR_UNSUPPORTED,
+                             "%s has neither hipGetDevicePropertiesR0600 nor "
+                             "hipGetDeviceProperties: cannot read device %d's arch name; pass "
+                             "the archive for it with aotr_runtime_add_archive",
+                             d->library, (int)device);
+        /* Larger than any known hipDeviceProp_t, in case a release grows it. */
+        props = calloc(1, HIP_PROPS_BUFFER);
+        if (!props)
+            return aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory");
+        rc = get(props, device);
+        if (rc != hipSuccess) {
+            free(props);
+            return aotr_fail_prefix(driver_error(d, AOTR_DRIVER_ERROR, fn, rc, NULL, NULL),
+                                    "device %d", (int)device);
+        }
+        gcn = (const char *)props + offset;
+        len = strnlen(gcn, HIP_GCN_ARCH_NAME_SIZE);
+        if (len == HIP_GCN_ARCH_NAME_SIZE || strncmp(gcn, "gfx", 3) != 0) {
+            free(props);
+            return aotr_fail(AOTR_UNSUPPORTED,
+                             "%s of %s returned no gfx arch name at byte %zu for device %d: "
+                             "this HIP runtime's hipDeviceProp_t layout is not one this library "
+                             "knows (ROCm 4.5 to 7.x); pass the archive for the device with "
+                             "aotr_runtime_add_archive",
+                             fn, d->library, offset, (int)device);
+        }
+        len = strcspn(gcn, ":");
+        memcpy(name, gcn, len);
+        name[len] = '\0';
+        free(props);
+        w = (int)len;
+    }
+    if (w < 0 || (size_t)w >= capacity)
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "the arch name %s of device %d does not fit in %zu bytes", name,
+                         (int)device, capacity);
+    memcpy(arch, name, (size_t)w + 1);
+    return AOTR_OK;
+}
+
+/* ------------------------------------------------------------------ load */
+
+static aotr_status remember_module(aotr_driver *d, drv_handle module, int32_t device)
+{
+    struct loaded_module *m = malloc(sizeof *m);
+    if (!m)
+        return aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory");
+    m->module = module;
+    m->device = device;
+    pthread_mutex_lock(&d->lock);
+    m->next = d->modules;
+    d->modules = m;
+    pthread_mutex_unlock(&d->lock);
+    return AOTR_OK;
+}
+
+static aotr_status cuda_load(aotr_driver *d, int32_t device, const void *image, size_t size,
+                             const char *symbol, uint32_t shared, void **function)
+{
+    char context[512];
+    drv_handle module = NULL, fn = NULL;
+    drv_result rc;
+    int pushed;
+    aotr_status st = cuda_enter(d, device, &pushed);
+    if (st != AOTR_OK)
+        return aotr_fail_prefix(st, "loading %s on device %d", symbol, (int)device);
+    snprintf(context, sizeof context, "%s, %zu bytes, device %d", symbol, size, (int)device);
+    rc = d->cu.ModuleLoadData(&module, image);
+    if (rc != CUDA_SUCCESS) {
+        st = driver_error(d, AOTR_DRIVER_ERROR, "cuModuleLoadData", rc, NULL, context);
+        goto done;
+    }
+    rc = d->cu.ModuleGetFunction(&fn, module, symbol);
+    if (rc != CUDA_SUCCESS) {
+        st = driver_error(d, AOTR_DRIVER_ERROR, "cuModuleGetFunction", rc,
+                          rc == CUDA_ERROR_NOT_FOUND ? not_in_image_hint : NULL, context);
+        goto done;
+    }
+    if (shared > CUDA_DEFAULT_MAX_DYNAMIC_SHARED) {
+        rc = d->cu.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    (int)shared);
+        if (rc != CUDA_SUCCESS) {
+            char hint[256];
+            int dev = 0, limit = 0;
+            if (d->cu.DeviceGet(&dev, device) == CUDA_SUCCESS &&
+                d->cu.DeviceGetAttribute(&limit,
+                                         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                         dev) == CUDA_SUCCESS)
+                snprintf(hint, sizeof hint,
+                         "the kernel needs %u bytes of shared memory, device %d allows at most "
+                         "%d per block: the kernel variant does not fit this GPU",
+                         (unsigned)shared, (int)device, limit);
+            else
+                snprintf(hint, sizeof hint,
+                         "the kernel needs %u bytes of shared memory, more than this GPU "
+                         "allows per block",
+                         (unsigned)shared);
+            st = driver_error(d, AOTR_DRIVER_ERROR, "cuFuncSetAttribute", rc, hint, context);
+            goto done;
+        }
+    }
+    st = remember_module(d, module, device);
+done:
+    if (st != AOTR_OK && module)
+        (void)d->cu.ModuleUnload(module);
+    cuda_leave(d, pushed);
+    if (st == AOTR_OK)
+        *function = fn;
+    return st;
+}
+
+static aotr_status hip_load(aotr_driver *d, int32_t device, const void *image, size_t size,
+                            const char *symbol, void **function)
+{
+    char context[512];
+    drv_handle module = NULL, fn = NULL;
+    int current = 0, switched = 0;
+    drv_result rc;
+    aotr_status st;
+    snprintf(context, sizeof context, "%s, %zu bytes, device %d", symbol, size, (int)device);
+    rc = d->hip.GetDevice(&current);
+    if (rc != hipSuccess)
+        return driver_error(d, AOTR_DRIVER_ERROR, "hipGetDevice", rc, NULL, context);
+    if (current != device) {
+        rc = d->hip.SetDevice(device);
+        if (rc != hipSuccess)
+            return driver_error(d, AOTR_DRIVER_ERROR, "hipSetDevice", rc, NULL, context);
+        switched = 1;
+    }
+    rc = d->hip.ModuleLoadData(&module, image);
+    if (rc != hipSuccess) {
+        st = driver_error(d, AOTR_DRIVER_ERROR, "hipModuleLoadData", rc, NULL, context);
+        goto done;
+    }
+    rc = d->hip.ModuleGetFunction(&fn, module, symbol);
+    if (rc != hipSuccess) {
+        st = driver_error(d, AOTR_DRIVER_ERROR, "hipModuleGetFunction", rc,
+                          rc == hipErrorNotFound ? not_in_image_hint : NULL, context);
+        goto done;
+    }
+    /* No opt-in on HIP: dynamic LDS up to the hardware limit is accepted at
+     * launch. */
+    st = remember_module(d, module, device);
+done:
+    if (st != AOTR_OK && module)
+        (void)d->hip.ModuleUnload(module);
+    if (switched)
+        (void)d->hip.SetDevice(current);
+    if (st == AOTR_OK)
+        *function = fn;
+    return st;
+}
+
+aotr_status aotr_driver_load(aotr_driver *d, int32_t device, const void *image, size_t size,
+                             const char *symbol, uint32_t shared, void **function)
+{
+    if (!d || !image || size == 0 || !symbol || !symbol[0] || !function)
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_driver_load: NULL or empty argument (image %p, %zu bytes, "
+                         "symbol %s)",
+                         image, size, symbol ? symbol : "(null)");
+    if (device < 0)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "device index %d is negative", (int)device);
+    *function = NULL;
+    if (d->backend == AOTR_BACKEND_CUDA)
+        return cuda_load(d, device, image, size, symbol, shared, function);
+    return hip_load(d, device, image, size, symbol, function);
+}
+
+/* ---------------------------------------------------------------- launch */
+
+static aotr_status launch_failed(aotr_driver *d, int32_t device, const char *function,
+                                 drv_result rc, const uint32_t grid[3], uint32_t block_x,
+                                 uint32_t shared, void *stream, size_t args_size)
+{
+    char context[256];
+    snprintf(context, sizeof context,
+             "grid (%u, %u, %u), block (%u, 1, 1), shared %u bytes, stream %p, %zu argument "
+             "bytes, device %d",
+             (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], (unsigned)block_x,
+             (unsigned)shared, stream, args_size, (int)device);
+    return driver_error(d, AOTR_DRIVER_ERROR, function, rc, NULL, context);
+}
+
+/* After CUDA_ERROR_INVALID_CONTEXT: 1 when the thread had no current
+ * context and now has `device`'s primary context (the launch is retried). */
+static int cuda_recover(aotr_driver *d, int32_t device)
+{
+    drv_handle current = NULL, ctx = NULL;
+    if (d->cu.CtxGetCurrent(&current) != CUDA_SUCCESS || current)
+        return 0;
+    /* The message of a failure here is replaced by the launch's. */
+    if (cuda_primary_context(d, device, &ctx) != AOTR_OK)
+        return 0;
+    return d->cu.CtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
+aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
+                               const uint32_t grid[3], uint32_t block_x, uint32_t shared,
+                               void *stream, void *args, size_t args_size)
+{
+    size_t size = args_size;
+    drv_result rc;
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
+        return AOTR_OK; /* an empty problem: nothing to run */
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args, CU_LAUNCH_PARAM_BUFFER_SIZE,
+                         &size, CU_LAUNCH_PARAM_END};
+        rc = d->cu.LaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1, shared,
+                                stream, NULL, extra);
+        if (rc == CUDA_SUCCESS)
+            return AOTR_OK;
+        if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device)) {
+            size = args_size;
+            rc = d->cu.LaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1, shared,
+                                    stream, NULL, extra);
+            if (rc == CUDA_SUCCESS)
+                return AOTR_OK;
+        }
+        return launch_failed(d, device, "cuLaunchKernel", rc, grid, block_x, shared, stream,
+                             args_size);
+    }
+    {
+        void *extra[] = {HIP_LAUNCH_PARAM_BUFFER_POINTER, args, HIP_LAUNCH_PARAM_BUFFER_SIZE,
+                         &size, HIP_LAUNCH_PARAM_END};
+        rc = d->hip.ModuleLaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1,
+                                       shared, stream, NULL, extra);
+        if (rc == hipSuccess)
+            return AOTR_OK;
+        return launch_failed(d, device, "hipModuleLaunchKernel", rc, grid, block_x, shared,
+                             stream, args_size);
+    }
+}
+
+/* ----------------------------------------------------------------- close */
+
+void aotr_driver_close(aotr_driver *d)
+{
+    struct loaded_module *m, *next;
+    if (!d)
+        return;
+    /* Errors are ignored: at process exit the driver may already be shut
+     * down (CUDA_ERROR_DEINITIALIZED), and nothing can be done anyway. */
+    for (m = d->modules; m; m = next) {
+        next = m->next;
+        if (d->backend == AOTR_BACKEND_CUDA) {
+            int pushed = 0;
+            drv_handle ctx = (size_t)m->device < d->num_contexts ? d->contexts[m->device]
+                                                                 : NULL;
+            /* cuModuleUnload works on the module's context: push it. */
+            if (ctx && d->cu.CtxPushCurrent(ctx) == CUDA_SUCCESS)
+                pushed = 1;
+            (void)d->cu.ModuleUnload(m->module);
+            cuda_leave(d, pushed);
+        } else {
+            (void)d->hip.ModuleUnload(m->module);
+        }
+        free(m);
+    }
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        for (size_t i = 0; i < d->num_contexts; i++) {
+            int dev = 0;
+            if (d->contexts[i] && d->cu.DeviceGet(&dev, (int)i) == CUDA_SUCCESS)
+                (void)d->cu.DevicePrimaryCtxRelease(dev);
+        }
+    }
+    free(d->contexts);
+    pthread_mutex_destroy(&d->lock);
+    if (d->lib)
+        dlclose(d->lib);
+    free(d);
+}
