@@ -60,7 +60,7 @@ typedef struct aotr_sha256 {
 AOTR_HIDDEN void aotr_sha256_init(aotr_sha256 *ctx);
 AOTR_HIDDEN void aotr_sha256_update(aotr_sha256 *ctx, const void *data, size_t len);
 AOTR_HIDDEN void aotr_sha256_final(aotr_sha256 *ctx, uint8_t digest[32]);
-AOTR_HIDDEN void aotr_sha256(const void *data, size_t len, uint8_t digest[32]);
+AOTR_HIDDEN void aotr_sha256_digest(const void *data, size_t len, uint8_t digest[32]);
 /* 64 lowercase hex chars -> 32 bytes; 1 on success. */
 AOTR_HIDDEN int aotr_hex_to_digest(const char *hex, uint8_t digest[32]);
 
