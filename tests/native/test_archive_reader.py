@@ -97,6 +97,74 @@ def test_many_archives_one_line_each(native_build, tmp_path):
     assert lines[1].startswith("ERROR AOTR_NOT_FOUND: ")
 
 
+def dump(build: Path, path: Path):
+    exe = build / "tests" / "aotr_archive_dump"
+    r = subprocess.run([str(exe), str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    assert r.stderr == "", r.stderr[-3000:]
+    return r
+
+
+_DTYPES = {"fp16": 1, "bf16": 2, "fp32": 3}
+_KINDS = {"i32": 2, "fp32": 3, "i64": 4}
+
+
+def test_records_and_code_objects_agree_with_python(native_build, tmp_path):
+    """Every parsed field and every code object (fetched by 8 threads at once)."""
+    p = make_archive(tmp_path / "gfx942.aotr", n=6)
+    a = Archive.open(p)
+    r = dump(native_build, p)
+    assert r.returncode == 0, r.stdout
+    got = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [g["key"] for g in got] == [k.key for k in a.kernels]
+    for g, k in zip(got, a.kernels):
+        f = k.functional
+        assert g["kernel"] == k.kernel and g["symbol"] == k.symbol
+        assert g["dtype"] == _DTYPES[f["dtype"]] and g["head_dim"] == f["head_dim"]
+        assert (g["pad_head"], g["has_bias"], g["enable_dropout"]) == (
+            int(f["pad_head"]), int(f["has_bias"]), int(f["enable_dropout"]))
+        assert (g["block_m"], g["block_n"]) == (k.config["BLOCK_M"], k.config["BLOCK_N"])
+        assert (g["num_warps"], g["num_stages"], g["warp_size"], g["shared"]) == (
+            k.num_warps, k.num_stages, k.warp_size, k.shared)
+        assert (g["offset"], g["compressed_size"], g["size"]) == (k.offset, k.compressed_size, k.size)
+        assert [tuple(x[:2]) for x in g["args"]] == list(k.args)
+        assert [x[2] for x in g["args"]] == [1 if t.startswith("*") else _KINDS[t] for _, t in k.args]
+        assert g["divisible_16"] == list(k.divisible_16)
+        code = a.code_object(k)
+        assert g["code_size"] == len(code) and g["code_sha256"] == hashlib.sha256(code).hexdigest()
+        assert g["record_is_json"] == 1
+
+
+def test_absent_optional_axes(native_build, tmp_path):
+    p = make_archive(tmp_path / "gfx942.aotr", n=2)
+
+    def edit(d):
+        k = d["kernels"][0]
+        for name in ("pad_head", "has_bias", "enable_dropout"):
+            del k["functional"][name]
+        k["config"] = {"num_warps": 4}
+        d["kernels"][1]["functional"].update(pad_head=1, has_bias=0)
+    reseal(p, edit)
+    r = dump(native_build, p)
+    assert r.returncode == 0, r.stdout
+    g0, g1 = (json.loads(x) for x in r.stdout.splitlines())
+    assert (g0["pad_head"], g0["has_bias"], g0["enable_dropout"]) == (-1, -1, -1)
+    assert (g0["block_m"], g0["block_n"]) == (0, 0)
+    assert (g1["pad_head"], g1["has_bias"]) == (1, 0)
+
+
+def test_corrupt_code_object_on_first_use(native_build, tmp_path):
+    p = make_archive(tmp_path / "gfx942.aotr")
+    a = Archive.open(p)
+    victim = a.kernels[2]
+    data = bytearray(p.read_bytes())
+    data[a._blob_offset + victim.offset + victim.compressed_size - 10] ^= 0x01  # in the xz footer/check
+    p.write_bytes(bytes(data))
+    r = dump(native_build, p)
+    assert r.returncode == 1
+    assert r.stdout.startswith(f"ERROR AOTR_ARCHIVE_INVALID: {p}: kernel '{victim.key}' is corrupted")
+
+
 # -- identity ----------------------------------------------------------------------------------
 
 def test_archive_renamed_to_another_arch(native_build, tmp_path):
