@@ -16,6 +16,7 @@
 #define FORMAT_VERSION 1u
 #define HEADER_SIZE 80u
 #define MAX_CODE_SIZE ((uint64_t)1 << 30)
+#define MAX_INDEX_SIZE ((uint64_t)256 << 20)
 
 static const uint8_t MAGIC[8] = {'A', 'O', 'T', 'R', 'K', 'A', '\r', '\n'};
 
@@ -421,6 +422,9 @@ static aotr_status read_index(aotr_archive *a, uint8_t **index_bytes, uint64_t *
                        "index of %llu bytes, blob region of %llu bytes at %llu)",
                        (unsigned long long)a->file_size, (unsigned long long)isize,
                        (unsigned long long)a->blob_size, (unsigned long long)a->blob_offset);
+    if (isize > MAX_INDEX_SIZE)
+        return invalid(a, "index of %llu bytes is larger than the 256 MiB limit",
+                       (unsigned long long)isize);
     uint8_t *buf = malloc(isize ? (size_t)isize : 1);
     if (buf == NULL)
         return aotr_fail(AOTR_OUT_OF_MEMORY, "%s: out of memory for the index", a->path);
