@@ -1,6 +1,7 @@
 /* The JSON parser: valid and invalid documents, escapes, numbers, depth.
  * Every input is copied into a buffer of exactly its length (no NUL after
  * it), so a build with -DAOTR_SANITIZE=ON catches any read past `len`. */
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,16 @@ static void test_numbers(void)
     /* is_int needs the value in int64 range */
     double_is("1e19", 1e19, 0);
     double_is("-1e19", -1e19, 0);
+    /* a decimal comma locale must not change the parse (when one is installed) */
+    const char *comma[] = {"de_DE.UTF-8", "de_DE.utf8", "fr_FR.UTF-8", "ru_RU.UTF-8"};
+    for (size_t i = 0; i < sizeof comma / sizeof *comma; i++)
+        if (setlocale(LC_NUMERIC, comma[i]) != NULL) {
+            double_is("0.5", 0.5, 0);
+            double_is("-1.25e1", -12.5, 0);
+            invalid("0,5", "a decimal comma");
+            setlocale(LC_NUMERIC, "C");
+            break;
+        }
 }
 
 static void test_depth(void)
