@@ -31,7 +31,9 @@ aotr_status aotr_fail_prefix(aotr_status status, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(previous, message, sizeof previous);
-    snprintf(message, sizeof message, "%s: %s", prefix, previous);
+    /* truncation is fine here; using the result keeps -Wformat-truncation quiet */
+    if (snprintf(message, sizeof message, "%s: %s", prefix, previous) < 0)
+        message[0] = '\0';
     return status;
 }
 
