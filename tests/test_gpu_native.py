@@ -31,8 +31,15 @@ def runtime():
     return rt
 
 
+def _padded_like(t):
+    """Uninitialised, shaped like t, rows padded to 16 elements (the layout
+    the kernels read in place; attention._fresh does the same)."""
+    d = t.shape[-1]
+    return torch.empty((*t.shape[:-1], -(-d // 16) * 16), dtype=t.dtype, device=t.device)[..., :d]
+
+
 def _fwd(rt, q, k, v, *, causal, scale, rng=None, dropout_p=0.0):
-    out = torch.empty_like(q)
+    out = _padded_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     p = native.FwdParams()
     p.device = q.device.index
@@ -45,7 +52,7 @@ def _fwd(rt, q, k, v, *, causal, scale, rng=None, dropout_p=0.0):
 
 
 def _bwd(rt, do, q, k, v, out, lse, *, causal, scale, rng=None, dropout_p=0.0):
-    grads = [torch.empty_like(t) for t in (q, k, v)]
+    grads = [_padded_like(t) for t in (q, k, v)]
     delta = torch.empty_like(lse)
     p = native.BwdParams()
     p.device = q.device.index
@@ -72,10 +79,9 @@ CASES = [  # dtype, B, Hq, Hkv, Sq, Sk, D, causal
 def test_native_equals_python_path_and_reference(runtime, case):
     dtype, b, h, hk, sq, sk, d, causal = case
     g = torch.Generator(device="cuda").manual_seed(sq * 31 + d)
-    q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(b, hk, sk, d, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(b, hk, sk, d, device="cuda", dtype=dtype, generator=g)
-    do = torch.randn_like(q)
+    q, k, v, do = (_padded_like(torch.empty(shape, device="cuda", dtype=dtype)).copy_(
+        torch.randn(shape, device="cuda", dtype=dtype, generator=g))
+        for shape in ((b, h, sq, d), (b, hk, sk, d), (b, hk, sk, d), (b, h, sq, d)))
     scale = d ** -0.5
     before = runtime.launch_count()
     out, lse = _fwd(runtime, q, k, v, causal=causal, scale=scale)

@@ -3,6 +3,7 @@
  *   launch_overhead ARCHIVE [calls]
  * Device memory comes from the CUDA driver opened with dlopen, like the
  * library itself does. Prints one JSON line. */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
