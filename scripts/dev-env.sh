@@ -9,9 +9,10 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "== creating $venv"
   "$py" -m venv "$venv"
 fi
-# Reinstall when the dependencies or the native launcher's source change.
+# Reinstall when the dependencies or the native sources (launcher, libaotriton_rocm) change.
 stamp="$venv/.deps-$(cat "$root/pyproject.toml" "$root/scripts/dev-env.sh" \
-  "$root"/src/aotriton_rocm/driver/*.c 2>/dev/null | sha256sum | cut -c1-16)"
+  "$root"/setup.py "$root"/src/aotriton_rocm/driver/*.c "$root"/native/src/* \
+  "$root"/native/include/aotriton_rocm/* 2>/dev/null | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   echo "== installing dependencies into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip

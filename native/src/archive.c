@@ -379,12 +379,12 @@ static aotr_status open_fd(aotr_archive *a)
                              strerror(e));
         return invalid(a, "cannot open: %s", strerror(e));
     }
-    struct stat st;
-    if (fstat(a->fd, &st) != 0)
+    struct statx st;
+    if (statx(a->fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE, &st) != 0)
         return invalid(a, "cannot stat: %s", strerror(errno));
-    if (!S_ISREG(st.st_mode))
+    if (!S_ISREG(st.stx_mode))
         return invalid(a, "not a regular file");
-    a->file_size = (uint64_t)st.st_size;
+    a->file_size = (uint64_t)st.stx_size;
     return AOTR_OK;
 }
 
@@ -641,8 +641,9 @@ aotr_status aotr_archive_verify(aotr_archive *a)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_archive_verify: NULL archive");
     char problems[1500] = "";
     size_t len = 0, count = 0;
-    struct stat st;
-    if (fstat(a->fd, &st) != 0 || (uint64_t)st.st_size != a->file_size) {
+    struct statx st;
+    if (statx(a->fd, "", AT_EMPTY_PATH, STATX_SIZE, &st) != 0 ||
+        (uint64_t)st.stx_size != a->file_size) {
         aotr_fail(AOTR_ARCHIVE_INVALID, "file size changed since it was opened");
         add_problem(problems, sizeof problems, &len, &count, a->path);
     }

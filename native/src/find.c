@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include "internal.h"
@@ -61,8 +62,8 @@ static int try_dir(search *s, const char *dir, size_t dir_len)
     if (n < 0 || (size_t)n >= sizeof candidate)
         return 0;
     note(s, candidate);
-    struct stat st;
-    if (stat(candidate, &st) != 0 || !S_ISREG(st.st_mode))
+    struct statx st;
+    if (statx(AT_FDCWD, candidate, 0, STATX_TYPE, &st) != 0 || !S_ISREG(st.stx_mode))
         return 0;
     if ((size_t)n >= s->cap) {
         s->status = aotr_fail(AOTR_INVALID_ARGUMENT,
