@@ -236,7 +236,9 @@ def test_wheel_names_tags_versions(wheels):
         assert g, tag
         if g.group(1):
             assert (int(g.group(1)), int(g.group(2))) <= (2, 28), tag
-    assert "consistent with the following platform tag" in wheels["report"]["auditwheel_show"]
+    # (auditwheel wraps its lines by the wheel name's length)
+    assert "consistent with the following platform tag" in " ".join(
+        wheels["report"]["auditwheel_show"].split())
     assert {p.name for p in wheels["images"]} == {
         f"aotriton_rocm_{pkg.archname(a)}-{VERSION}-py3-none-{pkg.PLATFORM_TAG}.whl" for a in ARCHS}
     for img in wheels["images"]:
@@ -283,7 +285,11 @@ def test_runtime_wheel_contents(wheels):
     tops = {n.split("/", 1)[0] for n in names}
     assert tops == {"aotriton_rocm", f"aotriton_rocm-{VERSION}.dist-info"}, tops
     assert "aotriton_rocm/driver/_launch.abi3.so" in names
-    assert not [n for n in names if n.endswith((".c", ".h", ".pyc"))]
+    # the C library and its public header (for C/C++ consumers), no other sources
+    assert {"aotriton_rocm/lib/libaotriton_rocm.so.0.1",
+            "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h"} <= set(names)
+    assert [n for n in names if n.endswith((".c", ".h", ".pyc"))] == [
+        "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h"]
     # every module of the source tree, kernels/ as aotriton_rocm._kernels
     want = {"aotriton_rocm/" + p.relative_to(ROOT / "src" / "aotriton_rocm").as_posix()
             for p in (ROOT / "src" / "aotriton_rocm").rglob("*.py")}
@@ -293,16 +299,24 @@ def test_runtime_wheel_contents(wheels):
     want = {w for w in want if "__pycache__" not in w}
     assert not want - set(names), sorted(want - set(names))
     assert "aotriton_rocm/_kernels/variants.toml" in names
-    # the launcher carries no build-machine RUNPATH/RPATH
+    # no build-machine RUNPATH/RPATH; the C library exports its API only
     from elftools.elf.elffile import ELFFile
     import io
 
-    with zipfile.ZipFile(wheels["runtime"]) as z:
-        elf = ELFFile(io.BytesIO(z.read("aotriton_rocm/driver/_launch.abi3.so")))
-    dyn = elf.get_section_by_name(".dynamic")
-    paths = [t.runpath if t.entry.d_tag == "DT_RUNPATH" else t.rpath
-             for t in dyn.iter_tags() if t.entry.d_tag in ("DT_RUNPATH", "DT_RPATH")]
-    assert all(p.startswith("$ORIGIN") for p in paths), paths
+    for so in ("aotriton_rocm/driver/_launch.abi3.so", "aotriton_rocm/lib/libaotriton_rocm.so.0.1"):
+        with zipfile.ZipFile(wheels["runtime"]) as z:
+            elf = ELFFile(io.BytesIO(z.read(so)))
+        dyn = elf.get_section_by_name(".dynamic")
+        paths = [t.runpath if t.entry.d_tag == "DT_RUNPATH" else t.rpath
+                 for t in dyn.iter_tags() if t.entry.d_tag in ("DT_RUNPATH", "DT_RPATH")]
+        assert all(p.startswith("$ORIGIN") for p in paths), (so, paths)
+        if so.endswith("0.1"):
+            assert [t.soname for t in dyn.iter_tags() if t.entry.d_tag == "DT_SONAME"] == [
+                "libaotriton_rocm.so.0.1"]
+            exported = {sym.name for sym in elf.get_section_by_name(".dynsym").iter_symbols()
+                        if sym["st_shndx"] not in ("SHN_UNDEF", "SHN_ABS")  # ABS: the version node
+                        and sym["st_info"]["bind"] == "STB_GLOBAL"}
+            assert exported and all(n.startswith("aotr_") for n in exported), sorted(exported)
 
 
 @pytest.mark.slow
