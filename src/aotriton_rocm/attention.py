@@ -213,6 +213,11 @@ def _view4(t: torch.Tensor, varlen: Varlen | None) -> torch.Tensor:
     return t if varlen is None else t.unsqueeze(0).transpose(1, 2)
 
 
+def _unview4(t: torch.Tensor, varlen: Varlen | None) -> torch.Tensor:
+    """The inverse of :func:`_view4`."""
+    return t if varlen is None else t[0].transpose(0, 1)
+
+
 @functools.lru_cache(maxsize=None)
 def _placeholders(device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Arguments for pointers a launch never dereferences (a feature it does
@@ -320,25 +325,85 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     q4, k4, v4 = (_prepared(_view4(t, varlen)) for t in (q, k, v))
     o4 = _view4(out, varlen)
     o = o4 if _meets_assumptions(o4) else _fresh(o4)
-    spare = _placeholders(q.device, q.dtype)
-    bias4 = spare["values"] if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
-    bias_strides = (0, 0, 0) if bias is None else _strides(bias4)
+    bias4 = None if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
+    if backend.native:
+        backend.forward(*(_unview4(t, varlen) for t in (q4, k4, v4, o)), lse, bias=bias4,
+                        debug_mask=debug_mask, rng=rng, varlen=varlen,
+                        bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
+                        dropout_p=float(dropout_p))
+    else:
+        _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen,
+                             (b, h, hk, sq, sk, d), (bottom_right, left, right), sm_scale,
+                             dropout_p)
+    if o is not o4:
+        o4.copy_(o)
+    return out, lse
+
+
+def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen, dims,
+                         mask, sm_scale, dropout_p) -> None:
+    """The forward's launch on a backend that takes positional arguments (the
+    CPU interpreter)."""
+    b, h, hk, sq, sk, d = dims
+    bottom_right, left, right = mask
+    spare = _placeholders(q4.device, q4.dtype)
+    bias_arg = spare["values"] if bias4 is None else bias4
+    bias_strides = (0, 0, 0) if bias4 is None else _strides(bias4)
     dropout = bool(dropout_p) or debug_mask is not None
     seed, offset = _rng_args(rng, spare)
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
                   else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
-    kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q.dtype], head_dim=d,
-                            bias=bias is not None, dropout=dropout, seqlen_q=sq, seqlen_k=sk)
-    kernel.launch(_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q.device, (
-        q4, k4, v4, bias4, o, lse, spare["values"] if debug_mask is None else debug_mask,
+    kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q4.dtype], head_dim=d,
+                            bias=bias4 is not None, dropout=dropout, seqlen_q=sq, seqlen_k=sk)
+    kernel.launch(_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, (
+        q4, k4, v4, bias_arg, o, lse, spare["values"] if debug_mask is None else debug_mask,
         cu_q, cu_k, seed, offset,
         *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
         *_strides(o, varlen), *_lse_args(lse, varlen),
         b, h, h // hk, sq, sk, int(varlen is not None), d, bottom_right, left, right, sm_scale,
         float(dropout_p), int(debug_mask is not None)))
-    if o is not o4:
-        o4.copy_(o)
-    return out, lse
+
+
+def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4, bias_grad, rng,
+                          varlen, dims, mask, sm_scale, dropout_p) -> None:
+    """The backward's three launches on a backend that takes positional
+    arguments (the CPU interpreter)."""
+    b, h, hk, sq, sk, d = dims
+    bottom_right, left, right = mask
+    dq, dk, dv = grads
+    has_bias = bias4 is not None
+    spare = _placeholders(q4.device, q4.dtype)
+    bias_strides = _strides(bias4) if has_bias else (0, 0, 0)
+    bias4 = bias4 if has_bias else spare["values"]
+    db = spare["values"] if bias_grad is None else bias_grad
+    db_strides = (0, 0, 0) if bias_grad is None else _strides(bias_grad)
+    seed, offset = _rng_args(rng, spare)
+    cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
+                  else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
+    is_varlen = int(varlen is not None)
+    lse_strides = _lse_args(lse, varlen)
+    dtype = DTYPE_NAMES[q4.dtype]
+    features = dict(dtype=dtype, head_dim=d, bias=has_bias, dropout=bool(dropout_p),
+                    seqlen_q=sq, seqlen_k=sk)
+
+    pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
+    pre.launch(_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q4.device, (
+        o4, do4, delta, cu_q, *_strides(o4, varlen), *_strides(do4, varlen), *lse_strides,
+        b, h, sq, is_varlen, d))
+
+    inputs = (q4, k4, v4, bias4, do4, lse, delta)
+    strides = (*_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
+               *_strides(do4, varlen))
+    sizes = (b, h, h // hk, sq, sk, is_varlen, d, bottom_right, left, right, sm_scale,
+             float(dropout_p))
+    dkdv = backend.kernel("attn_bwd_dkdv", **features)
+    dkdv.launch(_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q4.device, (
+        *inputs, dk, dv, cu_q, cu_k, seed, offset, *strides,
+        *_strides(dk, varlen), *_strides(dv, varlen), *lse_strides, *sizes))
+    dqk = backend.kernel("attn_bwd_dq", **features)
+    dqk.launch(_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q4.device, (
+        *inputs, dq, db, cu_q, cu_k, seed, offset, *strides,
+        *_strides(dq, varlen), *db_strides, *lse_strides, *sizes, int(bias_grad is not None)))
 
 
 def new_bias_grad(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -377,44 +442,23 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         return grads
     bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
     sm_scale = default_scale(d) if scale is None else float(scale)
-    dtype = DTYPE_NAMES[q.dtype]
     q4, k4, v4, o4, do4 = (_prepared(_view4(t, varlen)) for t in (q, k, v, out, grad_out))
     if lse.stride(-1) != 1:
         lse = lse.contiguous()
     delta = torch.empty_like(lse)
     g4 = tuple(_view4(g, varlen) for g in grads)
     dq, dk, dv = (g if _meets_assumptions(g) else _fresh(g) for g in g4)
-    spare = _placeholders(q.device, q.dtype)
-    bias4 = spare["values"] if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
-    bias_strides = (0, 0, 0) if bias is None else _strides(bias4)
-    db = spare["values"] if bias_grad is None else bias_grad
-    db_strides = (0, 0, 0) if bias_grad is None else _strides(bias_grad)
-    seed, offset = _rng_args(rng, spare)
-    cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
-                  else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
-    is_varlen = int(varlen is not None)
-    lse_strides = _lse_args(lse, varlen)
-    features = dict(dtype=dtype, head_dim=d, bias=bias is not None, dropout=bool(dropout_p),
-                    seqlen_q=sq, seqlen_k=sk)
-
-    pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
-    pre.launch(_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q.device, (
-        o4, do4, delta, cu_q, *_strides(o4, varlen), *_strides(do4, varlen), *lse_strides,
-        b, h, sq, is_varlen, d))
-
-    inputs = (q4, k4, v4, bias4, do4, lse, delta)
-    strides = (*_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
-               *_strides(do4, varlen))
-    sizes = (b, h, h // hk, sq, sk, is_varlen, d, bottom_right, left, right, sm_scale,
-             float(dropout_p))
-    dkdv = backend.kernel("attn_bwd_dkdv", **features)
-    dkdv.launch(_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q.device, (
-        *inputs, dk, dv, cu_q, cu_k, seed, offset, *strides,
-        *_strides(dk, varlen), *_strides(dv, varlen), *lse_strides, *sizes))
-    dqk = backend.kernel("attn_bwd_dq", **features)
-    dqk.launch(_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q.device, (
-        *inputs, dq, db, cu_q, cu_k, seed, offset, *strides,
-        *_strides(dq, varlen), *db_strides, *lse_strides, *sizes, int(bias_grad is not None)))
+    bias4 = None if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
+    if backend.native:
+        backend.backward(*(_unview4(t, varlen) for t in (do4, q4, k4, v4, o4)), lse, delta,
+                         tuple(_unview4(t, varlen) for t in (dq, dk, dv)), bias=bias4,
+                         bias_grad=bias_grad, rng=rng, varlen=varlen,
+                         bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
+                         dropout_p=float(dropout_p))
+    else:
+        _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, (dq, dk, dv), bias4,
+                              bias_grad, rng, varlen, (b, h, hk, sq, sk, d),
+                              (bottom_right, left, right), sm_scale, dropout_p)
 
     for written, wanted in zip((dq, dk, dv), g4):
         if written is not wanted:

@@ -7,16 +7,13 @@ every launch, so a caller can prove that our kernels ran rather than torch's.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import functools
-import threading
 from typing import Iterable
 
 import torch
 
 from . import device as _device
-from ._version import ABI_VERSION
 
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
 # (backend name, kernel name) -> launches since import (or the last reset).
@@ -26,11 +23,25 @@ INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
 
 
 def launch_counts() -> dict[tuple[str, str], int]:
-    return dict(_LAUNCHES)
+    """Launches per (backend, kernel) since import or the last reset: the
+    interpreter's counted here, the GPU's by libaotriton_rocm."""
+    counts = dict(_LAUNCHES)
+    if _native_names:
+        name = "+".join(sorted(set(_native_names.values())))
+        runtime = _native_runtime()
+        for kernel in KERNELS:
+            n = runtime.launch_count(kernel) - _native_baseline[kernel]
+            if n:
+                counts[(name, kernel)] = n
+    return counts
 
 
 def reset_launch_counts() -> None:
     _LAUNCHES.clear()
+    if _native_names:
+        runtime = _native_runtime()
+        for kernel in KERNELS:
+            _native_baseline[kernel] = runtime.launch_count(kernel)
 
 
 def block_d(head_dim: int) -> int:
@@ -84,30 +95,6 @@ def _memo_missing(memo: dict, table: dict, *key) -> str | None:
         return missing
 
 
-def _selection_tables(manifest: dict, groups: dict) -> dict:
-    """Per functional key of ``groups`` (key -> records): (bounds, records,
-    on_k), the seqlen runs the build chose (manifest "tuning", see
-    tooling/tuning.py): records[i] serves seqlens <= bounds[i], the last one
-    everything above; on_k: bucket by seqlen_k (else seqlen_q). An archive
-    without tuning data serves the first record for every seqlen."""
-    tuning = manifest.get("tuning") or {}
-    axes = tuning.get("axes") or {}
-    runs_of = {}
-    for choice in tuning.get("choices") or ():
-        for _, key, _ in choice["select"]:
-            runs_of[key] = choice["select"]
-    tables = {}
-    for fkey, recs in groups.items():
-        by_key = {r.key: r for r in recs}
-        runs = next((runs_of[r.key] for r in recs if r.key in runs_of), None)
-        if runs is None or any(k not in by_key for _, k, _ in runs):
-            tables[fkey] = ((), (recs[0],), False)
-        else:
-            tables[fkey] = (tuple(int(b) for b, _, _ in runs[:-1]), tuple(by_key[k] for _, k, _ in runs),
-                            axes.get(recs[0].kernel) == "seqlen_k")
-    return tables
-
-
 class KernelHandle:
     """One selected variant, ready to launch with the arguments in spec order."""
 
@@ -123,6 +110,9 @@ class KernelHandle:
 
 class Backend:
     name = "?"
+    # True: forward/backward run in libaotriton_rocm (AOTBackend.forward/backward);
+    # False: attention.py launches kernel() handles itself (the interpreter).
+    native = False
 
     def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
                            dropout: bool = False, work: int = 0) -> str | None:
@@ -135,97 +125,123 @@ class Backend:
         raise NotImplementedError
 
 
+@functools.lru_cache(maxsize=1)
+def _native_runtime():
+    """The process's libaotriton_rocm runtime (one for every device)."""
+    from . import native
+
+    return native.Runtime()
+
+
+_added_archives: set = set()
+_native_baseline: collections.Counter = collections.Counter()
+_native_names: dict[int, str] = {}
+
+
 class AOTBackend(Backend):
-    """Precompiled code objects from the installed archive for one GPU."""
+    """Precompiled code objects from the installed archive for one GPU, run
+    by libaotriton_rocm: coverage, kernel and config selection, grids,
+    argument packing and launches all happen in the C library."""
+
+    native = True
 
     def __init__(self, device_index: int):
-        from .archive import Archive
+        from . import native
         from .images import find_archives
 
         self.device_index = device_index
         self.arch = _device.arch_of(device_index)
         self.name = f"aot:{self.arch}"
         self.problem: str | None = None
-        self._records: dict[tuple, list] = {}
-        # per (kernel, dtype, head dim, ...) call key: (bounds, handles, on_k)
-        self._handles: dict[tuple, tuple] = {}
-        self._tables: dict[tuple, tuple] = {}
         self._reasons: dict[tuple, str | None] = {}
-        self._lock = threading.Lock()
         path = find_archives().get(self.arch)
         if path is None:
             self.problem = (f"no kernel image is installed for {self.arch}: "
                             f"pip install 'aotriton-rocm[{self.arch.replace('_', '')}]'")
             return
-        self.archive = Archive.open(path)
-        abi = self.archive.manifest.get("abi_version")
-        if abi != ABI_VERSION:
-            self.problem = (f"the kernel image for {self.arch} ({path}) is for ABI {abi}, the "
-                            f"runtime is ABI {ABI_VERSION}: install matching versions")
+        try:
+            self.runtime = _native_runtime()
+            if str(path) not in _added_archives:
+                self.runtime.add_archive(path)
+                _added_archives.add(str(path))
+        except (OSError, native.NativeError) as e:
+            self.problem = str(e)
             return
-        for rec in self.archive.kernels:
-            self._records.setdefault(_functional_key(rec.kernel, rec.functional), []).append(rec)
-        self._tables = _selection_tables(self.archive.manifest, self._records)
+        _native_names[device_index] = self.name
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if self.problem:
             return self.problem
-        missing = _memo_missing(self._reasons, self._records, kernel, dtype, head_dim, bias,
-                                dropout)
-        return f"the {self.arch} image has {missing}" if missing else None
+        key = (dtype, head_dim, bias, dropout)
+        try:
+            return self._reasons[key]
+        except KeyError:
+            reason = self._reasons[key] = self._probe(*key)
+            return reason
 
-    def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
-               seqlen_k=0):
-        key = (kernel, dtype, head_dim, bias, dropout)
-        sel = self._handles.get(key)
-        if sel is None:
-            with self._lock:
-                sel = self._handles.get(key) or self._make_selector(*key)
-                self._handles[key] = sel
-        bounds, handles, on_k = sel
-        # the seqlen bucket: the first run whose bound is >= the seqlen
-        return handles[bisect.bisect_left(bounds, seqlen_k if on_k else seqlen_q)]
+    def _probe(self, dtype: str, head_dim: int, bias: bool, dropout: bool) -> str | None:
+        """Whether the archive has every kernel of a forward and backward at
+        this functional point (a shape-only problem: nothing is read)."""
+        from . import native
 
-    def _make_selector(self, *key) -> tuple:
-        """(bounds, handles, on_k) for a call key: one handle per record the
-        build chose for some seqlen bucket of the functional key."""
-        bounds, recs, on_k = _pick(self._tables, *key)
-        made: dict = {}
-        for r in recs:
-            if r.key not in made:
-                made[r.key] = self._make_handle(r)
-        return bounds, tuple(made[r.key] for r in recs), on_k
+        code = native.DTYPES[{"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype]]
+        p = native.Problem()
+        for view in (p.q, p.k, p.v):
+            view.data, view.dtype, view.rank = 16, code, 4
+            view.sizes[:] = (1, 1, 1, head_dim)
+            view.strides[:] = (head_dim, head_dim, head_dim, 1)
+        if bias:
+            p.bias.data, p.bias.dtype, p.bias.rank = 16, code, 4
+            p.bias.sizes[:] = (1, 1, 1, 1)
+            p.bias.strides[:] = (0, 0, 0, 1)
+        p.scale, p.dropout_p = 1.0, 0.5 if dropout else 0.0
+        p.window_left = p.window_right = -1
+        needs = native.NEED_BACKWARD | (native.NEED_DEBUG_MASK if dropout else 0)
+        status = self.runtime.supported(self.device_index, p, needs)
+        return None if status == native.OK else native.error(status).message
 
-    def _make_handle(self, rec) -> KernelHandle:
-        from .driver.launcher import Kernel
+    def _stream(self) -> int:
+        return torch.cuda.current_stream(self.device_index).cuda_stream
 
-        backend = self.archive.manifest["backend"]
-        compiled = Kernel(backend, self.archive.code_object(rec), rec.symbol, rec.num_warps,
-                          rec.warp_size, rec.shared, [t for _, t in rec.args])
-        names = [n for n, _ in rec.args]
-        # Positions of tensor arguments (the trailing scratch pointers are the
-        # launcher's) and of arguments compiled as divisible by 16.
-        tensors = tuple(i for i, (_, t) in enumerate(rec.args[:-2]) if t.startswith("*"))
-        divisible = tuple(names.index(n) for n in rec.divisible_16)
-        counter_key = (self.name, rec.kernel)
-        index = self.device_index
-        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw_stream is None:
-            def raw_stream(i):
-                return torch.cuda.current_stream(i).cuda_stream
+    def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, bottom_right,
+                window, scale, dropout_p) -> None:
+        """Launch the forward on tensors the kernels can read in place: q/k/v/out
+        (B, H, S, D), or packed (total, H, D) with ``varlen``."""
+        from . import native
 
-        def launch(grid, device, args):
-            values = list(args)
-            for i in tensors:
-                values[i] = values[i].data_ptr()
-            for i in divisible:
-                if values[i] & 15:
-                    raise ValueError(f"{rec.kernel}: argument {names[i]} = {values[i]} breaks "
-                                     "the divisible-by-16 assumption it was compiled with")
-            compiled.launch(grid, raw_stream(index), index, *values)
-            _LAUNCHES[counter_key] += 1
+        params = native.FwdParams()
+        params.device = self.device_index
+        params.stream = self._stream()
+        params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
+                                         scale, dropout_p)
+        params.out, params.lse = native.tensor_view(out), native.tensor_view(lse)
+        params.debug_mask = native.tensor_view(debug_mask)
+        native.check(self.runtime.fwd(params))
 
-        return KernelHandle(dict(rec.config), launch)
+    def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
+                 varlen, bottom_right, window, scale, dropout_p) -> None:
+        from . import native
+
+        params = native.BwdParams()
+        params.device = self.device_index
+        params.stream = self._stream()
+        params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
+                                         scale, dropout_p)
+        for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out), ("delta", delta),
+                        ("grad_q", grads[0]), ("grad_k", grads[1]), ("grad_v", grads[2]),
+                        ("grad_bias", bias_grad)):
+            setattr(params, name, native.tensor_view(t))
+        native.check(self.runtime.bwd(params))
+
+
+def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dropout_p):
+    from . import native
+
+    return native.make_problem(
+        q, k, v, scale=scale, bottom_right=bottom_right, window=window, bias=bias,
+        dropout_p=dropout_p, rng=rng,
+        cu_seqlens=None if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k),
+        max_seqlens=(0, 0) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k))
 
 
 class InterpreterBackend(Backend):
@@ -314,3 +330,5 @@ def backend_for(t: torch.Tensor) -> Backend | None:
 def clear_backend_caches(backends: Iterable = (_aot_backend, _interpreter_backend)) -> None:
     for b in backends:
         b.cache_clear()
+    if _aot_backend in tuple(backends):
+        _native_names.clear()

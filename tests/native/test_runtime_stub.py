@@ -1,8 +1,8 @@
 """libaotriton_rocm's runtime end to end on a CPU-only machine: a real
-archive of the kernels' real argument lists, the stub driver recording every
-launch, and the Python launch path as the reference. For the same request
-the native path must launch the same kernels with the same grids and the
-same argument values (placeholder pointers of unused features aside)."""
+archive with the kernels' real argument lists, the stub driver recording
+every launch (grid, block, the packed argument bytes), and the values each
+argument must have, derived here from the tensors by name. Also the seqlen
+buckets of the build's tuning runs, and the statuses of refused calls."""
 
 from __future__ import annotations
 
@@ -18,87 +18,66 @@ from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import KernelRecord, write_archive  # noqa: E402
 
 SCRATCH = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
-# Arguments whose pointer is never read when the feature is off: the Python
-# path passes a placeholder tensor, the native path q's address.
-PLACEHOLDERS = {"BIAS", "DMASK", "CU_Q", "CU_K", "RNG_SEED", "RNG_OFFSET", "DBIAS"}
+MANIFEST = {"package_version": "0.1.0", "abi_version": ABI_VERSION, "rocm_profile": "6.4",
+            "arch": "sm_90", "backend": "cuda", "warp_size": 32, "compiler": "triton",
+            "compiler_version": "3.9.0", "build_inputs_hash": "0" * 64}
 
 
-def _records(head_dims=(64,), bias=(False,)):
+def _image(name: str) -> bytes:
+    code = b"stub code of " + name.encode()
+    return b"AOTRSTUB" + struct.pack("<Q", 16 + len(code)) + code
+
+
+def _record(v, symbol: str, config=None) -> KernelRecord:
+    config = dict(v.config if config is None else config)
+    key = v.key if config == v.config else v.key + "|" + symbol
+    return KernelRecord(
+        key=key, kernel=v.kernel, functional=dict(v.functional), config=config,
+        constexprs=dict(v.constexprs), symbol=symbol, num_warps=int(v.options.get("num_warps", 4)),
+        num_stages=1, warp_size=32, shared=0, global_scratch_size=0, profile_scratch_size=0,
+        args=tuple(v.args) + SCRATCH, divisible_16=tuple(v.divisible_16), grid=tuple(v.grid))
+
+
+def _variants(head_dims=(64,)):
+    """One variant per functional point: fp16, no dropout."""
     spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
-    seen, out = set(), []
+    seen = {}
     for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
         f = v.functional
-        if f["dtype"] != "fp16" or f["head_dim"] not in head_dims:
-            continue
-        if f.get("has_bias", False) not in bias or f.get("enable_dropout", False):
-            continue
-        fkey = (v.kernel, tuple(sorted(f.items())))
-        if fkey in seen:
-            continue
-        seen.add(fkey)
-        code = b"stub code of " + v.key.encode()
-        image = b"AOTRSTUB" + struct.pack("<Q", 16 + len(code)) + code
-        out.append((KernelRecord(
-            key=v.key, kernel=v.kernel, functional=dict(f), config=dict(v.config),
-            constexprs=dict(v.constexprs), symbol=v.kernel, num_warps=int(v.options.get("num_warps", 4)),
-            num_stages=int(v.options.get("num_stages", 1)), warp_size=32, shared=0,
-            global_scratch_size=0, profile_scratch_size=0, args=tuple(v.args) + SCRATCH,
-            divisible_16=tuple(v.divisible_16), grid=tuple(v.grid)), image))
-    return out
+        if f["dtype"] == "fp16" and f["head_dim"] in head_dims and not f.get("enable_dropout"):
+            seen.setdefault((v.kernel, tuple(sorted(f.items()))), v)
+    return list(seen.values())
 
 
 @pytest.fixture
-def setup(native_build, tmp_path, monkeypatch):
-    stub_path = native_build / "tests" / "libaotr_stub_driver.so"
+def stub(native_build, monkeypatch):
+    path = native_build / "tests" / "libaotr_stub_driver.so"
     monkeypatch.setenv(native.ENV_VAR, str(native_build / f"libaotriton_rocm.so.{ABI_VERSION}"))
     monkeypatch.setenv("AOTR_STUB_CUDA_ARCH", "9.0")
     monkeypatch.setattr(native, "_lib", None)
-    archive = tmp_path / "sm_90.aotr"
-    manifest = {"package_version": "0.1.0", "abi_version": ABI_VERSION, "rocm_profile": "6.4",
-                "arch": "sm_90", "backend": "cuda", "warp_size": 32, "compiler": "triton",
-                "compiler_version": "3.9.0", "build_inputs_hash": "0" * 64}
-    records = _records(bias=(False, True))
-    write_archive(archive, manifest, records)
+    lib = ctypes.CDLL(str(path))
+    lib.aotr_stub_reset()
+    return path, lib
 
-    # The Python launch path over the same archive, launches recorded.
-    import aotriton_rocm.driver.launcher as launcher
-    python_launches = []
 
-    class RecordingKernel:
-        def __init__(self, backend, code, symbol, *a):
-            self.symbol = symbol
-
-        def launch(self, grid, stream, index, *values):
-            python_launches.append((self.symbol, tuple(grid), values))
-
-    monkeypatch.setattr(launcher, "Kernel", RecordingKernel)
-    monkeypatch.setattr(device, "arch_of", lambda i: "sm_90")
-    monkeypatch.setattr(images, "find_archives", lambda refresh=False: {"sm_90": archive})
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
-    aot = backends.AOTBackend(0)
-    assert aot.problem is None
-    monkeypatch.setattr(attention, "backend_for", lambda t: aot)
-
+def _runtime(stub_path, archive):
     rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
     rt.add_archive(archive)
-    stub = ctypes.CDLL(str(stub_path))
-    stub.aotr_stub_reset()
-    return rt, stub, {r.kernel + ("/bias" if r.functional.get("has_bias") else "")
-                      + f"/{r.functional.get('pad_head')}": r for r, _ in records}, python_launches
+    return rt
 
 
-def _native_launches(stub, records_by_symbol):
+def _launches(lib):
     out = []
-    for i in range(stub.aotr_stub_launch_count()):
-        sym = ctypes.create_string_buffer(64)
+    for i in range(lib.aotr_stub_launch_count()):
+        sym = ctypes.create_string_buffer(128)
         grid = (ctypes.c_uint * 3)()
         block, shared, size = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_size_t()
         stream = ctypes.c_void_p()
-        assert stub.aotr_stub_launch_info(i, sym, 64, grid, ctypes.byref(block), ctypes.byref(shared),
-                                          ctypes.byref(stream), ctypes.byref(size)) >= 0
+        assert lib.aotr_stub_launch_info(i, sym, 128, grid, ctypes.byref(block), ctypes.byref(shared),
+                                         ctypes.byref(stream), ctypes.byref(size)) >= 0
         buf = ctypes.create_string_buffer(size.value)
-        stub.aotr_stub_launch_args(i, buf, size.value)
-        out.append((sym.value.decode(), tuple(grid), buf.raw, block.value))
+        lib.aotr_stub_launch_args(i, buf, size.value)
+        out.append((sym.value.decode(), tuple(grid), block.value, stream.value or 0, buf.raw))
     return out
 
 
@@ -114,97 +93,197 @@ def _decode(args, raw):
     return values
 
 
-def _compare(python, native_l, records, q_ptr):
-    assert [p[0] for p in python] == [n[0] for n in native_l]
-    for (sym, pgrid, pvalues), (nsym, ngrid, raw, block) in zip(python, native_l):
-        rec = next(r for r in records.values() if r.symbol == sym and len(r.args) - 2 == len(pvalues)
-                   and r.kernel == sym)
-        assert pgrid == ngrid, sym
-        assert block == rec.num_warps * rec.warp_size
-        nvalues = _decode(rec.args, raw)
-        assert nvalues["global_scratch"] == 0 and nvalues["profile_scratch"] == 0
-        for (name, typ), pv in zip(rec.args, pvalues):
-            nv = nvalues[name]
-            if typ == "fp32":
-                assert struct.pack("<f", pv) == struct.pack("<f", nv), name
-            elif name in PLACEHOLDERS and nv == q_ptr:
-                continue
-            elif name == "Delta":  # the backward's workspace: each path allocates its own
-                continue
-            else:
-                assert nv == (pv & 0xFFFFFFFFFFFFFFFF if typ.startswith("*") else pv), (sym, name)
+def _zhm(t, prefix, varlen=False):
+    s = t.stride()
+    return ({f"{prefix}z": 0, f"{prefix}h": s[1], f"{prefix}m": s[0]} if varlen else
+            {f"{prefix}z": s[0], f"{prefix}h": s[1], f"{prefix}m": s[2]})
 
 
-def _run_both(rt, q, k, v, *, causal, scale, bias=None, window=(-1, -1)):
-    out_n = torch.empty_like(q)
-    lse_n = torch.empty(q.shape[:3], dtype=torch.float32)
+def _f32(x):
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+@pytest.fixture
+def plain(stub, tmp_path):
+    """An sm_90 archive of the fp16 head-dim-64 points (no dropout), one record each."""
+    stub_path, lib = stub
+    recs = [_record(v, f"k{i}") for i, v in enumerate(_variants())]
+    archive = tmp_path / "sm_90.aotr"
+    write_archive(archive, MANIFEST, [(r, _image(r.symbol)) for r in recs])
+    return _runtime(stub_path, archive), lib, {r.symbol: r for r in recs}
+
+
+def _fwd(rt, q, k, v, out, lse, **kw):
     p = native.FwdParams()
-    p.problem = native.make_problem(q, k, v, scale=scale, causal=causal, bias=bias, window=window)
-    p.out, p.lse = native.tensor_view(out_n), native.tensor_view(lse_n)
-    native.check(rt.fwd(p))
-    do = torch.empty_like(q)
-    grads = [torch.empty_like(t) for t in (q, k, v)]
-    delta = torch.empty_like(lse_n)
-    pb = native.BwdParams()
-    pb.problem = p.problem
-    for name, t in (("out", out_n), ("lse", lse_n), ("grad_out", do), ("grad_q", grads[0]),
+    p.stream = 0x5000
+    p.problem = native.make_problem(q, k, v, **kw)
+    p.out, p.lse = native.tensor_view(out), native.tensor_view(lse)
+    return rt.fwd(p)
+
+
+def _bwd(rt, q, k, v, out, lse, do, grads, delta, **kw):
+    p = native.BwdParams()
+    p.stream = 0x5000
+    p.problem = native.make_problem(q, k, v, **kw)
+    for name, t in (("out", out), ("lse", lse), ("grad_out", do), ("grad_q", grads[0]),
                     ("grad_k", grads[1]), ("grad_v", grads[2]), ("delta", delta)):
-        setattr(pb, name, native.tensor_view(t))
-    native.check(rt.bwd(pb))
-    # The Python path on the same tensors (its outputs are the native path's,
-    # so that pointer arguments agree).
-    attention.forward(q, k, v, is_causal=causal, scale=scale, out=out_n, lse=lse_n,
-                      bias=bias, window_size=window)
-    attention.backward(do, q, k, v, out_n, lse_n, is_causal=causal, scale=scale,
-                       grads=tuple(grads), bias=bias, window_size=window)
-    return delta
+        setattr(p, name, native.tensor_view(t))
+    return rt.bwd(p)
+
+
+def _padded(*shape):
+    return torch.empty(*shape[:-1], -(-shape[-1] // 16) * 16, dtype=torch.float16)[..., :shape[-1]]
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 4, 128, 128, 64), (1, 8, 2, 211, 333, 64),
-                                   (3, 2, 1, 1, 70000, 48)])
+                                   (3, 2, 1, 1, 70000, 48), (2, 70000, 70000, 3, 3, 64)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_native_launches_what_the_python_path_launches(setup, shape, causal):
-    rt, stub, records, python = setup
+def test_arguments_by_name(plain, shape, causal):
+    rt, lib, records = plain
     b, h, hk, sq, sk, d = shape
-    q = torch.empty(b, h, sq, d, dtype=torch.float16)
-    k = torch.empty(b, hk, sk, d, dtype=torch.float16)
-    v = torch.empty(b, hk, sk, d, dtype=torch.float16)
-    if d % 16:  # rows padded to 16 elements, as the kernels need
-        q, k, v = (torch.empty(*t.shape[:-1], 64, dtype=t.dtype)[..., :d] for t in (q, k, v))
-    _run_both(rt, q, k, v, causal=causal, scale=0.3, window=(17, -1) if causal else (-1, -1))
-    native_l = _native_launches(stub, records)
-    assert len(native_l) == 4 and rt.launch_count() == 4 and rt.launch_count("attn_fwd") == 1
-    # delta is the one buffer the two paths allocate separately
-    _compare(python, native_l, records, q.data_ptr())
+    q, out, do, dq = (_padded(b, h, sq, d) for _ in range(4))
+    k, v, dk, dv = (_padded(b, hk, sk, d) for _ in range(4))
+    lse, delta = torch.empty(b, h, sq), torch.empty(b, h, sq)
+    window = (17, 0) if causal else (-1, -1)
+    kw = dict(scale=0.3, window=window, bottom_right=not causal)
+    assert _fwd(rt, q, k, v, out, lse, **kw) == native.OK
+    assert _bwd(rt, q, k, v, out, lse, do, (dq, dk, dv), delta, **kw) == native.OK
+    launches = _launches(lib)
+    assert [records[s].kernel for s, *_ in launches] == [
+        "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
+    assert rt.launch_count() == 4 and rt.launch_count("attn_bwd_dq") == 1
+    common = {"batch": b, "num_heads": h, "gqa_group": h // hk, "max_seqlen_q": sq,
+              "max_seqlen_k": sk, "varlen": 0, "head_dim": d, "bottom_right": int(not causal),
+              # sizes past seqlen_q + seqlen_k are the same mask, clamped there (int32)
+              "window_left": min(window[0], sq + sk), "window_right": window[1],
+              "sm_scale": _f32(0.3),
+              "dropout_p": 0.0, "Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(),
+              "stride_bz": 0, "stride_bh": 0, "stride_bm": 0, "stride_lz": lse.stride(0),
+              "stride_lh": lse.stride(1), "LSE": lse.data_ptr(), "global_scratch": 0,
+              "profile_scratch": 0, **_zhm(q, "stride_q"), **_zhm(k, "stride_k"),
+              **{n.replace("stride_km", "stride_kn"): x for n, x in _zhm(k, "stride_k").items()},
+              **{n.replace("stride_vm", "stride_vn"): x for n, x in _zhm(v, "stride_v").items()},
+              "CU_Q": q.data_ptr(), "CU_K": q.data_ptr(), "BIAS": q.data_ptr(),
+              "RNG_SEED": q.data_ptr(), "RNG_OFFSET": q.data_ptr()}
+    per_kernel = {
+        "attn_fwd": {"O": out.data_ptr(), "DMASK": q.data_ptr(), "store_dmask": 0,
+                     **_zhm(out, "stride_o")},
+        "attn_bwd_preprocess": {"O": out.data_ptr(), "DO": do.data_ptr(), "Delta": delta.data_ptr(),
+                                **_zhm(out, "stride_o"), **_zhm(do, "stride_do")},
+        "attn_bwd_dkdv": {"DO": do.data_ptr(), "Delta": delta.data_ptr(), "DK": dk.data_ptr(),
+                          "DV": dv.data_ptr(), **_zhm(do, "stride_do"),
+                          **{n[:-1] + "n": x for n, x in _zhm(dk, "stride_dk").items() if n[-1] == "m"},
+                          **{n: x for n, x in _zhm(dk, "stride_dk").items() if n[-1] != "m"},
+                          **{n[:-1] + "n": x for n, x in _zhm(dv, "stride_dv").items() if n[-1] == "m"},
+                          **{n: x for n, x in _zhm(dv, "stride_dv").items() if n[-1] != "m"}},
+        "attn_bwd_dq": {"DO": do.data_ptr(), "Delta": delta.data_ptr(), "DQ": dq.data_ptr(),
+                        "DBIAS": q.data_ptr(), "store_dbias": 0, "stride_dbz": 0, "stride_dbh": 0,
+                        "stride_dbm": 0, **_zhm(do, "stride_do"), **_zhm(dq, "stride_dq")},
+    }
+    for sym, grid, block, stream, raw in launches:
+        rec = records[sym]
+        got = _decode(rec.args, raw)
+        want = {n: x for n, x in {**common, **per_kernel[rec.kernel]}.items() if n in got}
+        assert set(got) == set(want) | ({"sm_scale", "dropout_p"} & set(got)), (rec.kernel, set(got) ^ set(want))
+        assert got == want, rec.kernel
+        tile = rec.config["BLOCK_N"] if rec.kernel == "attn_bwd_dkdv" else rec.config["BLOCK_M"]
+        rows = sk if rec.kernel == "attn_bwd_dkdv" else sq
+        programs = b * (hk if rec.kernel == "attn_bwd_dkdv" else h)
+        y = min(programs, 65535)
+        assert grid == (-(-rows // tile), y, -(-programs // y)), rec.kernel
+        assert block == rec.num_warps * 32 and stream == 0x5000
 
 
-def test_native_bias_launch_matches(setup):
-    rt, stub, records, python = setup
-    q = torch.empty(2, 4, 64, 64, dtype=torch.float16)
-    k = v = torch.empty(2, 4, 96, 64, dtype=torch.float16)
-    bias = torch.zeros(1, 4, 1, 96, dtype=torch.float16).expand(2, 4, 64, 96)
-    _run_both(rt, q, k, v, causal=False, scale=0.125, bias=bias)
-    _compare(python, _native_launches(stub, records), records, q.data_ptr())
+def test_seqlen_buckets_follow_the_tuning_runs(stub, tmp_path):
+    stub_path, lib = stub
+    vs = {v.kernel: v for v in _variants() if not v.functional.get("has_bias")
+          and v.functional.get("pad_head", False) is False}
+    f64 = _record(vs["attn_fwd"], "f64", {**vs["attn_fwd"].config, "BLOCK_M": 64})
+    f128 = _record(vs["attn_fwd"], "f128", {**vs["attn_fwd"].config, "BLOCK_M": 128})
+    k16 = _record(vs["attn_bwd_dkdv"], "k16", {**vs["attn_bwd_dkdv"].config, "BLOCK_N": 16})
+    k32 = _record(vs["attn_bwd_dkdv"], "k32", {**vs["attn_bwd_dkdv"].config, "BLOCK_N": 32})
+    others = [_record(vs[n], n) for n in ("attn_bwd_preprocess", "attn_bwd_dq")]
+    tuning = {"schema": 1, "axes": {"attn_fwd": "seqlen_q", "attn_bwd_dkdv": "seqlen_k"},
+              "choices": [
+                  {"kernel": "attn_fwd", "functional": f64.functional,
+                   "select": [[64, f64.key, "static"], [None, f128.key, "static"]]},
+                  {"kernel": "attn_bwd_dkdv", "functional": k16.functional,
+                   "select": [[16, k16.key, "static"], [None, k32.key, "static"]]}]}
+    archive = tmp_path / "sm_90.aotr"
+    write_archive(archive, {**MANIFEST, "tuning": tuning},
+                  [(r, _image(r.symbol)) for r in (f64, f128, k16, k32, *others)])
+    rt = _runtime(stub_path, archive)
+    loads = []
+
+    def run(sq, sk):
+        loads.append(lib.aotr_stub_load_count())
+        lib.aotr_stub_reset()
+        q, out, do, dq = (_padded(1, 1, sq, 64) for _ in range(4))
+        k, v, dk, dv = (_padded(1, 1, sk, 64) for _ in range(4))
+        lse, delta = torch.empty(1, 1, sq), torch.empty(1, 1, sq)
+        assert _fwd(rt, q, k, v, out, lse, scale=1.0) == native.OK
+        assert _bwd(rt, q, k, v, out, lse, do, (dq, dk, dv), delta, scale=1.0) == native.OK
+        names = [s for s, *_ in _launches(lib)]
+        return names[0], names[2]
+
+    assert run(1, 4096) == ("f64", "k32") and run(64, 4096) == ("f64", "k32")
+    assert run(65, 16) == ("f128", "k16") and run(100000, 17) == ("f128", "k32")
+    loads.append(lib.aotr_stub_load_count())
+    assert sum(loads) == 4 + 2  # each chosen record loaded once
 
 
-def test_unsupported_and_layout_statuses(setup):
-    rt, stub, records, _ = setup
+def test_archive_without_tuning_uses_the_first_record(stub, tmp_path):
+    stub_path, lib = stub
+    v = next(v for v in _variants() if v.kernel == "attn_fwd" and not v.functional.get("has_bias")
+             and not v.functional["pad_head"])
+    first = _record(v, "first", {**v.config, "BLOCK_M": 128})
+    second = _record(v, "second", {**v.config, "BLOCK_M": 64})
+    archive = tmp_path / "sm_90.aotr"
+    write_archive(archive, MANIFEST, [(r, _image(r.symbol)) for r in (first, second)])
+    rt = _runtime(stub_path, archive)
+    for sq in (1, 100, 10000):
+        q = _padded(1, 1, sq, 64)
+        assert _fwd(rt, q, q, q, _padded(1, 1, sq, 64), torch.empty(1, 1, sq), scale=1.0) == native.OK
+    assert {s for s, *_ in _launches(lib)} == {"first"}
+
+
+def test_unsupported_and_layout_statuses(plain):
+    rt, lib, records = plain
     q = torch.empty(1, 2, 16, 64, dtype=torch.float16)
-    p = native.FwdParams()
-    # a head dim the archive has no kernel for
+    lse = torch.empty(1, 2, 16)
     q128 = torch.empty(1, 2, 16, 128, dtype=torch.float16)
-    p.problem = native.make_problem(q128, q128, q128, scale=1.0)
-    p.out, p.lse = native.tensor_view(torch.empty_like(q128)), native.tensor_view(torch.empty(1, 2, 16))
-    assert rt.fwd(p) == native.UNSUPPORTED
+    assert _fwd(rt, q128, q128, q128, torch.empty_like(q128), lse, scale=1.0) == native.UNSUPPORTED
     assert "no attn_fwd kernel for dtype=fp16, head_dim=128" in native.library().aotr_last_error().decode()
-    # a view the kernels cannot read in place
     odd = torch.empty(1, 2, 16, 72, dtype=torch.float16)[..., :64]
-    p.problem = native.make_problem(odd, q, q, scale=1.0)
-    p.out, p.lse = native.tensor_view(torch.empty_like(q)), native.tensor_view(torch.empty(1, 2, 16))
-    assert rt.fwd(p) == native.NEEDS_LAYOUT
-    # shape checks the Python path makes too
-    p.problem = native.make_problem(q, torch.empty(1, 3, 16, 64, dtype=torch.float16),
-                                    torch.empty(1, 3, 16, 64, dtype=torch.float16), scale=1.0)
-    assert rt.fwd(p) == native.UNSUPPORTED
+    assert _fwd(rt, odd, q, q, torch.empty_like(q), lse, scale=1.0) == native.NEEDS_LAYOUT
+    k3 = torch.empty(1, 3, 16, 64, dtype=torch.float16)
+    assert _fwd(rt, q, k3, k3, torch.empty_like(q), lse, scale=1.0) == native.UNSUPPORTED
     assert "multiple of key/value heads" in native.library().aotr_last_error().decode()
-    assert stub.aotr_stub_launch_count() == 0 and rt.launch_count() == 0
+    assert lib.aotr_stub_launch_count() == 0 and rt.launch_count() == 0
+
+
+def test_the_python_gpu_route_is_the_native_one(stub, tmp_path, monkeypatch):
+    """attention.forward/backward on an AOT backend hand the whole launch to
+    libaotriton_rocm: the launches the stub records come from there."""
+    stub_path, lib = stub
+    recs = [_record(v, f"k{i}") for i, v in enumerate(_variants())]
+    archive = tmp_path / "sm_90.aotr"
+    write_archive(archive, MANIFEST, [(r, _image(r.symbol)) for r in recs])
+    monkeypatch.setattr(device, "arch_of", lambda i: "sm_90")
+    monkeypatch.setattr(images, "find_archives", lambda refresh=False: {"sm_90": archive})
+    monkeypatch.setattr(backends, "_native_runtime", lambda: _runtime(stub_path, archive))
+    monkeypatch.setattr(backends, "_added_archives", {str(archive)})
+    monkeypatch.setattr(backends.AOTBackend, "_stream", lambda self: 0x77)
+    aot = backends.AOTBackend(0)
+    assert aot.problem is None
+    assert aot.unsupported_reason("attn_fwd", dtype="fp16", head_dim=64) is None
+    assert "head_dim=128" in aot.unsupported_reason("attn_fwd", dtype="fp16", head_dim=128)
+    assert "with dropout" in aot.unsupported_reason("attn_fwd", dtype="fp16", head_dim=64, dropout=True)
+    monkeypatch.setattr(attention, "backend_for", lambda t: aot)
+    q = torch.empty(2, 3, 50, 40, dtype=torch.float16)  # rows of 40: copied into padded rows
+    out, lse = attention.forward(q, q, q, is_causal=True, scale=0.5)
+    attention.backward(torch.empty_like(q), q, q, q, out, lse, is_causal=True, scale=0.5)
+    launches = _launches(lib)
+    kernels = [{r.symbol: r for r in recs}[s].kernel for s, *_ in launches]
+    assert kernels == ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
+    assert all(stream == 0x77 for _, _, _, stream, _ in launches)
