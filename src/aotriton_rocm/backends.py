@@ -139,7 +139,7 @@ class AOTBackend(Backend):
     """Precompiled code objects from the installed archive for one GPU."""
 
     def __init__(self, device_index: int):
-        from .archive import Archive
+        from .archive import Archive, ArchiveError, identity_problems
         from .images import find_archives
 
         self.device_index = device_index
@@ -157,11 +157,19 @@ class AOTBackend(Backend):
             self.problem = (f"no kernel image is installed for {self.arch}: "
                             f"pip install 'aotriton-rocm[{self.arch.replace('_', '')}]'")
             return
-        self.archive = Archive.open(path)
-        abi = self.archive.manifest.get("abi_version")
-        if abi != ABI_VERSION:
-            self.problem = (f"the kernel image for {self.arch} ({path}) is for ABI {abi}, the "
-                            f"runtime is ABI {ABI_VERSION}: install matching versions")
+        try:
+            self.archive = Archive.open(path)
+        except ArchiveError as e:
+            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
+            return
+        # The archive must be what its name says, for this device and this
+        # runtime's ABI line: never hand another arch's code to the GPU.
+        problems = identity_problems(self.archive, path, expected_arch=self.arch,
+                                     expected_abi=ABI_VERSION)
+        if problems:
+            self.problem = (f"the kernel image for {self.arch} is refused: "
+                            + " | ".join(problems))
+            self.archive = None
             return
         for rec in self.archive.kernels:
             self._records.setdefault(_functional_key(rec.kernel, rec.functional), []).append(rec)

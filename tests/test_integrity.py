@@ -1,0 +1,206 @@
+"""Integrity end to end: an archive must be what its file name, its sidecar,
+the device and the runtime's ABI line say it is (archive.identity_problems),
+at every boundary: the runtime loader, smoke, info, validate, package, build.
+Archives are real (tests/real_archives.py: the real writer); commands run
+through their real entry points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import real_archives as RA
+from aotriton_rocm import archive as A
+from aotriton_rocm import backends, cli, device, images, smoke
+from aotriton_rocm._version import ABI_VERSION
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def isolated_images(monkeypatch, tmp_path):
+    """No installed image is visible but AOTRITON_ROCM_ARCHIVE_DIR=tmp/images."""
+    d = tmp_path / "images"
+    d.mkdir()
+    monkeypatch.setenv(images.ENV_VAR, str(d))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "empty-prefix"))
+    monkeypatch.setattr(images, "_entry_points", lambda: [])
+    images.clear_cache()
+    yield d
+    images.clear_cache()
+
+
+# -- the rule ------------------------------------------------------------------
+
+def test_identity_rule(tmp_path):
+    good = RA.write(tmp_path / "a", "gfx942")
+    assert A.identity_problems(A.Archive.open(good), expected_arch="gfx942",
+                               expected_abi=ABI_VERSION) == []
+    # (1) a gfx90a archive and its sidecar copied to gfx942.*
+    src = RA.write(tmp_path / "b", "gfx90a")
+    renamed = RA.copy_as(src, tmp_path / "c", "gfx942")
+    probs = A.identity_problems(A.Archive.open(renamed), expected_arch="gfx942")
+    text = "\n".join(probs)
+    assert "file name says arch gfx942 but the archive inside is for gfx90a" in text
+    assert "the archive is for gfx90a, the device is gfx942" in text
+    assert "describes the archive file 'gfx90a.aotr', not gfx942.aotr" in text
+    assert str(renamed) in text and "pip install --force-reinstall --no-deps 'aotriton-rocm-gfx942~=" in text
+    assert "aotriton-rocm build --arch gfx942 --out" in "\n".join(
+        A.identity_problems(A.Archive.open(renamed), context="build"))
+    # (2) an image of another ABI line
+    other = RA.write(tmp_path / "d", "gfx942", version="0.2.0")
+    [msg] = A.identity_problems(A.Archive.open(other), expected_abi="0.1")
+    assert "ABI line 0.2, the runtime is ABI line 0.1" in msg and str(other) in msg
+    assert "aotriton-rocm-gfx942~=0.1.0" in msg and "aotriton-rocm~=0.2.0" in msg
+    # a sidecar from another build of the same arch: hash named, both values
+    RA.write(tmp_path / "e", "gfx942", inputs_hash="b" * 64)
+    import shutil
+    shutil.copyfile(tmp_path / "e" / "gfx942.manifest.json", tmp_path / "a" / "gfx942.manifest.json")
+    [msg] = A.identity_problems(A.Archive.open(good))
+    assert "build_inputs_hash 'bbbb" in msg and "differs from 'aaaa" in msg
+
+
+def test_fifo_refused_before_opening(tmp_path):
+    fifo = tmp_path / "gfx942.aotr"
+    os.mkfifo(fifo)
+    with pytest.raises(A.ArchiveError, match="is a FIFO, not a regular file"):
+        A.Archive.open(fifo)  # would block forever in open() without the check
+    (tmp_path / "gfx942.manifest.json").write_text("{}")
+    assert "FIFO" in A.verify_against_manifest(fifo)[0]
+
+
+# -- the runtime loader ----------------------------------------------------------
+
+def test_loader_refuses_other_arch_and_other_abi(isolated_images, monkeypatch):
+    import aotriton_rocm.driver.launcher as launcher
+
+    loaded = []
+    monkeypatch.setattr(launcher, "Kernel", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(device, "arch_of", lambda i: "gfx942")
+    src = RA.write(isolated_images.parent / "src", "gfx90a")
+    RA.copy_as(src, isolated_images, "gfx942")
+    b = backends.AOTBackend(0)
+    assert b.problem and "the device is gfx942" in b.problem and "gfx90a" in b.problem
+    reason = b.unsupported_reason("attn_fwd", dtype="fp16", head_dim=64)
+    assert reason == b.problem  # torch's kernel runs; no gfx90a code reaches the device
+    assert loaded == []
+    RA.write(isolated_images, "gfx942", version="0.2.0")
+    images.clear_cache()
+    b = backends.AOTBackend(0)
+    assert "ABI line 0.2, the runtime is ABI line 0.1" in b.problem
+    RA.write(isolated_images, "gfx942")
+    images.clear_cache()
+    assert backends.AOTBackend(0).problem is None
+
+
+def test_search_skips_fifo(isolated_images):
+    os.mkfifo(isolated_images / "gfx942.aotr")
+    assert images.find_archives() == {}
+    assert any("not a regular file" in n for n in images.search_notes())
+
+
+# -- smoke -----------------------------------------------------------------------
+
+def _smoke(capsys, monkeypatch, *argv):
+    monkeypatch.setattr(smoke, "cpu_cases", lambda quick=False: [])  # archive checks only
+    monkeypatch.setattr(device, "gpu_available", lambda: False)
+    rc = smoke.main(["--device", "cpu", *argv])
+    return rc, capsys.readouterr().out
+
+
+def test_smoke_catches_renamed_and_other_abi_images(isolated_images, capsys, monkeypatch):
+    RA.write(isolated_images, "gfx908")
+    src = RA.write(isolated_images.parent / "src", "gfx90a")
+    RA.copy_as(src, isolated_images, "gfx942")
+    RA.write(isolated_images, "gfx1100", version="0.2.0")
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 1
+    assert "PASS  archive gfx908" in out
+    assert "FAIL  archive gfx942" in out and "the archive inside is for gfx90a" in out
+    assert "FAIL  archive gfx1100" in out and "ABI line 0.2, the runtime is ABI line 0.1" in out
+    assert "1 passed, 2 failed (2 of them installation checks)" in out
+
+
+def test_smoke_prints_each_problem_once(isolated_images, capsys, monkeypatch):
+    p = RA.write(isolated_images, "gfx942")
+    RA.flip_payload_byte(p)
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 1
+    [row] = [line for line in out.splitlines() if line.startswith("FAIL  archive gfx942")]
+    problems = row.split(": ", 1)[1].split("; ")
+    assert len(problems) == len(set(problems)) and len(problems) >= 2
+    assert sum("blob region sha256" in x for x in problems) == 1
+    assert "0 passed, 1 failed" in out
+
+
+def test_smoke_without_images_fails_unless_told(isolated_images, capsys, monkeypatch):
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 1
+    assert "FAIL  kernel images: none installed, so no precompiled archive was checked" in out
+    assert "--no-images-ok" in out and "0 passed, 1 failed" in out
+    rc, out = _smoke(capsys, monkeypatch, "--no-images-ok")
+    assert rc == 0 and "PASS  kernel images: none installed" in out
+
+
+# -- info ------------------------------------------------------------------------
+
+def test_info_lists_all_and_marks_bad(isolated_images, capsys):
+    RA.write(isolated_images, "gfx908")
+    damaged = RA.write(isolated_images, "gfx90a")
+    damaged.write_bytes(b"AOTRKA\r\n" + b"\0" * 10)  # truncated header
+    RA.copy_as(RA.write(isolated_images.parent / "src", "gfx90a"), isolated_images, "gfx942")
+    RA.write(isolated_images, "gfx1100", version="0.2.0")
+    rc = cli.main(["info"])
+    cap = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in cap.out + cap.err
+    lines = cap.out.splitlines()
+    assert any(l.startswith("  gfx908: 2 kernels") for l in lines)
+    assert any(l.startswith("  gfx90a: BAD ") and "truncated" in l for l in lines)
+    assert any(l.startswith("  gfx942: BAD ") for l in lines)
+    assert "the archive inside is for gfx90a" in cap.out
+    assert any(l.startswith("  gfx1100: BAD ") for l in lines) and "ABI line 0.2" in cap.out
+    assert "3 of 4 kernel image(s) unusable" in cap.err
+
+
+def test_info_subprocess_no_traceback(tmp_path):
+    d = tmp_path / "img"
+    RA.write(d, "gfx942").write_bytes(b"garbage")
+    env = dict(os.environ, AOTRITON_ROCM_ARCHIVE_DIR=str(d), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    proc = subprocess.run([sys.executable, "-m", "aotriton_rocm", "info"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "gfx942: BAD" in proc.stdout
+
+
+# -- validate --------------------------------------------------------------------
+
+def test_validate_reports_every_archive(tmp_path, capsys):
+    from aotriton_rocm.tooling import validate as V
+
+    d = tmp_path / "archives"
+    bad = RA.write(d, "gfx90a")
+    bad.write_bytes(b"not an archive")
+    good = RA.write(d, "sm_90")  # not validated (cubin), identity checked
+    renamed = RA.copy_as(RA.write(tmp_path / "src", "sm_90"), d, "sm_80")
+    fifo = d / "gfx942.aotr"
+    os.mkfifo(fifo)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault(
+        "rc", cli.main(["validate", str(bad), str(good), str(renamed), str(fifo)])), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "validate hung on a FIFO"
+    cap = capsys.readouterr()
+    assert result["rc"] == 2
+    assert "truncated kernel archive" in cap.err and "is a FIFO, not a regular file" in cap.err
+    assert "FAIL sm_90" in cap.out and "file name says arch sm_80" in cap.out
+    assert "aotriton-rocm build --arch sm_80 --out" in cap.out
+    text = cap.out
+    import re
+    assert re.search(r"^sm_90\s.*not validated \(cuda\)$", text, re.M)
+    assert re.search(r"^gfx90a\s.*FAIL \(unreadable\)$", text, re.M)
