@@ -204,3 +204,128 @@ def test_validate_reports_every_archive(tmp_path, capsys):
     import re
     assert re.search(r"^sm_90\s.*not validated \(cuda\)$", text, re.M)
     assert re.search(r"^gfx90a\s.*FAIL \(unreadable\)$", text, re.M)
+
+
+# -- package ---------------------------------------------------------------------
+
+def _package(*argv):
+    """`aotriton-rocm package` in a subprocess (no wheel is built when it refuses)."""
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    return subprocess.run([sys.executable, "-m", "aotriton_rocm", "package", "--source-root",
+                           str(ROOT), *map(str, argv)], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _refused(proc, out: Path, *needles):
+    text = proc.stderr
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    for n in needles:
+        assert n in text, text
+    assert not out.exists() or not any(out.glob("*.whl"))
+
+
+def test_package_verifies_every_archive(tmp_path):
+    out = tmp_path / "dist"
+    # (3a) a gfx942 archive with a flipped payload byte
+    d = tmp_path / "flipped"
+    RA.flip_payload_byte(RA.write(d, "gfx942"))
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out,
+             "nothing was packaged", "gfx942.aotr", "blob region sha256")
+    # (3b) a gfx90a archive next to the gfx942 sidecar
+    d = tmp_path / "swapped"
+    RA.write(d, "gfx942")
+    import shutil
+    shutil.copyfile(RA.write(tmp_path / "src90a", "gfx90a"), d / "gfx942.aotr")
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out,
+             "file name says arch gfx942 but the archive inside is for gfx90a",
+             "aotriton-rocm build --arch gfx942 --out")
+    # an image of another ABI line than the tree being packaged
+    d = tmp_path / "abi"
+    RA.write(d, "gfx942", version="0.2.0")
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out, "0.2.0")
+
+
+def test_package_refuses_mixed_builds(tmp_path):
+    # (4) a stale archive of another build beside the current one
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942", inputs_hash="a" * 64)
+    RA.write(d, "gfx90a", inputs_hash="b" * 64)
+    out = tmp_path / "dist"
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out,
+             "come from 2 different builds", "gfx942: aaaaaaaaaaaaaaaa", "gfx90a: bbbbbbbbbbbbbbbb",
+             "aotriton-rocm build --arch gfx90a,gfx942 --out")
+
+
+def test_package_argument_errors(tmp_path):
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942")
+    proc = _package("--archives", d, "--out", tmp_path / "o", "--no-conda", "--no-wheels")
+    assert proc.returncode == 2 and "leave nothing to build" in proc.stderr
+    f = tmp_path / "file"
+    f.write_text("x")
+    proc = _package("--archives", d, "--out", f, "--no-conda")
+    assert proc.returncode == 2 and "is a file, not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr and f.read_text() == "x"
+
+
+def test_package_interrupt_leaves_out_untouched(tmp_path):
+    import signal
+    import time
+
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942")
+    out = tmp_path / "dist"
+    out.mkdir()
+    (out / "earlier.txt").write_text("from an earlier run")
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    proc = subprocess.Popen([sys.executable, "-m", "aotriton_rocm", "package", "--source-root",
+                             str(ROOT), "--archives", str(d), "--out", str(out), "--no-conda"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    staging = tmp_path / f".dist.package-staging-{proc.pid}"
+    deadline = time.monotonic() + 120
+    while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert staging.exists(), "package never started staging its output"
+    time.sleep(2)  # inside the runtime wheel build
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr.splitlines()[-1]
+    assert sorted(p.name for p in out.iterdir()) == ["earlier.txt"]
+    assert not staging.exists()
+
+
+def test_package_leftover_staging_is_removed(tmp_path):
+    # a staging directory of a run that died (its pid is gone) goes at the next run
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942", inputs_hash="a" * 64)
+    RA.write(d, "gfx90a", inputs_hash="b" * 64)  # refused: the run stops after the cleanup
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    left = tmp_path / f".dist.package-staging-{dead}"
+    (left / "conda").mkdir(parents=True)
+    proc = _package("--archives", d, "--out", tmp_path / "dist", "--no-conda")
+    assert proc.returncode == 1 and not left.exists()
+
+
+@pytest.mark.slow
+def test_package_output_is_complete_or_absent(tmp_path):
+    import json
+
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942")
+    out = tmp_path / "dist"
+    out.mkdir()
+    (out / "earlier.txt").write_text("kept")
+    proc = _package("--archives", d, "--out", out, "--no-conda", "--rocm", "6.4")
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert "PACKAGE-COMPLETE" in names and "SHA256SUMS" in names and "earlier.txt" in names
+    marker = json.loads((out / "PACKAGE-COMPLETE").read_text())
+    assert marker["archs"] == ["gfx942"] and marker["build_inputs_hash"] == "a" * 64
+    assert any(f.startswith("aotriton_rocm_gfx942-") for f in marker["files"])
+    assert all((out / f).is_file() for f in marker["files"])
+    assert not list(tmp_path.glob(".dist.package-*"))
+    printed = proc.stdout.split()
+    assert printed and all(Path(p).parent == out and Path(p).is_file() for p in printed)

@@ -1,7 +1,8 @@
 """Packaging: wheels (runtime + per-arch images), conda packages, fresh installs.
 
-Fake archives (a few KB of random bytes + a JSON manifest) stand in for what
-`aotriton-rocm build` writes: packaging treats archives as opaque files.
+Small real archives (tests/real_archives.py: the real writer, stand-in code
+objects) stand in for what `aotriton-rocm build` writes: packaging verifies
+every archive it ships.
 The slow tests share one build of everything and one fresh venv per session.
 """
 
@@ -18,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import real_archives as RA
 
 from aotriton_rocm.tooling import package as pkg
 
@@ -35,13 +37,9 @@ def _sha256(path: Path) -> str:
 
 
 def _make_archives(d: Path, archs=ARCHS, *, version=VERSION, rocm=ROCM, size=4096) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
+    # real archives (package verifies every archive it ships); stand-in code objects
     for arch in archs:
-        (d / f"{arch}.aotr").write_bytes(os.urandom(size))
-        manifest = {"manifest": {"arch": arch, "package_version": version, "abi_version": ABI,
-                                 "rocm_profile": rocm, "format_version": 1},
-                    "kernels": []}
-        (d / f"{arch}.manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        RA.write(d, arch, version=version, rocm=rocm, size=size)
     return d
 
 
