@@ -329,3 +329,92 @@ def test_package_output_is_complete_or_absent(tmp_path):
     assert not list(tmp_path.glob(".dist.package-*"))
     printed = proc.stdout.split()
     assert printed and all(Path(p).parent == out and Path(p).is_file() for p in printed)
+
+
+# -- build -----------------------------------------------------------------------
+
+def _toy_root(base: Path) -> Path:
+    from test_build import make_root
+    return make_root(base)
+
+
+def _build_cli(root: Path, *argv):
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    return subprocess.run([sys.executable, "-m", "aotriton_rocm", "build", "--no-progress",
+                           "--source-root", str(root), "--rocm", "6.4", *map(str, argv)],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_build_sets_aside_stale_archive_and_package_refuses_mixed(tmp_path):
+    pytest.importorskip("triton")
+    root = _toy_root(tmp_path / "root")
+    out = tmp_path / "out"
+    proc = _build_cli(root, "--arch", "gfx942,sm_90", "--out", out, "-j", "1")
+    assert proc.returncode == 0, proc.stderr
+    # the same inputs, another arch alone: the earlier archives stay (same hash)
+    old_hash = A.Archive.open(out / "archives" / "sm_90.aotr").manifest["build_inputs_hash"]
+    # kernels change; gfx942 alone is rebuilt into the same --out
+    (root / "kernels" / "toy.py").write_text((root / "kernels" / "toy.py").read_text() + "\n# v2\n")
+    proc = _build_cli(root, "--arch", "gfx942", "--out", out, "-j", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "sm_90.aotr came from other build inputs" in proc.stderr
+    names = sorted(p.name for p in (out / "archives").iterdir())
+    assert names == ["gfx942.aotr", "gfx942.manifest.json", "stale"]
+    stale = A.Archive.open(out / "archives" / "stale" / "sm_90.aotr")
+    assert stale.manifest["build_inputs_hash"] == old_hash
+    new_hash = A.Archive.open(out / "archives" / "gfx942.aotr").manifest["build_inputs_hash"]
+    assert new_hash != old_hash
+    # put it back (a user's cp): package refuses the mix
+    import shutil
+    for f in ("sm_90.aotr", "sm_90.manifest.json"):
+        shutil.copyfile(out / "archives" / "stale" / f, out / "archives" / f)
+    dist = tmp_path / "dist"
+    _refused(_package("--archives", out / "archives", "--out", dist, "--no-conda"), dist,
+             "come from 2 different builds", "aotriton-rocm build --arch gfx942,sm_90 --out")
+    # another arch of the same inputs built later leaves gfx942 alone
+    (out / "archives" / "sm_90.aotr").unlink()
+    (out / "archives" / "sm_90.manifest.json").unlink()
+    proc = _build_cli(root, "--arch", "sm_90", "--out", out, "-j", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "came from other build inputs" not in proc.stderr
+    assert (out / "archives" / "gfx942.aotr").is_file()
+
+
+def test_build_argument_errors(tmp_path):
+    pytest.importorskip("triton")
+    root = _toy_root(tmp_path / "root")
+    proc = _build_cli(root, "--arch", "", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "names no arch" in proc.stderr
+    assert not (tmp_path / "o").exists()
+    proc = _build_cli(root, "--arch", "gfx942", "-j", "-3", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "must be 1 or more" in proc.stderr
+    f = tmp_path / "file"
+    f.write_text("x")
+    proc = _build_cli(root, "--arch", "gfx942", "--out", f)
+    assert proc.returncode == 2 and "is a file, not a directory" in proc.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    target = ro / "out" if os.geteuid() != 0 else Path("/sys/aotriton-rocm-test-out")
+    proc = _build_cli(root, "--arch", "gfx942", "--out", target)
+    assert proc.returncode == 2 and "cannot be written" in proc.stderr, proc.stderr
+    for p in (proc,):
+        assert "Traceback" not in p.stderr
+
+
+def test_build_removes_leftovers_of_interrupted_runs(tmp_path):
+    pytest.importorskip("triton")
+    from aotriton_rocm.tooling import build as B
+
+    root = _toy_root(tmp_path / "root")
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    leftovers = [out / ".tmp" / f"triton-cache-{dead}-abc", out / ".tmp" / "triton-cache-x1y2"]
+    alive = out / ".tmp" / f"triton-cache-{os.getpid()}-running"
+    for d in leftovers + [alive]:
+        (d / "junk").mkdir(parents=True)
+        (d / "junk" / "big.bin").write_bytes(b"\0" * 4096)
+    B.build("6.4", ["gfx942"], out, source_root=root, jobs=1, progress=False)
+    assert not any(d.exists() for d in leftovers)
+    assert alive.exists()  # a build running now (here: this process) is left alone
