@@ -418,3 +418,41 @@ def test_build_removes_leftovers_of_interrupted_runs(tmp_path):
     B.build("6.4", ["gfx942"], out, source_root=root, jobs=1, progress=False)
     assert not any(d.exists() for d in leftovers)
     assert alive.exists()  # a build running now (here: this process) is left alone
+
+
+# -- enable() without a GPU ------------------------------------------------------------
+
+def test_enable_without_gpu_says_so(monkeypatch):
+    import aotriton_rocm
+    from aotriton_rocm import torch_integration
+
+    monkeypatch.setattr(device, "gpu_available", lambda: False)
+    monkeypatch.delenv(torch_integration.CPU_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=r"no GPU is visible.*enable\(cpu_interpreter=True\)"):
+        aotriton_rocm.enable()
+    assert not aotriton_rocm.is_enabled()
+    aotriton_rocm.enable(cpu_interpreter=True)  # the CPU route is still there
+    try:
+        assert aotriton_rocm.is_enabled()
+    finally:
+        aotriton_rocm.disable()
+
+
+def test_autoload_on_cpu_only_machine_warns(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where torch sees no GPU")
+    env = dict(os.environ, AOTRITON_ROCM_ENABLE="1")
+    env.pop("AOTRITON_ROCM_CPU_INTERPRETER", None)
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import torch\n"
+            "from aotriton_rocm import _autoload, is_enabled\n"
+            "_autoload.autoload()\n"  # as torch's backend autoload calls it
+            "print('enabled', is_enabled())\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "enabled False" in proc.stdout
+    assert "no GPU is visible" in proc.stderr and "Traceback" not in proc.stderr
