@@ -250,7 +250,7 @@ def run_smoke_command(args) -> int:
     finally:
         torch_integration.disable()
     n_failed = sum(not r.passed for r in results) + archive_failures
-    n_passed = len(results) - sum(not r.passed for r in results) + len(archive_rows) - archive_failures
+    n_passed = len(results) - sum(not r.passed for r in results)
     print(f"{n_passed} passed, {n_failed} failed "
           + (f"({archive_failures} of them installation checks) " if archive_failures else "")
           + f"({time.time() - start:.1f} s, {'gpu' if use_gpu else 'cpu interpreter'})")
