@@ -963,9 +963,17 @@ def _stage(out: Path) -> Path:
     ``out`` holds now: the run adds to it, then :func:`_swap_into_place`."""
     staging = out.parent / f".{out.name}{_STAGING}{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
+    def copy(src: str, dst: str) -> None:
+        # wheels and sdists are only ever replaced by rename (publish()): a hard
+        # link is safe; anything a tool may rewrite in place (conda's channel,
+        # repodata) is copied, so that `out` stays as it was until the swap.
+        if src.endswith((".whl", ".tar.gz")) and Path(src).parent == out:
+            _link_or_copy(Path(src), Path(dst))
+        else:
+            shutil.copy2(src, dst)
+
     if out.is_dir():
-        shutil.copytree(out, staging, symlinks=True,
-                        copy_function=lambda s, d: _link_or_copy(Path(s), Path(d)))
+        shutil.copytree(out, staging, symlinks=True, copy_function=copy)
         (staging / COMPLETE_MARKER).unlink(missing_ok=True)
     else:
         staging.mkdir(parents=True)
