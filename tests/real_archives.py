@@ -4,6 +4,7 @@ smoke, info and validate check. The code objects are stand-in bytes."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Optional
@@ -36,7 +37,10 @@ def write(d: os.PathLike, arch: str, *, version: str = __version__, rocm: str = 
            "warp_size": 32 if arch.startswith("sm_") else 64, "compiler": "triton",
            "compiler_version": "3.9.0", "build_inputs_hash": inputs_hash}
     path = d / f"{name or arch}.aotr"
-    codes = [b"\x7fELF" + bytes([i]) * size + os.urandom(64) for i in range(kernels)]
+    # deterministic: the same call writes the same bytes (reproducibility tests)
+    codes = [b"\x7fELF" + bytes([i]) * size
+             + hashlib.sha256(f"{arch} {version} {inputs_hash} {i}".encode()).digest()
+             for i in range(kernels)]
     write_archive(path, man, [(record(i), c) for i, c in enumerate(codes)])
     write_manifest_sidecar(path)
     return path
