@@ -214,6 +214,8 @@ def test_flash_attn_varlen_func_says_why_not(over, match):
     (dict(softcap=30.0), "softcap"),
     (dict(alibi_slopes=torch.ones(1)), "alibi_slopes"),
     (dict(window_size=3), "window_size must be a pair"),
+    (dict(window_size=(1.5, 2)), r"window_size must be a pair of ints .*got \(1\.5, 2\)"),
+    (dict(window_size=(4, 2.0)), "window_size must be a pair of ints"),
     (dict(dropout_p=-0.1), "dropout_p=-0.1"),
 ])
 def test_flash_attn_func_refuses_what_it_does_not_support(kwargs, match):

@@ -1,7 +1,8 @@
 """Packaging: wheels (runtime + per-arch images), conda packages, fresh installs.
 
-Fake archives (a few KB of random bytes + a JSON manifest) stand in for what
-`aotriton-rocm build` writes: packaging treats archives as opaque files.
+Small real archives (tests/real_archives.py: the real writer, stand-in code
+objects) stand in for what `aotriton-rocm build` writes: packaging verifies
+every archive it ships.
 The slow tests share one build of everything and one fresh venv per session.
 """
 
@@ -18,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import real_archives as RA
 
 from aotriton_rocm.tooling import package as pkg
 
@@ -35,13 +37,9 @@ def _sha256(path: Path) -> str:
 
 
 def _make_archives(d: Path, archs=ARCHS, *, version=VERSION, rocm=ROCM, size=4096) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
+    # real archives (package verifies every archive it ships); stand-in code objects
     for arch in archs:
-        (d / f"{arch}.aotr").write_bytes(os.urandom(size))
-        manifest = {"manifest": {"arch": arch, "package_version": version, "abi_version": ABI,
-                                 "rocm_profile": rocm, "format_version": 1},
-                    "kernels": []}
-        (d / f"{arch}.manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        RA.write(d, arch, version=version, rocm=rocm, size=size)
     return d
 
 
@@ -491,3 +489,46 @@ def test_package_command_arguments_and_errors(tmp_path, capsys):
     defaults = parser.parse_args([])
     assert defaults.archives == "build/archives" and defaults.out == "dist"
     assert defaults.arch is None and defaults.rocm is None and not defaults.local_version
+
+
+@pytest.mark.slow
+def test_installed_images_are_identity_checked(tmp_path, wheels):
+    """Real wheels that `package` would refuse, built around it: install-check,
+    smoke and info in the fresh environment catch (1) a gfx90a archive shipped
+    as gfx942.aotr and (2) a 0.2 image installed with --no-deps beside the 0.1
+    runtime."""
+    from aotriton_rocm.tooling import install_check
+    from aotriton_rocm.tooling.envs import clean_env, run_smoke
+
+    def image_wheel(arch, archive, version):
+        inp = pkg.ArchiveInput(arch, archive, archive.with_name(f"{arch}.manifest.json"),
+                               {"arch": arch})
+        [w] = pkg.build_image_wheels(ROOT, [inp], tmp_path / f"img-{arch}-{version}", version, ROCM)
+        return w
+
+    renamed = RA.copy_as(RA.write(tmp_path / "src", "gfx90a"), tmp_path / "renamed", "gfx942")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    for w in (wheels["runtime"], image_wheel("gfx942", renamed, VERSION)):
+        os.link(w, dist / w.name)
+    work = tmp_path / "work"
+    rc = install_check.run_install_check_command(
+        __import__("argparse").Namespace(dist=str(dist), work=str(work), no_conda=True))
+    assert rc == 1
+    report = json.loads((work / "smoke-venv.json").read_text())
+    [row] = [r for r in report["archives"] if r[0] == "archive gfx942"]
+    assert row[1] is False and "file name says arch gfx942 but the archive inside is for gfx90a" in row[2]
+
+    vpy = work / "venv" / "bin" / "python"
+    other = image_wheel("gfx90a", RA.write(tmp_path / "abi02", "gfx90a", version="0.2.0"), "0.2.0")
+    subprocess.run([str(vpy), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(other)],
+                   check=True, env=clean_env())
+    info = subprocess.run([str(vpy), "-m", "aotriton_rocm", "info"], env=clean_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert info.returncode == 1 and "Traceback" not in info.stderr
+    assert "gfx90a: BAD" in info.stdout and "ABI line 0.2, the runtime is ABI line 0.1" in info.stdout
+    assert "gfx942: BAD" in info.stdout
+    res = run_smoke(vpy, clean_env(), ["--quick"])
+    assert res.returncode == 1
+    assert "FAIL  archive gfx90a" in res.stdout and "pip install 'aotriton-rocm~=0.2.0'" in res.stdout
+    assert "2 failed (2 of them installation checks)" in res.stdout

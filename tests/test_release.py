@@ -15,6 +15,7 @@ smoke test (tests/test_packaging.py covers install-check for real)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -304,8 +305,12 @@ def test_failing_gate_stops_before_any_upload(dry, toy, capsys, monkeypatch, ser
     assert _verdicts(out) == _after(_set(_expected(), "abi-check", "SKIPPED"), "changelog"), out
     assert f"no `## {VERSION}` section" in out
     assert f"release {VERSION}: STOPPED at changelog; nothing was uploaded" in out
-    # the ABI check against a previous release fails (here: one it cannot read)
-    rc, out, everything = _publish(capsys, toy, dry, server, chan, "--previous", str(dry["dist"]))
+    # the ABI check against a previous release fails (here: one it cannot read;
+    # the toy archives are real now, so the previous release is a damaged archive)
+    prev = tmp_path / "previous"
+    (prev / "default").mkdir(parents=True)
+    (prev / "default" / "gfx942.aotr").write_bytes(os.urandom(2048))
+    rc, out, everything = _publish(capsys, toy, dry, server, chan, "--previous", str(prev))
     assert rc == 1
     assert _verdicts(out) == _after(_expected(), "abi-check default"), out
     assert "abi-check against" in out and "exited 2" in out

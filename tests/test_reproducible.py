@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import real_archives as RA
 from aotriton_rocm.tooling import package as pkg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,12 +31,9 @@ ABI = pkg.abi_version_of(VERSION)
 
 
 def _archives(d: Path) -> Path:
-    d.mkdir(parents=True)
-    for i, arch in enumerate(("gfx942", "sm_90")):
-        (d / f"{arch}.aotr").write_bytes(hashlib.sha256(arch.encode()).digest() * (64 + i))
-        man = {"manifest": {"arch": arch, "package_version": VERSION, "abi_version": ABI,
-                            "rocm_profile": "6.4", "format_version": 1}, "kernels": []}
-        (d / f"{arch}.manifest.json").write_text(json.dumps(man), encoding="utf-8")
+    # real archives (package verifies what it ships), byte-identical on every call
+    for arch in ("gfx942", "sm_90"):
+        RA.write(d, arch, version=VERSION)
     return d
 
 

@@ -141,8 +141,10 @@ def test_autoload_hook_never_raises(monkeypatch):
 
 
 def test_smoke_command_cpu_mode_passes():
+    # no kernel image is installed here: only the sources are checked, which
+    # smoke fails unless told that is intended
     proc = subprocess.run([sys.executable, "-m", "aotriton_rocm.smoke", "--device", "cpu",
-                           "--quick"], capture_output=True, text=True, timeout=600)
+                           "--quick", "--no-images-ok"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Triton's interpreter" in proc.stdout
     assert "2 passed, 0 failed" in proc.stdout

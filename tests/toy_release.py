@@ -1,6 +1,6 @@
 """Toy releases for the publishing tests: real wheels and .conda packages made
 by the real builders from this source tree stamped with another version, and
-fake archives (random bytes + a manifest; packaging treats archives as opaque).
+small real archives (tests/real_archives.py; package verifies what it ships).
 
 Each (version, local label) is built once per test session and shared by the
 modules that import this helper (tests/test_publish_index.py,
@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+import real_archives as RA
 from aotriton_rocm.tooling import package as pkg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,12 +71,8 @@ def archives(version: str, archs: Sequence[str] = (ARCH,), rocm: str = ROCM) -> 
     def make() -> Path:
         d = _BASE / f"archives-{version}-rocm{rocm}-{'-'.join(archs)}"
         d.mkdir(parents=True)
-        for arch in archs:
-            (d / f"{arch}.aotr").write_bytes(os.urandom(2048))
-            man = {"manifest": {"arch": arch, "package_version": version,
-                                "abi_version": pkg.abi_version_of(version), "rocm_profile": rocm,
-                                "format_version": 1}, "kernels": []}
-            (d / f"{arch}.manifest.json").write_text(json.dumps(man), encoding="utf-8")
+        for arch in archs:  # real archives: package verifies what it ships
+            RA.write(d, arch, version=version, rocm=rocm, size=2048)
         return d
 
     return _once(("archives", version, tuple(archs), rocm), make)

@@ -33,6 +33,7 @@ import hashlib
 import json
 import lzma
 import os
+import stat
 import struct
 import tempfile
 import threading
@@ -54,6 +55,8 @@ __all__ = [
     "manifest_path_for",
     "verify_against_manifest",
     "file_sha256",
+    "identity_problems",
+    "regular_file_problem",
 ]
 
 MAGIC = b"AOTRKA\r\n"
@@ -89,6 +92,25 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 class ArchiveError(Exception):
     """A kernel archive is missing, unreadable, corrupted or incompatible."""
+
+
+def regular_file_problem(path: PathLike) -> Optional[str]:
+    """None if ``path`` is a regular file (symlinks followed), else why not.
+
+    Checked before a file is opened: opening a FIFO named ``*.aotr`` blocks
+    until something writes to it, and a directory or device is no archive.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        return f"{p}: cannot read: {e.strerror or e}"
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device or special file")
+        return (f"{p}: is {kind}, not a regular file; kernel archives are regular files "
+                f"(remove it, then rebuild or reinstall the archive)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -223,6 +245,9 @@ class Archive:
     @classmethod
     def open(cls, path: PathLike) -> "Archive":
         p = Path(path)
+        not_regular = regular_file_problem(p)
+        if not_regular is not None:
+            raise ArchiveError(not_regular)
         try:
             with open(p, "rb") as f:
                 file_size = os.fstat(f.fileno()).st_size
@@ -496,6 +521,10 @@ def verify_against_manifest(archive_path: PathLike, manifest_path: Optional[Path
     ap = Path(archive_path)
     mp = Path(manifest_path) if manifest_path is not None else manifest_path_for(ap)
     problems: List[str] = []
+    for f in (ap, mp):
+        not_regular = regular_file_problem(f)
+        if not_regular is not None:
+            return [not_regular]
     try:
         doc = json.loads(mp.read_text(encoding="utf-8"))
         side_manifest = doc["manifest"]
@@ -531,4 +560,141 @@ def verify_against_manifest(archive_path: PathLike, manifest_path: Optional[Path
         if ours[k] != theirs[k]:
             problems.append(f"{ap}: kernel {k!r} record differs from {mp.name}")
     problems.extend(a.verify())
+    return problems
+
+
+# -- identity ----------------------------------------------------------------
+# The one rule for "is this archive what its name, its sidecar, the device and
+# the runtime say it is". Every boundary calls identity_problems(): the
+# runtime loader (backends.AOTBackend), `smoke`, `info`, `validate`,
+# `package` (and through them install-check and release).
+
+IDENTITY_CONTEXTS = ("installed", "build")
+
+
+def _arch_from_name(name: str, suffix: str) -> Optional[str]:
+    return name[: -len(suffix)] if name.endswith(suffix) and len(name) > len(suffix) else None
+
+
+def identity_fix(arch: str, context: str = "installed", path: Optional[PathLike] = None,
+                 abi_line: Optional[str] = None) -> str:
+    """The command that puts a good archive for ``arch`` in place.
+
+    ``context="installed"``: reinstall the image package of the runtime's ABI
+    line; ``"build"``: rebuild the archive into the output directory that
+    holds ``path`` (``OUT/archives/<arch>.aotr``).
+    """
+    if context == "build":
+        out = "OUT"
+        if path is not None:
+            d = Path(path).parent
+            out = str(d.parent if d.name == "archives" else d)
+        return f"rebuild it: aotriton-rocm build --arch {arch} --out {out}"
+    if abi_line is None:
+        from ._version import ABI_VERSION as abi_line
+    an = arch.replace("_", "")
+    return (f"reinstall the image: pip install --force-reinstall --no-deps "
+            f"'aotriton-rocm-{an}~={abi_line}.0' (conda: conda install --force-reinstall "
+            f"'aotriton-rocm-{an}={abi_line}')")
+
+
+def identity_problems(archive: "Archive", path: Optional[PathLike] = None, *,
+                      expected_arch: Optional[str] = None, expected_abi: Optional[str] = None,
+                      context: str = "installed", sidecar: bool = True) -> List[str]:
+    """Why ``archive`` is not what it claims to be (empty list: it is).
+
+    Checks the manifest's arch, format version, ABI line (``abi_version`` and
+    ``abi.abi_line``) and build-inputs hash
+    against each other and against: the file name ``<arch>.aotr`` of
+    ``path`` (default: where the archive was opened), the sidecar
+    ``<arch>.manifest.json`` beside it if there is one (its manifest and the
+    archive file it names; ``sidecar=False`` skips it), ``expected_arch`` (the
+    device's arch) and ``expected_abi`` (the runtime's ABI line). Each
+    problem names both values, the file and the fix (``context``: see
+    :func:`identity_fix`).
+    """
+    if context not in IDENTITY_CONTEXTS:
+        raise ValueError(f"context must be one of {IDENTITY_CONTEXTS}, not {context!r}")
+    p = Path(path) if path is not None else Path(archive.path)
+    m = archive.manifest
+    arch = str(m.get("arch"))
+    name_arch = _arch_from_name(p.name, ARCHIVE_SUFFIX)
+    fix = identity_fix(name_arch or expected_arch or arch, context, p, expected_abi)
+    problems: List[str] = []
+    if name_arch is None:
+        problems.append(f"{p}: the file name is not <arch>{ARCHIVE_SUFFIX} (the manifest says "
+                        f"arch {arch}, so it must be named {arch}{ARCHIVE_SUFFIX}): rename it")
+    elif name_arch != arch:
+        problems.append(f"{p}: the file name says arch {name_arch} but the archive inside is for "
+                        f"{arch} (a {arch} archive copied or renamed to {p.name}?); {fix}")
+    if expected_arch is not None and arch != expected_arch:
+        problems.append(f"{p}: the archive is for {arch}, the device is {expected_arch}: its code "
+                        f"objects cannot run there; {fix}")
+    fmt = m.get("format_version")
+    if fmt != FORMAT_VERSION:
+        problems.append(f"{p}: the manifest says format version {fmt!r}, this aotriton-rocm reads "
+                        f"format {FORMAT_VERSION}; {fix}")
+    abi = m.get("abi_version")
+    section = m.get("abi")
+    if not isinstance(section, dict):
+        problems.append(f"{p}: the manifest has no \"abi\" record (ABI line {abi!r} unconfirmed; "
+                        f"written by an older aotriton-rocm?); {fix}")
+        section = {}
+    else:
+        if section.get("abi_line") != abi:
+            problems.append(f"{p}: the manifest's abi_version is {abi!r} but its abi.abi_line is "
+                            f"{section.get('abi_line')!r}; {fix}")
+        if section.get("format_version") != fmt:
+            problems.append(f"{p}: the manifest's format_version is {fmt!r} but its "
+                            f"abi.format_version is {section.get('format_version')!r}; {fix}")
+    if expected_abi is not None and abi != expected_abi:
+        if context == "installed":
+            an = (name_arch or arch).replace("_", "")
+            abi_fix = (f"install the image of the runtime's line: pip install --force-reinstall "
+                       f"--no-deps 'aotriton-rocm-{an}~={expected_abi}.0', or the runtime of the "
+                       f"image's line: pip install 'aotriton-rocm~={abi}.0'")
+        else:
+            abi_fix = fix + " with the aotriton-rocm being packaged"
+        problems.append(f"{p}: a kernel image of ABI line {abi}, the runtime is ABI line "
+                        f"{expected_abi}; point releases of one line only are compatible: "
+                        f"{abi_fix}")
+    bih = m.get("build_inputs_hash")
+    if not isinstance(bih, str) or not bih:
+        problems.append(f"{p}: the manifest has no build_inputs_hash (got {bih!r}); {fix}")
+    if sidecar:
+        mp = manifest_path_for(p)
+        if os.path.lexists(mp):
+            problems.extend(_sidecar_identity(p, mp, m, name_arch, fix))
+    return problems
+
+
+def _sidecar_identity(p: Path, mp: Path, m: Mapping[str, Any], name_arch: Optional[str],
+                      fix: str) -> List[str]:
+    not_regular = regular_file_problem(mp)
+    if not_regular is not None:
+        return [not_regular]
+    try:
+        doc = json.loads(mp.read_text(encoding="utf-8"))
+        sm = doc["manifest"]
+        sa = doc.get("archive") or {}
+        if not isinstance(sm, dict) or not isinstance(sa, dict):
+            raise TypeError("\"manifest\" and \"archive\" must be objects")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return [f"{mp}: cannot read the manifest sidecar of {p.name}: {e!r}; {fix}"]
+    problems: List[str] = []
+    if name_arch is not None and sm.get("arch") != name_arch:
+        problems.append(f"{mp}: the file name says arch {name_arch} but the sidecar describes "
+                        f"{sm.get('arch')!r}; {fix}")
+    if sa.get("file") != p.name:
+        problems.append(f"{mp}: the sidecar describes the archive file {sa.get('file')!r}, not "
+                        f"{p.name}; {fix}")
+    for key in ("arch", "format_version", "abi_version", "build_inputs_hash"):
+        if sm.get(key) != m.get(key):
+            problems.append(f"{mp}: {key} {sm.get(key)!r} differs from {m.get(key)!r} in the "
+                            f"archive {p.name}; {fix}")
+    side_line = (sm.get("abi") or {}).get("abi_line") if isinstance(sm.get("abi"), dict) else None
+    arch_line = (m.get("abi") or {}).get("abi_line") if isinstance(m.get("abi"), dict) else None
+    if side_line != arch_line:
+        problems.append(f"{mp}: abi.abi_line {side_line!r} differs from {arch_line!r} in the "
+                        f"archive {p.name}; {fix}")
     return problems

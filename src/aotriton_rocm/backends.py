@@ -14,6 +14,7 @@ from typing import Iterable
 import torch
 
 from . import device as _device
+from ._version import ABI_VERSION
 
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
 # (backend name, kernel name) -> launches since import (or the last reset).
@@ -147,6 +148,7 @@ class AOTBackend(Backend):
 
     def __init__(self, device_index: int):
         from . import native
+        from .archive import Archive, ArchiveError, identity_problems
         from .images import find_archives
 
         self.device_index = device_index
@@ -160,12 +162,26 @@ class AOTBackend(Backend):
                             f"pip install 'aotriton-rocm[{self.arch.replace('_', '')}]'")
             return
         try:
+            archive = Archive.open(path)
+        except ArchiveError as e:
+            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
+            return
+        # The archive must be what its name says, for this device and this
+        # runtime's ABI line: never hand another arch's code to the GPU (the
+        # library checks this too, the sidecar is checked here only).
+        problems = identity_problems(archive, path, expected_arch=self.arch,
+                                     expected_abi=ABI_VERSION)
+        if problems:
+            self.problem = (f"the kernel image for {self.arch} is refused: "
+                            + " | ".join(problems))
+            return
+        try:
             self.runtime = _native_runtime()
             if str(path) not in _added_archives:
                 self.runtime.add_archive(path)
                 _added_archives.add(str(path))
         except (OSError, native.NativeError) as e:
-            self.problem = str(e)
+            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
             return
         _native_names[device_index] = self.name
 

@@ -21,7 +21,7 @@ def _info(args) -> int:
 
     from . import device, images
     from ._version import ABI_VERSION, TRITON_VERSION, __version__
-    from .archive import Archive
+    from .archive import Archive, ArchiveError, identity_problems
 
     print(f"aotriton-rocm {__version__} (ABI {ABI_VERSION}, kernels built with triton "
           f"{TRITON_VERSION})")
@@ -33,11 +33,27 @@ def _info(args) -> int:
     found = images.find_archives()
     if not found:
         print("kernel images: none installed (pip install 'aotriton-rocm[gfx942]', for example)")
+    bad = 0
     for arch, path in sorted(found.items()):
-        archive = Archive.open(path)
+        # every archive is listed; a damaged or misnamed one is marked, not fatal
+        try:
+            archive = Archive.open(path)
+        except ArchiveError as exc:
+            bad += 1
+            print(f"  {arch}: BAD {path}: {exc}")
+            continue
         m = archive.manifest
-        print(f"  {arch}: {len(archive.kernels)} kernels, ROCm profile {m.get('rocm_profile')}, "
-              f"version {m.get('package_version')}, {path}")
+        problems = identity_problems(archive, path, expected_abi=ABI_VERSION)
+        print(f"  {arch}: {'BAD ' if problems else ''}{len(archive.kernels)} kernels, "
+              f"ROCm profile {m.get('rocm_profile')}, version {m.get('package_version')}, "
+              f"ABI {m.get('abi_version')}, {path}")
+        for problem in problems:
+            print(f"      {problem}")
+        bad += bool(problems)
+    if bad:
+        print(f"aotriton-rocm info: {bad} of {len(found)} kernel image(s) unusable (marked BAD "
+              f"above; the fix is named with each)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,6 +19,8 @@ function behind both, shared with :class:`aotriton_rocm.AttentionMode`.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from . import attention
@@ -110,7 +112,8 @@ def _check_common(api, q, k, v, dropout_p, window_size, softcap, alibi_slopes):
     if alibi_slopes is not None:
         _fail(api, "alibi_slopes is not supported")
     try:
-        left, right = (int(w) for w in window_size)
+        # operator.index: 1.5 is an error, not a silently truncated 1
+        left, right = (operator.index(w) for w in window_size)
     except (TypeError, ValueError):
         _fail(api, f"window_size must be a pair of ints (-1: unbounded), got {window_size!r}")
     try:

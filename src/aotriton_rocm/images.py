@@ -55,7 +55,11 @@ def _scan_dir(d: Path, found: Dict[str, Path], origin: str, notes: List[str]) ->
         notes.append(f"{origin}: cannot list {d}: {e.strerror or e}")
         return
     for p in entries:
-        if p.name.endswith(ARCHIVE_SUFFIX) and p.is_file():
+        if p.name.endswith(ARCHIVE_SUFFIX) and not p.is_file():
+            # a FIFO would block whoever opens it; a directory is no archive
+            notes.append(f"{origin}: {p} ignored, not a regular file")
+            continue
+        if p.name.endswith(ARCHIVE_SUFFIX):
             arch = p.name[: -len(ARCHIVE_SUFFIX)]
             if arch in found:
                 notes.append(f"{origin}: {p} ignored, {arch} already found at {found[arch]}")

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import backends, device, images
-from ._version import __version__
-from .archive import Archive, ArchiveError, verify_against_manifest
+from ._version import ABI_VERSION, __version__
+from .archive import (Archive, ArchiveError, identity_fix, identity_problems, manifest_path_for,
+                      verify_against_manifest)
 
 # Fudge factors of PyTorch's test_transformers for ROCm's AOTriton flash kernels.
 FUDGE = {"out": 6.0, "dq": 360.0, "dk": 45.0, "dv": 6.0}
@@ -129,19 +130,30 @@ def cpu_cases(quick: bool = False) -> list[Case]:
 
 
 def check_archives(require_arch: str | None) -> list[tuple[str, bool, str]]:
+    """One row per installed archive (and the GPU's arch): (what, ok, detail).
+
+    An archive passes when it is what its name says, for this runtime's ABI
+    line (:func:`archive.identity_problems`), matches its sidecar manifest
+    byte for byte and every kernel's sha256 checks out. Each problem is
+    reported once.
+    """
     rows = []
     found = images.find_archives()
     for arch, path in sorted(found.items()):
         try:
-            problems = Archive.open(path).verify()
+            a = Archive.open(path)
         except ArchiveError as exc:
             rows.append((f"archive {arch}", False, str(exc)))
             continue
-        sidecar = path.with_name(f"{arch}.manifest.json")
+        problems = identity_problems(a, path, expected_abi=ABI_VERSION)
+        sidecar = manifest_path_for(path)
         if sidecar.exists():
-            problems += verify_against_manifest(path, sidecar)
+            problems += verify_against_manifest(path, sidecar)  # includes Archive.verify()
         else:
-            problems.append(f"manifest {sidecar.name} is missing")
+            problems += a.verify()
+            problems.append(f"{sidecar}: the manifest sidecar of {path.name} is missing; "
+                            f"{identity_fix(arch)}")
+        problems = list(dict.fromkeys(problems))  # each once, in order
         rows.append((f"archive {arch}", not problems, "; ".join(problems) or str(path)))
     if require_arch is not None and require_arch not in found:
         rows.append((f"arch {require_arch}", False,
@@ -169,6 +181,9 @@ def add_smoke_arguments(parser: argparse.ArgumentParser) -> None:
                              "interpreter; auto: gpu if one is visible")
     parser.add_argument("--quick", action="store_true", help="fewer, smaller cases")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--no-images-ok", action="store_true",
+                        help="on the CPU, pass although no kernel image is installed (only the "
+                             "kernel sources are then checked); without it that is a failure")
 
 
 def run_smoke_command(args) -> int:
@@ -184,14 +199,28 @@ def run_smoke_command(args) -> int:
              "no GPU: kernel sources run by Triton's interpreter on the CPU "
              "(no code object is executed)"), flush=True)
 
-    failures = 0
     archive_rows = check_archives(arch)
+    if not images.find_archives() and not use_gpu:
+        where = "; ".join(images.search_notes()) or "no archive directory, image wheel or conda share"
+        if getattr(args, "no_images_ok", False):
+            archive_rows.append(("kernel images", True,
+                                 "none installed: no precompiled archive was checked, only the "
+                                 "kernel sources (--no-images-ok)"))
+        else:
+            archive_rows.append(("kernel images", False,
+                                 f"none installed, so no precompiled archive was checked (looked "
+                                 f"at: {where}). Install one (pip install 'aotriton-rocm[gfx942]', "
+                                 f"for example), or pass --no-images-ok to check the kernel sources "
+                                 f"only"))
+    archive_failures = 0
     for what, ok, detail in archive_rows:
         print(f"{'PASS' if ok else 'FAIL'}  {what}: {detail}", flush=True)
-        failures += not ok
-    if use_gpu and failures:
-        print("smoke: FAILED before running attention (fix the installation first)")
+        archive_failures += not ok
+    if use_gpu and archive_failures:
+        print(f"0 passed, {archive_failures} failed: smoke FAILED before running attention (fix "
+              f"the installation first)")
         return 1
+    failures = archive_failures
 
     torch_integration.enable(cpu_interpreter=not use_gpu)
     dev = torch.device("cuda" if use_gpu else "cpu")
@@ -220,9 +249,11 @@ def run_smoke_command(args) -> int:
             failures += not r.passed
     finally:
         torch_integration.disable()
-    print(f"{len(results) - sum(not r.passed for r in results)} passed, "
-          f"{sum(not r.passed for r in results)} failed "
-          f"({time.time() - start:.1f} s, {'gpu' if use_gpu else 'cpu interpreter'})")
+    n_failed = sum(not r.passed for r in results) + archive_failures
+    n_passed = len(results) - sum(not r.passed for r in results)
+    print(f"{n_passed} passed, {n_failed} failed "
+          + (f"({archive_failures} of them installation checks) " if archive_failures else "")
+          + f"({time.time() - start:.1f} s, {'gpu' if use_gpu else 'cpu interpreter'})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"version": __version__, "arch": arch, "gpu": use_gpu,

@@ -23,6 +23,7 @@ import warnings
 import torch
 
 from . import attention, torch_compat
+from . import device as _device
 
 IMPL_NAME = "AOTRITON_ROCM"
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
@@ -476,10 +477,21 @@ def enable(cpu_interpreter: bool = False) -> None:
     """Route torch's flash attention through aotriton-rocm.
 
     ``cpu_interpreter=True`` also routes CPU tensors through the kernel sources
-    run by Triton's interpreter (slow: for testing without a GPU).
+    run by Triton's interpreter (slow: for testing without a GPU). Without it
+    (or ``AOTRITON_ROCM_CPU_INTERPRETER=1``), a machine where torch sees no
+    GPU is a RuntimeError: nothing of ours would run there.
     """
     global _cpu_requested
     torch_compat.check_torch(torch.__version__)  # UnsupportedTorchError names what to do
+    if not cpu_interpreter and os.environ.get(CPU_ENV, "") != "1" and not _device.gpu_available():
+        # Our overrides sit on the CUDA key: with no GPU they would never run,
+        # and "enabled" would be a lie while torch's CPU kernel does the work.
+        raise RuntimeError(
+            "aotriton-rocm: enable(): no GPU is visible to torch (torch.cuda.is_available() is "
+            "False), so the precompiled kernels, registered for GPU tensors, would never run and "
+            "torch's own kernel would. On a GPU machine, install the ROCm (or CUDA) build of "
+            "torch; to run the kernel sources on the CPU through Triton's interpreter (slow, for "
+            f"testing), call enable(cpu_interpreter=True) or set {CPU_ENV}=1.")
     _cpu_requested = cpu_interpreter
     if has_registry():
         register()

@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from .. import _version
-from ..archive import KernelRecord, write_archive, write_manifest_sidecar
+from ..archive import (ARCHIVE_SUFFIX, Archive, ArchiveError, KernelRecord, manifest_path_for,
+                       write_archive, write_manifest_sidecar)
 from ..codeobject import ArchLimits, validate_kernel
 from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
 from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
@@ -75,6 +76,10 @@ REPORT_NAME = "build-report.json"
 SHARD_FILE = "shard.json"
 SHARD_KIND = "aotriton-rocm-build-shard"
 MAX_ERRORS_SHOWN = 10
+
+
+class OutDirError(OSError):
+    """``--out`` is a file or cannot be written (checked before compiling)."""
 
 
 class BuildError(RuntimeError):
@@ -388,6 +393,90 @@ def _write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
+TRITON_CACHE_PREFIX = "triton-cache-"
+STALE_DIR = "stale"
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse (BuildError, before compiling anything) an ``--out`` that is a
+    file or cannot be written."""
+    if out.exists() and not out.is_dir():
+        raise OutDirError(f"--out {out} is a file, not a directory: pass a directory (created if "
+                          f"missing), or remove the file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutDirError(f"--out {out} cannot be written ({e.strerror or e}): pass a writable "
+                          f"directory with --out") from None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_leftovers(out: Path) -> List[Path]:
+    """Remove what interrupted builds left in ``OUT/.tmp`` (triton caches of
+    processes that are gone; the name carries the pid). Returns what went."""
+    tmp_root = out / ".tmp"
+    removed: List[Path] = []
+    try:
+        entries = list(tmp_root.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if not p.name.startswith(TRITON_CACHE_PREFIX):
+            continue
+        pid = p.name[len(TRITON_CACHE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and _pid_alive(int(pid)):
+            continue  # a build running now
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    try:
+        tmp_root.rmdir()
+    except OSError:
+        pass
+    return removed
+
+
+def set_aside_stale(arch_dir: Path, built: Sequence[str], inputs_hash: str) -> List[Path]:
+    """Move archives in ``arch_dir`` that this build did not write and that
+    come from other build inputs (or cannot be read) to ``arch_dir/stale/``,
+    with their sidecars: a stale archive must not look current beside the
+    new ones. Archives of the same inputs (an earlier build of other archs of
+    this checkout) stay. Returns the new paths."""
+    moved: List[Path] = []
+    try:
+        entries = sorted(arch_dir.glob("*" + ARCHIVE_SUFFIX))
+    except OSError:
+        return moved
+    for ap in entries:
+        arch = ap.name[: -len(ARCHIVE_SUFFIX)]
+        if arch in built:
+            continue
+        try:
+            their_hash = Archive.open(ap).manifest.get("build_inputs_hash")
+        except ArchiveError:
+            their_hash = None
+        if their_hash == inputs_hash:
+            continue
+        stale = arch_dir / STALE_DIR
+        stale.mkdir(exist_ok=True)
+        for f in (ap, manifest_path_for(ap)):
+            if os.path.lexists(f):
+                os.replace(f, stale / f.name)
+        moved.append(stale / ap.name)
+    return moved
+
+
 def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, source_root=None,
           jobs: Optional[int] = None, *, kernels_dir=None, targets_path=None,
           progress: bool = True, stream: Optional[TextIO] = None,
@@ -443,6 +532,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     prof, arch_specs = targets.resolve(profile, archs)
     spec = load_variants(kernels_dir)
     params_of = spec.check_sources()
+    check_out_dir(out)
+    clean_leftovers(out)
 
     triton_version = _triton_version()
     if triton_version != _version.TRITON_VERSION:
@@ -503,7 +594,9 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     if ignored and misses:
         prog.write(f"note: ignoring {', '.join(ignored)} while compiling (they change code generation)")
     errors: List[str] = []
-    n_jobs = max(1, int(jobs) if jobs else _default_jobs())
+    if jobs is not None and int(jobs) < 1:
+        raise ValueError(f"jobs={jobs}: need 1 or more compile processes (None: one per core)")
+    n_jobs = int(jobs) if jobs else _default_jobs()
     if misses and not compile_missing:
         prog.close()
         raise BuildError(f"{len(misses)} code object(s) are in none of the shard outputs, e.g. "
@@ -511,7 +604,8 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     if misses:
         tmp_root = out / ".tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
-        triton_cache = tempfile.mkdtemp(prefix="triton-cache-", dir=tmp_root)
+        # the pid in the name lets the next run remove it if this one is killed
+        triton_cache = tempfile.mkdtemp(prefix=f"{TRITON_CACHE_PREFIX}{os.getpid()}-", dir=tmp_root)
         if executor == "local":
             outputs = _iter_compile_local(misses, n_jobs, triton_cache)
         else:
@@ -680,6 +774,12 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
             }
 
     if shard is None and not errors:
+        stale = set_aside_stale(arch_dir, [a.name for a in arch_specs], inputs_hash)
+        report["stale_archives"] = [str(p.relative_to(out)) for p in stale]
+        for p in stale:
+            print(f"note: {p.name} came from other build inputs (an older build?): moved to "
+                  f"{p.parent} so that it is not mistaken for part of this build; rebuild it with "
+                  f"--arch {p.name[: -len(ARCHIVE_SUFFIX)]} if you need it", file=stream)
         chart = out / "build-report.png"
         atomic_write_bytes(chart, arch_chart_png(report))
         report["chart"] = chart.name
@@ -703,6 +803,17 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
 
 # -- CLI wiring -----------------------------------------------------------
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: the number of compile processes must be 1 or "
+                                         f"more (leave -j out for one per core)")
+    return n
+
+
 def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``build`` subcommand's options to ``parser``."""
     parser.add_argument("--rocm", "--profile", dest="rocm", default=None, metavar="X.Y",
@@ -712,7 +823,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                              "cuda), 'default' or 'all'; repeatable (default: default_archs)")
     parser.add_argument("--out", "-o", dest="out", default="build", metavar="DIR",
                         help="output directory: archives/, cache/, build-report.json (default: build)")
-    parser.add_argument("--jobs", "-j", dest="jobs", type=int, default=None, metavar="N",
+    parser.add_argument("--jobs", "-j", dest="jobs", type=_positive_int, default=None, metavar="N",
                         help="parallel compile processes (default: all cores)")
     parser.add_argument("--source-root", dest="source_root", default=None, metavar="DIR",
                         help="aotriton-rocm checkout (default: found from the current directory)")
@@ -751,9 +862,13 @@ def run_build_command(args: argparse.Namespace) -> int:
                     progress=getattr(args, "progress", True), shard=shard,
                     executor=getattr(args, "executor", "local") or "local",
                     scheduler=getattr(args, "scheduler", None))
-    except (TargetError, VariantSpecError, ExecutorError) as e:
+    except (TargetError, VariantSpecError, ExecutorError, OutDirError) as e:
         print(f"aotriton-rocm build: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"aotriton-rocm build: cannot write the output ({e}); pass a writable directory "
+              f"with --out", file=sys.stderr)
+        return 1
     except BuildError as e:
         print(f"aotriton-rocm build: {e}", file=sys.stderr)
         return 1

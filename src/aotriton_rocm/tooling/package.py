@@ -20,9 +20,11 @@ into ``out_dir`` atomically (a hidden temporary name there, then a rename), so a
 file in ``out_dir`` is always complete. Every artifact passes
 ``twine check --strict`` before it is published.
 
-Archives are treated as opaque files: only the manifest sidecar's
-``"manifest"`` object is read (``arch``, ``package_version``, ``rocm_profile``)
-to refuse an archive built for another arch, version or ROCm profile.
+Every archive is verified before it ships (:func:`verify_archive`: it is
+what its file name and sidecar say, of the ABI line being packaged, matches
+its sidecar byte for byte, every kernel's sha256 checks out), and the
+archives of one release must share one build-inputs hash
+(:func:`check_one_build`).
 """
 
 from __future__ import annotations
@@ -243,7 +245,67 @@ def collect_archives(archives_dir: os.PathLike, archs: Optional[Sequence[str]],
         if rocm_profile is not None and m_prof is not None and str(m_prof) != str(rocm_profile):
             raise PackagingError(f"{ap}: built for ROCm {m_prof}, packaging for ROCm {rocm_profile}")
         out.append(ArchiveInput(arch, ap, mp, man))
+    problems = [msg for i in out for msg in verify_archive(i.archive, i.manifest_path, version)]
+    if problems:
+        raise PackagingError(
+            f"{len(problems)} problem(s) with the archives in {d}; nothing was packaged:\n  "
+            + "\n  ".join(problems))
+    check_one_build(out)
     return out
+
+
+# (path, size, mtime_ns, sidecar size, sidecar mtime_ns, version) -> problems: the
+# wheel and conda steps of one `package` run verify each archive once.
+_verified: Dict[tuple, List[str]] = {}
+
+
+def verify_archive(archive: Path, manifest_path: Path, version: str) -> List[str]:
+    """Everything that must hold before an archive ships: it opens, is what
+    its name and sidecar say, of ``version``'s ABI line
+    (archive.identity_problems), matches its sidecar byte for byte and every
+    kernel's sha256 checks out (verify_against_manifest, Archive.verify)."""
+    from ..archive import Archive, ArchiveError, identity_problems, verify_against_manifest
+
+    try:
+        st, sst = os.stat(archive), os.stat(manifest_path)
+        key = (str(Path(archive).resolve()), st.st_size, st.st_mtime_ns, sst.st_size,
+               sst.st_mtime_ns, version)
+    except OSError:
+        key = None
+    if key is not None and key in _verified:
+        return _verified[key]
+    try:
+        a = Archive.open(archive)
+    except ArchiveError as e:
+        problems = [str(e)]
+    else:
+        problems = identity_problems(a, archive, expected_abi=abi_version_of(version),
+                                     context="build")
+        problems += verify_against_manifest(archive, manifest_path)
+        problems = list(dict.fromkeys(problems))
+    if key is not None:
+        _verified[key] = problems
+    return problems
+
+
+def check_one_build(inputs: Sequence[ArchiveInput]) -> None:
+    """The archives of one release come from one build: one build-inputs hash
+    (kernel sources, variants, targets, compiler). A stale archive left by an
+    older build, or archives built from different checkouts, are refused."""
+    by_hash: Dict[str, List[str]] = {}
+    for i in inputs:
+        by_hash.setdefault(str(i.manifest.get("build_inputs_hash")), []).append(i.arch)
+    if len(by_hash) > 1:
+        groups = "; ".join(f"{', '.join(archs)}: {h[:16]}..." for h, archs in
+                           sorted(by_hash.items(), key=lambda kv: kv[1]))
+        archs = ",".join(i.arch for i in inputs)
+        out = inputs[0].archive.parent
+        out = out.parent if out.name == "archives" else out
+        raise PackagingError(
+            f"the archives in {inputs[0].archive.parent} come from {len(by_hash)} different builds "
+            f"(build inputs hash {groups}): a release ships archives of one build only. Rebuild "
+            f"them together: aotriton-rocm build --arch {archs} --out {out} (or package only the "
+            f"current ones with --arch)")
 
 
 def resolve_rocm_profile(rocm_profile: Optional[str], inputs: Iterable[ArchiveInput]) -> Optional[str]:
@@ -454,7 +516,7 @@ def twine_check(files: Sequence[os.PathLike]) -> str:
 # --------------------------------------------------------------- source snapshot
 
 _SNAPSHOT_IGNORE = shutil.ignore_patterns(
-    ".git", "__pycache__", "*.pyc", "*.so", "*.egg-info", "build", "dist", ".venv*",
+    ".*.package-staging-*", ".*.package-old-*", ".git", "__pycache__", "*.pyc", "*.so", "*.egg-info", "build", "dist", ".venv*",
     ".pytest_cache", ".cache", ".whl", "BUILD")
 
 
@@ -491,6 +553,8 @@ def snapshot_source(source_root: os.PathLike, dest: os.PathLike,
         top = rel.split("/", 1)[0]
         if top in _SNAPSHOT_SKIP_TOP or top.startswith(".venv"):
             continue  # build outputs that are not git-ignored (BUILD/archives)
+        if any(".package-staging-" in part or ".package-old-" in part for part in rel.split("/")):
+            continue  # `package` output being staged beside --out
         s = src / rel
         if not s.is_file():  # deleted in the work tree, or a submodule
             continue
@@ -864,35 +928,160 @@ def add_package_arguments(parser: argparse.ArgumentParser) -> None:
                         help="source tree to package (default: the one around the cwd)")
 
 
+COMPLETE_MARKER = "PACKAGE-COMPLETE"
+_STAGING = ".package-staging-"
+_OLD = ".package-old-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _clean_leftovers(out: Path) -> None:
+    """Remove the staging/old directories interrupted runs left beside ``out``
+    (their process is gone)."""
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        for tag in (_STAGING, _OLD):
+            prefix = f".{out.name}{tag}"
+            if p.name.startswith(prefix) and p.name[len(prefix):].isdigit():
+                if not _pid_alive(int(p.name[len(prefix):])):
+                    shutil.rmtree(p, ignore_errors=True)
+
+
+def _stage(out: Path) -> Path:
+    """A staging directory beside ``out`` holding a (hard-linked) copy of what
+    ``out`` holds now: the run adds to it, then :func:`_swap_into_place`."""
+    staging = out.parent / f".{out.name}{_STAGING}{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    def copy(src: str, dst: str) -> None:
+        # wheels and sdists are only ever replaced by rename (publish()): a hard
+        # link is safe; anything a tool may rewrite in place (conda's channel,
+        # repodata) is copied, so that `out` stays as it was until the swap.
+        if src.endswith((".whl", ".tar.gz")) and Path(src).parent == out:
+            _link_or_copy(Path(src), Path(dst))
+        else:
+            shutil.copy2(src, dst)
+
+    if out.is_dir():
+        shutil.copytree(out, staging, symlinks=True, copy_function=copy)
+        (staging / COMPLETE_MARKER).unlink(missing_ok=True)
+    else:
+        staging.mkdir(parents=True)
+    return staging
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    """``staging`` becomes ``out`` (renames; never a half-written ``out``)."""
+    old = out.parent / f".{out.name}{_OLD}{os.getpid()}"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(staging, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _check_out(out: Path) -> Optional[str]:
+    """Why ``--out`` cannot be written, or None."""
+    if out.exists() and not out.is_dir():
+        return (f"--out {out} is a file, not a directory: pass a directory (created if missing), "
+                f"or remove the file")
+    probe = out.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return (f"--out {out}: cannot write in {probe} (permission denied); the output is "
+                f"staged beside --out and renamed into place, so its parent directory must be "
+                f"writable: pass another --out")
+    return None
+
+
 def run_package_command(args: argparse.Namespace) -> int:
+    """Build everything into a staging directory beside ``--out``, write
+    ``PACKAGE-COMPLETE`` last, then rename it into place: ``--out`` is
+    either what it was before or the complete new output. Ctrl-C: exit 130,
+    ``--out`` untouched."""
+    if args.no_conda and args.no_wheels:
+        print("aotriton-rocm package: --no-conda and --no-wheels together leave nothing to "
+              "build: drop one of them", file=sys.stderr)
+        return 2
+    out = Path(args.out).absolute()
+    why = _check_out(out)
+    if why:
+        print(f"aotriton-rocm package: {why}", file=sys.stderr)
+        return 2
+    staging: Optional[Path] = None
     try:
         root = Path(args.source_root) if args.source_root else find_source_root()
-        out = Path(args.out)
+        _clean_leftovers(out)
+        version = read_version(root)
         archs = args.arch or None
-        timings: Dict[str, float] = {}
-        report: Dict[str, object] = {}
-        made: List[Path] = []
-        runtime_wheel: Optional[Path] = None
-        if not args.no_wheels:
-            made += build_wheels(root, args.archives, out, archs, args.rocm, args.local_version,
-                                 timings=timings, report=report)
-            runtime_wheel = made[0]
-        if not args.no_conda:
-            from .conda import build_conda
-
-            version = read_version(root)
-            inputs = collect_archives(args.archives, archs, version, args.rocm)
-            profile = resolve_rocm_profile(args.rocm, inputs)
-            if profile is None:
-                raise PackagingError("conda packages need a ROCm profile: pass --rocm A.B")
-            # The conda runtime repacks the repaired wheel; a +rocm wheel is fine
-            # (the conda version is X.Y.Z, the profile is in the build string).
-            made += build_conda(root, args.archives, out / "conda", [i.arch for i in inputs], profile,
-                                python_versions=args.python, runtime_wheel=runtime_wheel,
-                                timings=timings)
+        # every archive is verified before anything is built
+        inputs = collect_archives(args.archives, archs, version, args.rocm)
+        staging = _stage(out)
+        made, report, timings = _package_into(args, root, staging, archs)
+        sha_files = [p.relative_to(staging) for p in made]
+        (staging / COMPLETE_MARKER).write_text(json.dumps({
+            "version": report.get("version") or version,
+            "archs": [i.arch for i in inputs],
+            "files": sorted(p.as_posix() for p in sha_files),
+            "build_inputs_hash": str(inputs[0].manifest.get("build_inputs_hash")),
+        }, indent=1) + "\n", encoding="utf-8")
+        _swap_into_place(staging, out)
+        staging = None
     except PackagingError as e:
         print(f"aotriton-rocm package: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        print(f"aotriton-rocm package: cannot write the output ({e}); {out} is unchanged: "
+              f"pass another --out", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"aotriton-rocm package: interrupted; {out} left as it was (nothing partial "
+              f"written)", file=sys.stderr)
+        return 130
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    for rel in sha_files:
+        print(out / rel)
+    if report.get("runtime_tags"):
+        print(f"runtime wheel tags: {', '.join(report['runtime_tags'])}", file=sys.stderr)
+    if timings:
+        print("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()), file=sys.stderr)
+    return 0
+
+
+def _package_into(args: argparse.Namespace, root: Path, out: Path, archs):
+    timings: Dict[str, float] = {}
+    report: Dict[str, object] = {}
+    made: List[Path] = []
+    runtime_wheel: Optional[Path] = None
+    if not args.no_wheels:
+        made += build_wheels(root, args.archives, out, archs, args.rocm, args.local_version,
+                             timings=timings, report=report)
+        runtime_wheel = made[0]
+    if not args.no_conda:
+        from .conda import build_conda
+
+        version = read_version(root)
+        inputs = collect_archives(args.archives, archs, version, args.rocm)
+        profile = resolve_rocm_profile(args.rocm, inputs)
+        if profile is None:
+            raise PackagingError("conda packages need a ROCm profile: pass --rocm A.B")
+        # The conda runtime repacks the repaired wheel; a +rocm wheel is fine
+        # (the conda version is X.Y.Z, the profile is in the build string).
+        made += build_conda(root, args.archives, out / "conda", [i.arch for i in inputs], profile,
+                            python_versions=args.python, runtime_wheel=runtime_wheel,
+                            timings=timings)
     if made:
         write_sha256sums(out, made)
         from .sbom import write_sbom
@@ -901,11 +1090,5 @@ def run_package_command(args: argparse.Namespace) -> int:
         sbom = write_sbom(out, str(report.get("version") or read_version(root)), source_root=root,
                           rocm_profile=report.get("rocm_profile") or args.rocm)
         write_sha256sums(out, [sbom])
-        print(f"SBOM: {sbom}", file=sys.stderr)
-    for p in made:
-        print(p)
-    if report.get("runtime_tags"):
-        print(f"runtime wheel tags: {', '.join(report['runtime_tags'])}", file=sys.stderr)
-    if timings:
-        print("timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()), file=sys.stderr)
-    return 0
+        print(f"SBOM: {sbom.name}", file=sys.stderr)
+    return made, report, timings

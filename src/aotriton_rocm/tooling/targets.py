@@ -126,13 +126,19 @@ class Targets:
         name, a named set from ``[arch_sets]`` or a family ("cdna3", "rdna4",
         "cdna", ...: the profile's archs of that set), "default" (targets.toml
         default_archs) or "all" (every arch of the profile, unless the file
-        defines its own "all" set). None or empty means "default". Unknown
+        defines its own "all" set). None or an empty list means "default";
+        items that name nothing (``[""]``) are an error. Unknown
         archs, and archs the profile does not support, fail at once.
         """
         prof = self.profile(profile)
         tokens: List[str] = []
         for item in (archs or ()):
             tokens.extend(t.strip() for t in str(item).split(",") if t.strip())
+        if not tokens and archs:  # e.g. --arch '' (an unset shell variable)
+            raise TargetError(
+                f"--arch {' '.join(repr(str(a)) for a in archs)} names no arch; pass archs "
+                f"(gfx942,sm_90), a set ({', '.join(sorted(self.named_sets())) or 'cdna'}), "
+                f"'default' or 'all', or leave --arch out for the default set")
         if not tokens:
             tokens = ["default"]
         valid = self.valid_archs(prof)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
-from ..archive import Archive, ArchiveError
+from .._version import ABI_VERSION
+from ..archive import Archive, ArchiveError, identity_problems
 from ..codeobject import ArchLimits, validate_kernel
 
 __all__ = ["ArchReport", "validate_archives", "format_table", "format_kernel_table", "draw_chart",
@@ -45,6 +46,8 @@ class ArchReport:
     failures: List[str] = field(default_factory=list)
     allowed: List[str] = field(default_factory=list)
     per_kernel: List[Dict[str, Any]] = field(default_factory=list)
+    # the archive could not be read at all (the message); failures holds it too
+    unreadable: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return dict(self.__dict__)
@@ -73,20 +76,40 @@ def _limits_for(archive: Archive, targets_path: Optional[str]):
     return ArchLimits.from_spec(spec), cov
 
 
+def _unreadable(path: str, message: str) -> ArchReport:
+    name = Path(path).name
+    arch = name[: -len(".aotr")] if name.endswith(".aotr") else name
+    return ArchReport(arch=arch or "?", archive=str(path), backend="?", profile="-", validated=False,
+                      failures=[message], unreadable=message)
+
+
 def validate_archives(paths: Sequence[str], targets_path: Optional[str] = None) -> List[ArchReport]:
-    """One :class:`ArchReport` per archive; raises ArchiveError for unreadable ones."""
+    """One :class:`ArchReport` per archive, every archive (an unreadable one
+    gets a report with ``unreadable`` set). Each archive's identity (file
+    name, sidecar, this aotriton-rocm's ABI line: archive.identity_problems)
+    is checked before its code objects."""
     reports = []
     for p in paths:
-        a = Archive.open(p)
+        try:
+            a = Archive.open(p)  # refuses FIFOs and other non-regular files before opening
+        except ArchiveError as e:
+            reports.append(_unreadable(p, str(e)))
+            continue
         m = a.manifest
         rep = ArchReport(arch=a.arch, archive=str(p), backend=str(m.get("backend", "hip")),
                          profile=str(m.get("rocm_profile")), kernels=len(a.kernels),
                          archive_bytes=Path(p).stat().st_size)
         reports.append(rep)
+        rep.failures.extend(f"identity: {msg}" for msg in
+                            identity_problems(a, p, expected_abi=ABI_VERSION, context="build"))
         if rep.backend != "hip":
             rep.validated = False
             continue
-        limits, cov = _limits_for(a, targets_path)
+        try:
+            limits, cov = _limits_for(a, targets_path)
+        except ArchiveError as e:
+            rep.failures.append(str(e))
+            continue
         if limits.name != a.arch:
             rep.failures.append(f"manifest arch_limits are for {limits.name}, the archive is {a.arch}")
         occs = []
@@ -138,8 +161,11 @@ def format_table(reports: Sequence[ArchReport]) -> str:
              "scratch", "max LDS", "min occ", "MFMA/WMMA", "verdict")]
     for r in reports:
         if not r.validated:
+            verdict = ("FAIL (unreadable)" if r.unreadable else
+                       f"FAIL ({len(r.failures)}), not validated ({r.backend})" if r.failures else
+                       f"not validated ({r.backend})")
             rows.append((r.arch, r.profile, str(r.kernels), "-", "-", "-", "-", "-", "-", "-", "-",
-                         f"not validated ({r.backend})"))
+                         verdict))
             continue
         mfma = f"{r.mfma_kernels}/{r.kernels}" if r.mfma_known else f"{r.mfma_kernels}/{r.kernels}?"
         verdict = f"FAIL ({len(r.failures)})" if r.failures else "ok"
@@ -233,16 +259,19 @@ def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = No
     out = stream or sys.stdout
     try:
         reports = validate_archives(args.archives, getattr(args, "targets", None))
-    except (ArchiveError, OSError) as e:
+    except OSError as e:
         print(f"aotriton-rocm validate: error: {e}", file=sys.stderr)
         return 2
     print(format_table(reports), file=out)
+    for r in reports:
+        if r.unreadable:
+            print(f"aotriton-rocm validate: error: {r.unreadable}", file=sys.stderr)
     if getattr(args, "by_kernel", False):
         for r in reports:
             if r.validated:
                 print(f"\n{r.arch} ({r.archive}):", file=out)
                 print(format_kernel_table(r), file=out)
-    failed = [r for r in reports if r.failures]
+    failed = [r for r in reports if r.failures and not r.unreadable]
     for r in failed:
         shown = r.failures if getattr(args, "verbose", False) else r.failures[:10]
         for f in shown:
@@ -268,4 +297,6 @@ def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = No
                 br = None
         draw_chart(reports, args.chart, br)
         print(f"chart: {args.chart}", file=out)
+    if any(r.unreadable for r in reports):
+        return 2
     return 1 if failed else 0

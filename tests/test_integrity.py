@@ -1,0 +1,454 @@
+"""Integrity end to end: an archive must be what its file name, its sidecar,
+the device and the runtime's ABI line say it is (archive.identity_problems),
+at every boundary: the runtime loader, smoke, info, validate, package, build.
+Archives are real (tests/real_archives.py: the real writer); commands run
+through their real entry points."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import real_archives as RA
+from aotriton_rocm import archive as A
+from aotriton_rocm import backends, cli, device, images, smoke
+from aotriton_rocm._version import ABI_VERSION
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def isolated_images(monkeypatch, tmp_path):
+    """No installed image is visible but AOTRITON_ROCM_ARCHIVE_DIR=tmp/images."""
+    d = tmp_path / "images"
+    d.mkdir()
+    monkeypatch.setenv(images.ENV_VAR, str(d))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "empty-prefix"))
+    monkeypatch.setattr(images, "_entry_points", lambda: [])
+    images.clear_cache()
+    yield d
+    images.clear_cache()
+
+
+# -- the rule ------------------------------------------------------------------
+
+def test_identity_rule(tmp_path):
+    good = RA.write(tmp_path / "a", "gfx942")
+    assert A.identity_problems(A.Archive.open(good), expected_arch="gfx942",
+                               expected_abi=ABI_VERSION) == []
+    # (1) a gfx90a archive and its sidecar copied to gfx942.*
+    src = RA.write(tmp_path / "b", "gfx90a")
+    renamed = RA.copy_as(src, tmp_path / "c", "gfx942")
+    probs = A.identity_problems(A.Archive.open(renamed), expected_arch="gfx942")
+    text = "\n".join(probs)
+    assert "file name says arch gfx942 but the archive inside is for gfx90a" in text
+    assert "the archive is for gfx90a, the device is gfx942" in text
+    assert "describes the archive file 'gfx90a.aotr', not gfx942.aotr" in text
+    assert str(renamed) in text and "pip install --force-reinstall --no-deps 'aotriton-rocm-gfx942~=" in text
+    assert "aotriton-rocm build --arch gfx942 --out" in "\n".join(
+        A.identity_problems(A.Archive.open(renamed), context="build"))
+    # (2) an image of another ABI line
+    other = RA.write(tmp_path / "d", "gfx942", version="0.2.0")
+    [msg] = A.identity_problems(A.Archive.open(other), expected_abi="0.1")
+    assert "ABI line 0.2, the runtime is ABI line 0.1" in msg and str(other) in msg
+    assert "aotriton-rocm-gfx942~=0.1.0" in msg and "aotriton-rocm~=0.2.0" in msg
+    # a sidecar from another build of the same arch: hash named, both values
+    RA.write(tmp_path / "e", "gfx942", inputs_hash="b" * 64)
+    import shutil
+    shutil.copyfile(tmp_path / "e" / "gfx942.manifest.json", tmp_path / "a" / "gfx942.manifest.json")
+    [msg] = A.identity_problems(A.Archive.open(good))
+    assert "build_inputs_hash 'bbbb" in msg and "differs from 'aaaa" in msg
+
+
+def test_fifo_refused_before_opening(tmp_path):
+    fifo = tmp_path / "gfx942.aotr"
+    os.mkfifo(fifo)
+    with pytest.raises(A.ArchiveError, match="is a FIFO, not a regular file"):
+        A.Archive.open(fifo)  # would block forever in open() without the check
+    (tmp_path / "gfx942.manifest.json").write_text("{}")
+    assert "FIFO" in A.verify_against_manifest(fifo)[0]
+
+
+# -- the runtime loader ----------------------------------------------------------
+
+def test_loader_refuses_other_arch_and_other_abi(isolated_images, monkeypatch):
+    monkeypatch.setattr(device, "arch_of", lambda i: "gfx942")
+    src = RA.write(isolated_images.parent / "src", "gfx90a")
+    RA.copy_as(src, isolated_images, "gfx942")
+    b = backends.AOTBackend(0)
+    assert b.problem and "the device is gfx942" in b.problem and "gfx90a" in b.problem
+    reason = b.unsupported_reason("attn_fwd", dtype="fp16", head_dim=64)
+    assert reason == b.problem  # torch's kernel runs; no gfx90a code reaches the device
+    assert not hasattr(b, "runtime")  # never handed to libaotriton_rocm
+    RA.write(isolated_images, "gfx942", version="0.2.0")
+    images.clear_cache()
+    b = backends.AOTBackend(0)
+    assert "ABI line 0.2, the runtime is ABI line 0.1" in b.problem
+    RA.write(isolated_images, "gfx942")
+    images.clear_cache()
+    assert backends.AOTBackend(0).problem is None
+
+
+def test_search_skips_fifo(isolated_images):
+    os.mkfifo(isolated_images / "gfx942.aotr")
+    assert images.find_archives() == {}
+    assert any("not a regular file" in n for n in images.search_notes())
+
+
+# -- smoke -----------------------------------------------------------------------
+
+def _smoke(capsys, monkeypatch, *argv):
+    monkeypatch.setattr(smoke, "cpu_cases", lambda quick=False: [])  # archive checks only
+    monkeypatch.setattr(device, "gpu_available", lambda: False)
+    rc = smoke.main(["--device", "cpu", *argv])
+    return rc, capsys.readouterr().out
+
+
+def test_smoke_catches_renamed_and_other_abi_images(isolated_images, capsys, monkeypatch):
+    RA.write(isolated_images, "gfx908")
+    src = RA.write(isolated_images.parent / "src", "gfx90a")
+    RA.copy_as(src, isolated_images, "gfx942")
+    RA.write(isolated_images, "gfx1100", version="0.2.0")
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 1
+    assert "PASS  archive gfx908" in out
+    assert "FAIL  archive gfx942" in out and "the archive inside is for gfx90a" in out
+    assert "FAIL  archive gfx1100" in out and "ABI line 0.2, the runtime is ABI line 0.1" in out
+    assert "0 passed, 2 failed (2 of them installation checks)" in out
+
+
+def test_smoke_prints_each_problem_once(isolated_images, capsys, monkeypatch):
+    p = RA.write(isolated_images, "gfx942")
+    RA.flip_payload_byte(p)
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 1
+    [row] = [line for line in out.splitlines() if line.startswith("FAIL  archive gfx942")]
+    problems = row.split(": ", 1)[1].split("; ")
+    assert len(problems) == len(set(problems)) and len(problems) >= 2
+    assert sum("blob region sha256" in x for x in problems) == 1
+    assert "0 passed, 1 failed" in out
+
+
+def test_smoke_without_images_fails_unless_told(isolated_images, capsys, monkeypatch):
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 1
+    assert "FAIL  kernel images: none installed, so no precompiled archive was checked" in out
+    assert "--no-images-ok" in out and "0 passed, 1 failed" in out
+    rc, out = _smoke(capsys, monkeypatch, "--no-images-ok")
+    assert rc == 0 and "PASS  kernel images: none installed" in out
+
+
+# -- info ------------------------------------------------------------------------
+
+def test_info_lists_all_and_marks_bad(isolated_images, capsys):
+    RA.write(isolated_images, "gfx908")
+    damaged = RA.write(isolated_images, "gfx90a")
+    damaged.write_bytes(b"AOTRKA\r\n" + b"\0" * 10)  # truncated header
+    RA.copy_as(RA.write(isolated_images.parent / "src", "gfx90a"), isolated_images, "gfx942")
+    RA.write(isolated_images, "gfx1100", version="0.2.0")
+    rc = cli.main(["info"])
+    cap = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in cap.out + cap.err
+    lines = cap.out.splitlines()
+    assert any(l.startswith("  gfx908: 2 kernels") for l in lines)
+    assert any(l.startswith("  gfx90a: BAD ") and "truncated" in l for l in lines)
+    assert any(l.startswith("  gfx942: BAD ") for l in lines)
+    assert "the archive inside is for gfx90a" in cap.out
+    assert any(l.startswith("  gfx1100: BAD ") for l in lines) and "ABI line 0.2" in cap.out
+    assert "3 of 4 kernel image(s) unusable" in cap.err
+
+
+def test_info_subprocess_no_traceback(tmp_path):
+    d = tmp_path / "img"
+    RA.write(d, "gfx942").write_bytes(b"garbage")
+    env = dict(os.environ, AOTRITON_ROCM_ARCHIVE_DIR=str(d), TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    proc = subprocess.run([sys.executable, "-m", "aotriton_rocm", "info"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "gfx942: BAD" in proc.stdout
+
+
+# -- validate --------------------------------------------------------------------
+
+def test_validate_reports_every_archive(tmp_path, capsys):
+    from aotriton_rocm.tooling import validate as V
+
+    d = tmp_path / "archives"
+    bad = RA.write(d, "gfx90a")
+    bad.write_bytes(b"not an archive")
+    good = RA.write(d, "sm_90")  # not validated (cubin), identity checked
+    renamed = RA.copy_as(RA.write(tmp_path / "src", "sm_90"), d, "sm_80")
+    fifo = d / "gfx942.aotr"
+    os.mkfifo(fifo)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault(
+        "rc", cli.main(["validate", str(bad), str(good), str(renamed), str(fifo)])), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "validate hung on a FIFO"
+    cap = capsys.readouterr()
+    assert result["rc"] == 2
+    assert "truncated kernel archive" in cap.err and "is a FIFO, not a regular file" in cap.err
+    assert "FAIL sm_90" in cap.out and "file name says arch sm_80" in cap.out
+    assert "aotriton-rocm build --arch sm_80 --out" in cap.out
+    text = cap.out
+    import re
+    assert re.search(r"^sm_90\s.*not validated \(cuda\)$", text, re.M)
+    assert re.search(r"^gfx90a\s.*FAIL \(unreadable\)$", text, re.M)
+
+
+# -- package ---------------------------------------------------------------------
+
+def _package(*argv):
+    """`aotriton-rocm package` in a subprocess (no wheel is built when it refuses)."""
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    return subprocess.run([sys.executable, "-m", "aotriton_rocm", "package", "--source-root",
+                           str(ROOT), *map(str, argv)], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _refused(proc, out: Path, *needles):
+    text = proc.stderr
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in text, text
+    for n in needles:
+        assert n in text, text
+    assert not out.exists() or not any(out.glob("*.whl"))
+
+
+def test_package_verifies_every_archive(tmp_path):
+    out = tmp_path / "dist"
+    # (3a) a gfx942 archive with a flipped payload byte
+    d = tmp_path / "flipped"
+    RA.flip_payload_byte(RA.write(d, "gfx942"))
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out,
+             "nothing was packaged", "gfx942.aotr", "blob region sha256")
+    # (3b) a gfx90a archive next to the gfx942 sidecar
+    d = tmp_path / "swapped"
+    RA.write(d, "gfx942")
+    import shutil
+    shutil.copyfile(RA.write(tmp_path / "src90a", "gfx90a"), d / "gfx942.aotr")
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out,
+             "file name says arch gfx942 but the archive inside is for gfx90a",
+             "aotriton-rocm build --arch gfx942 --out")
+    # an image of another ABI line than the tree being packaged
+    d = tmp_path / "abi"
+    RA.write(d, "gfx942", version="0.2.0")
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out, "0.2.0")
+
+
+def test_package_refuses_mixed_builds(tmp_path):
+    # (4) a stale archive of another build beside the current one
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942", inputs_hash="a" * 64)
+    RA.write(d, "gfx90a", inputs_hash="b" * 64)
+    out = tmp_path / "dist"
+    _refused(_package("--archives", d, "--out", out, "--no-conda"), out,
+             "come from 2 different builds", "gfx942: aaaaaaaaaaaaaaaa", "gfx90a: bbbbbbbbbbbbbbbb",
+             "aotriton-rocm build --arch gfx90a,gfx942 --out")
+
+
+def test_package_argument_errors(tmp_path):
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942")
+    proc = _package("--archives", d, "--out", tmp_path / "o", "--no-conda", "--no-wheels")
+    assert proc.returncode == 2 and "leave nothing to build" in proc.stderr
+    f = tmp_path / "file"
+    f.write_text("x")
+    proc = _package("--archives", d, "--out", f, "--no-conda")
+    assert proc.returncode == 2 and "is a file, not a directory" in proc.stderr
+    assert "Traceback" not in proc.stderr and f.read_text() == "x"
+
+
+def test_package_interrupt_leaves_out_untouched(tmp_path):
+    import signal
+    import time
+
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942")
+    out = tmp_path / "dist"
+    out.mkdir()
+    (out / "earlier.txt").write_text("from an earlier run")
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    proc = subprocess.Popen([sys.executable, "-m", "aotriton_rocm", "package", "--source-root",
+                             str(ROOT), "--archives", str(d), "--out", str(out), "--no-conda"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    staging = tmp_path / f".dist.package-staging-{proc.pid}"
+    deadline = time.monotonic() + 120
+    while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert staging.exists(), "package never started staging its output"
+    time.sleep(2)  # inside the runtime wheel build
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr.splitlines()[-1]
+    assert sorted(p.name for p in out.iterdir()) == ["earlier.txt"]
+    assert not staging.exists()
+
+
+def test_package_leftover_staging_is_removed(tmp_path):
+    # a staging directory of a run that died (its pid is gone) goes at the next run
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942", inputs_hash="a" * 64)
+    RA.write(d, "gfx90a", inputs_hash="b" * 64)  # refused: the run stops after the cleanup
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    left = tmp_path / f".dist.package-staging-{dead}"
+    (left / "conda").mkdir(parents=True)
+    proc = _package("--archives", d, "--out", tmp_path / "dist", "--no-conda")
+    assert proc.returncode == 1 and not left.exists()
+
+
+@pytest.mark.slow
+def test_package_output_is_complete_or_absent(tmp_path):
+    import json
+
+    d = tmp_path / "archives"
+    RA.write(d, "gfx942")
+    out = tmp_path / "dist"
+    out.mkdir()
+    (out / "earlier.txt").write_text("kept")
+    proc = _package("--archives", d, "--out", out, "--no-conda", "--rocm", "6.4")
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert "PACKAGE-COMPLETE" in names and "SHA256SUMS" in names and "earlier.txt" in names
+    marker = json.loads((out / "PACKAGE-COMPLETE").read_text())
+    assert marker["archs"] == ["gfx942"] and marker["build_inputs_hash"] == "a" * 64
+    assert any(f.startswith("aotriton_rocm_gfx942-") for f in marker["files"])
+    assert all((out / f).is_file() for f in marker["files"])
+    assert not list(tmp_path.glob(".dist.package-*"))
+    printed = proc.stdout.split()
+    assert printed and all(Path(p).parent == out and Path(p).is_file() for p in printed)
+
+
+# -- build -----------------------------------------------------------------------
+
+def _toy_root(base: Path) -> Path:
+    from test_build import make_root
+    return make_root(base)
+
+
+def _build_cli(root: Path, *argv):
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    return subprocess.run([sys.executable, "-m", "aotriton_rocm", "build", "--no-progress",
+                           "--source-root", str(root), "--rocm", "6.4", *map(str, argv)],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_build_sets_aside_stale_archive_and_package_refuses_mixed(tmp_path):
+    pytest.importorskip("triton")
+    root = _toy_root(tmp_path / "root")
+    out = tmp_path / "out"
+    proc = _build_cli(root, "--arch", "gfx942,sm_90", "--out", out, "-j", "1")
+    assert proc.returncode == 0, proc.stderr
+    # the same inputs, another arch alone: the earlier archives stay (same hash)
+    old_hash = A.Archive.open(out / "archives" / "sm_90.aotr").manifest["build_inputs_hash"]
+    # kernels change; gfx942 alone is rebuilt into the same --out
+    (root / "kernels" / "toy.py").write_text((root / "kernels" / "toy.py").read_text() + "\n# v2\n")
+    proc = _build_cli(root, "--arch", "gfx942", "--out", out, "-j", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "sm_90.aotr came from other build inputs" in proc.stderr
+    names = sorted(p.name for p in (out / "archives").iterdir())
+    assert names == ["gfx942.aotr", "gfx942.manifest.json", "stale"]
+    stale = A.Archive.open(out / "archives" / "stale" / "sm_90.aotr")
+    assert stale.manifest["build_inputs_hash"] == old_hash
+    new_hash = A.Archive.open(out / "archives" / "gfx942.aotr").manifest["build_inputs_hash"]
+    assert new_hash != old_hash
+    # put it back (a user's cp): package refuses the mix
+    import shutil
+    for f in ("sm_90.aotr", "sm_90.manifest.json"):
+        shutil.copyfile(out / "archives" / "stale" / f, out / "archives" / f)
+    dist = tmp_path / "dist"
+    _refused(_package("--archives", out / "archives", "--out", dist, "--no-conda"), dist,
+             "come from 2 different builds", "aotriton-rocm build --arch gfx942,sm_90 --out")
+    # another arch of the same inputs built later leaves gfx942 alone
+    (out / "archives" / "sm_90.aotr").unlink()
+    (out / "archives" / "sm_90.manifest.json").unlink()
+    proc = _build_cli(root, "--arch", "sm_90", "--out", out, "-j", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "came from other build inputs" not in proc.stderr
+    assert (out / "archives" / "gfx942.aotr").is_file()
+
+
+def test_build_argument_errors(tmp_path):
+    pytest.importorskip("triton")
+    root = _toy_root(tmp_path / "root")
+    proc = _build_cli(root, "--arch", "", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "names no arch" in proc.stderr
+    assert not (tmp_path / "o").exists()
+    proc = _build_cli(root, "--arch", "gfx942", "-j", "-3", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "must be 1 or more" in proc.stderr
+    f = tmp_path / "file"
+    f.write_text("x")
+    proc = _build_cli(root, "--arch", "gfx942", "--out", f)
+    assert proc.returncode == 2 and "is a file, not a directory" in proc.stderr
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    target = ro / "out" if os.geteuid() != 0 else Path("/sys/aotriton-rocm-test-out")
+    proc = _build_cli(root, "--arch", "gfx942", "--out", target)
+    assert proc.returncode == 2 and "cannot be written" in proc.stderr, proc.stderr
+    for p in (proc,):
+        assert "Traceback" not in p.stderr
+
+
+def test_build_removes_leftovers_of_interrupted_runs(tmp_path):
+    pytest.importorskip("triton")
+    from aotriton_rocm.tooling import build as B
+
+    root = _toy_root(tmp_path / "root")
+    out = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    leftovers = [out / ".tmp" / f"triton-cache-{dead}-abc", out / ".tmp" / "triton-cache-x1y2"]
+    alive = out / ".tmp" / f"triton-cache-{os.getpid()}-running"
+    for d in leftovers + [alive]:
+        (d / "junk").mkdir(parents=True)
+        (d / "junk" / "big.bin").write_bytes(b"\0" * 4096)
+    B.build("6.4", ["gfx942"], out, source_root=root, jobs=1, progress=False)
+    assert not any(d.exists() for d in leftovers)
+    assert alive.exists()  # a build running now (here: this process) is left alone
+
+
+# -- enable() without a GPU ------------------------------------------------------------
+
+def test_enable_without_gpu_says_so(monkeypatch):
+    import aotriton_rocm
+    from aotriton_rocm import torch_integration
+
+    monkeypatch.setattr(device, "gpu_available", lambda: False)
+    monkeypatch.delenv(torch_integration.CPU_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=r"no GPU is visible.*enable\(cpu_interpreter=True\)"):
+        aotriton_rocm.enable()
+    assert not aotriton_rocm.is_enabled()
+    aotriton_rocm.enable(cpu_interpreter=True)  # the CPU route is still there
+    try:
+        assert aotriton_rocm.is_enabled()
+    finally:
+        aotriton_rocm.disable()
+
+
+def test_autoload_on_cpu_only_machine_warns(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine where torch sees no GPU")
+    env = dict(os.environ, AOTRITON_ROCM_ENABLE="1")
+    env.pop("AOTRITON_ROCM_CPU_INTERPRETER", None)
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    code = ("import warnings; warnings.simplefilter('always')\n"
+            "import torch\n"
+            "from aotriton_rocm import _autoload, is_enabled\n"
+            "_autoload.autoload()\n"  # as torch's backend autoload calls it
+            "print('enabled', is_enabled())\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "enabled False" in proc.stdout
+    assert "no GPU is visible" in proc.stderr and "Traceback" not in proc.stderr
