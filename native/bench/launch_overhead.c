@@ -12,24 +12,22 @@
 
 #include "aotriton_rocm/aotriton_rocm.h"
 
-typedef int (*cu_init_fn)(unsigned);
-typedef int (*cu_device_get_fn)(int *, int);
-typedef int (*cu_ctx_retain_fn)(void **, int);
-typedef int (*cu_ctx_set_fn)(void *);
-typedef int (*cu_mem_alloc_fn)(unsigned long long *, size_t);
-typedef int (*cu_ctx_sync_fn)(void);
+static int (*cu_init)(unsigned);
+static int (*cu_device_get)(int *, int);
+static int (*cu_ctx_retain)(void **, int);
+static int (*cu_ctx_set)(void *);
+static int (*cu_alloc)(unsigned long long *, size_t);
+static int (*cu_sync)(void);
 
-static void *sym(void *lib, const char *name)
+static void bind(void *lib, const char *name, void *slot)
 {
     void *p = dlsym(lib, name);
     if (!p) {
-        fprintf(stderr, "launch_overhead: %s: %s\n", name, dlerror());
+        fprintf(stderr, "launch_overhead: %s missing from the CUDA driver\n", name);
         exit(2);
     }
-    return p;
+    memcpy(slot, &p, sizeof p);
 }
-
-#define FN(type, lib, name) ({ type f_; void *p_ = sym(lib, name); memcpy(&f_, &p_, sizeof f_); f_; })
 
 static double now(void)
 {
@@ -66,20 +64,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "launch_overhead: no CUDA driver: %s\n", dlerror());
         return 2;
     }
+    bind(cuda, "cuInit", &cu_init);
+    bind(cuda, "cuDeviceGet", &cu_device_get);
+    bind(cuda, "cuDevicePrimaryCtxRetain", &cu_ctx_retain);
+    bind(cuda, "cuCtxSetCurrent", &cu_ctx_set);
+    bind(cuda, "cuMemAlloc_v2", &cu_alloc);
+    bind(cuda, "cuCtxSynchronize", &cu_sync);
     int dev = 0;
     void *ctx = NULL;
-    FN(cu_init_fn, cuda, "cuInit")(0);
-    FN(cu_device_get_fn, cuda, "cuDeviceGet")(&dev, 0);
-    FN(cu_ctx_retain_fn, cuda, "cuDevicePrimaryCtxRetain")(&ctx, dev);
-    FN(cu_ctx_set_fn, cuda, "cuCtxSetCurrent")(ctx);
-    cu_mem_alloc_fn mem_alloc = FN(cu_mem_alloc_fn, cuda, "cuMemAlloc_v2");
-    cu_ctx_sync_fn sync = FN(cu_ctx_sync_fn, cuda, "cuCtxSynchronize");
+    if (cu_init(0) || cu_device_get(&dev, 0) || cu_ctx_retain(&ctx, dev) || cu_ctx_set(ctx)) {
+        fprintf(stderr, "launch_overhead: cannot set up the CUDA context\n");
+        return 2;
+    }
 
     const int64_t qshape[4] = {1, 1, 128, 64}, lshape[3] = {1, 1, 128};
     unsigned long long q, k, v, o, lse;
     size_t bytes = 128 * 64 * 2;
-    if (mem_alloc(&q, bytes) || mem_alloc(&k, bytes) || mem_alloc(&v, bytes) ||
-        mem_alloc(&o, bytes) || mem_alloc(&lse, 128 * 4)) {
+    if (cu_alloc(&q, bytes) || cu_alloc(&k, bytes) || cu_alloc(&v, bytes) ||
+        cu_alloc(&o, bytes) || cu_alloc(&lse, 128 * 4)) {
         fprintf(stderr, "launch_overhead: cuMemAlloc failed\n");
         return 2;
     }
@@ -104,14 +106,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "launch_overhead: %s: %s\n", aotr_status_name(st), aotr_last_error());
         return 1;
     }
-    sync();
+    cu_sync();
     double best = 1e9, total = 0;
     for (int round = 0; round < 5; round++) {
         double t0 = now();
         for (int i = 0; i < calls; i++)
             aotr_attn_fwd(rt, &p);
         double host = (now() - t0) / calls;
-        sync();
+        cu_sync();
         total += host;
         if (host < best)
             best = host;
