@@ -252,8 +252,8 @@ def _scan_dir(d: Path, rel: Release, tmp: Path) -> None:
     if rel.native is None:
         _scan_native(d, d / "include", rel)
     if not site and not share.is_dir() and rel.native is None:
-        raise AbiCheckError(f"{d}: no wheels, conda packages, archives, site-packages, prefix or "
-                            "libaotriton_rocm build of aotriton-rocm here")
+        raise AbiCheckError(f"{d}: no wheels, conda packages, archives, site-packages or prefix of "
+                            "aotriton-rocm (or a libaotriton_rocm build) here")
 
 
 def _scan_wheel(w: Path, rel: Release, tmp: Path) -> None:
