@@ -14,7 +14,9 @@ What is compared (docs/ABI.md): the archive format version, the arch set, per
 arch every kernel's functional keys and ordered argument lists, and, where the
 runtime's ``aotriton_rocm/abi.json`` is present, the public functions'
 signatures, public constants, the ``smoke`` command's options and the
-supported torch versions. Each change is classified as a compatible
+supported torch versions, and libaotriton_rocm, the C library (soname,
+exported symbols and version node, prototypes, public struct layouts and
+enums: ``abi_native``). Each change is classified as a compatible
 addition, a compatible fix or breaking. Exit status: 1 when NEW is a point
 release of OLD's ABI line (same X.Y) and something is breaking, or NEW is
 older than OLD; 2 when a release cannot be read; 0 otherwise (a new X.Y line
@@ -35,6 +37,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..abi import ABI_JSON, functional_key, kernel_abi_entries
 from ..archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError
+from . import abi_native as NA
 
 __all__ = [
     "ADDITION",
@@ -78,6 +81,8 @@ class Release:
     api: Optional[Dict[str, Any]] = None          # abi.json of the runtime
     archs: Dict[str, ArchAbi] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    native: Optional[NA.NativeLib] = None            # libaotriton_rocm
+    use_abigail: bool = True
 
     @property
     def abi_line(self) -> Optional[str]:
@@ -135,8 +140,29 @@ def _read_version_py(path: Path) -> Optional[str]:
     return None
 
 
+def _scan_native(libdir: Path, incdir: Path, rel: Release) -> None:
+    """libaotriton_rocm.so.* in ``libdir`` (the file itself, not its links)
+    and its header under ``incdir``."""
+    libs = sorted(p for p in libdir.glob(NA.LIB_PREFIX + ".*") if p.is_file() and not p.is_symlink())
+    if not libs:
+        return
+    if len(libs) > 1:
+        rel.notes.append(f"{libdir}: several libaotriton_rocm files, using {libs[-1].name}")
+    header = incdir / "aotriton_rocm" / NA.HEADER
+    if not header.is_file():
+        rel.notes.append(f"{libdir / libs[-1].name}: no public header {header}: the header check "
+                         "(prototypes, layouts) cannot run for this release")
+    if rel.native is not None:
+        rel.notes.append(f"{rel.source}: more than one libaotriton_rocm, using {libs[-1]}")
+    try:
+        rel.native = NA.read_native(libs[-1], header if header.is_file() else None, rel.use_abigail)
+    except NA.NativeAbiError as e:
+        raise AbiCheckError(str(e)) from None
+
+
 def _scan_site_packages(sp: Path, rel: Release) -> None:
     pkg = sp / "aotriton_rocm"
+    _scan_native(pkg / "lib", pkg / "include", rel)
     if pkg.is_dir():
         abi_json = pkg / ABI_JSON
         if abi_json.is_file():
@@ -185,6 +211,7 @@ def _scan_conda(c: Path, rel: Release, tmp: Path) -> Optional[str]:
     share = dest / "share" / "aotriton-rocm"
     for ap in sorted(share.glob("*" + ARCHIVE_SUFFIX)) if share.is_dir() else []:
         _arch_from_archive(ap, rel)
+    _scan_native(dest / "lib", dest / "include", rel)
     if name == "aotriton-rocm" and version:
         rel.version = version
     return version
@@ -220,9 +247,13 @@ def _scan_dir(d: Path, rel: Release, tmp: Path) -> None:
     share = d / "share" / "aotriton-rocm"
     for ap in sorted(share.glob("*" + ARCHIVE_SUFFIX)) if share.is_dir() else []:
         _arch_from_archive(ap, rel)
-    if not site and not share.is_dir():
+    # an install prefix of the C library (cmake --install: lib/, include/), or a build directory
+    _scan_native(d / "lib", d / "include", rel)
+    if rel.native is None:
+        _scan_native(d, d / "include", rel)
+    if not site and not share.is_dir() and rel.native is None:
         raise AbiCheckError(f"{d}: no wheels, conda packages, archives, site-packages or prefix of "
-                            "aotriton-rocm here")
+                            "aotriton-rocm (or a libaotriton_rocm build) here")
 
 
 def _scan_wheel(w: Path, rel: Release, tmp: Path) -> None:
@@ -234,7 +265,10 @@ def _scan_wheel(w: Path, rel: Release, tmp: Path) -> None:
                 top = n.split("/", 1)[0]
                 if n.startswith("/") or ".." in n.split("/"):
                     raise AbiCheckError(f"{w}: unsafe member {n!r}")
-                if top == "aotriton_rocm" and n in ("aotriton_rocm/" + ABI_JSON, "aotriton_rocm/_version.py"):
+                if top == "aotriton_rocm" and n in ("aotriton_rocm/" + ABI_JSON, "aotriton_rocm/_version.py",
+                                                    f"aotriton_rocm/include/aotriton_rocm/{NA.HEADER}"):
+                    z.extract(n, dest)
+                elif n.startswith("aotriton_rocm/lib/" + NA.LIB_PREFIX):
                     z.extract(n, dest)
                 elif top.startswith("aotriton_rocm_") and n.endswith(ARCHIVE_SUFFIX):
                     z.extract(n, dest)
@@ -251,10 +285,15 @@ def _scan_wheel(w: Path, rel: Release, tmp: Path) -> None:
     _scan_site_packages(dest, rel)
 
 
-def load_release(path: "str | Path") -> Release:
-    """Read the ABI of the release at ``path`` (see the module docstring)."""
+def load_release(path: "str | Path", require_libabigail: bool = False) -> Release:
+    """Read the ABI of the release at ``path`` (see the module docstring).
+    Without libabigail the C library is read by the header check only, and
+    a note says so; ``require_libabigail`` makes that an error."""
     p = Path(path)
-    rel = Release(source=str(p))
+    have = NA.have_libabigail()
+    if require_libabigail and not have:
+        raise AbiCheckError(f"abidiff/abidw not found: {NA.INSTALL_ABIGAIL}")
+    rel = Release(source=str(p), use_abigail=have)
     tmp = Path(tempfile.mkdtemp(prefix="aotriton-abi-check-"))
     try:
         if p.is_file() and p.suffix == ".whl":
@@ -279,7 +318,12 @@ def load_release(path: "str | Path") -> Release:
         rel.version = versions[0] if versions else None
     if rel.api is not None and rel.version is None:
         rel.version = rel.api.get("package_version")
-    if not rel.archs and rel.api is None:
+    if rel.native is not None and rel.version is None:
+        rel.version = rel.native.version  # AOTR_VERSION_* of the header
+    if rel.native is not None and not have:
+        rel.notes.append(f"WARNING: libabigail is not installed: {rel.native.library} was compared by the "
+                         f"header check only; {NA.INSTALL_ABIGAIL}")
+    if not rel.archs and rel.api is None and rel.native is None:
         raise AbiCheckError(f"{p}: found no aotriton-rocm runtime or kernel archive")
     return rel
 
@@ -421,6 +465,17 @@ def compare(old: Release, new: Release) -> List[Change]:
         out.extend(_compare_api(old.api, new.api))
     elif old.api is not None:
         out.append(Change(BREAKING, "the runtime (aotriton_rocm package) is missing from NEW"))
+    if old.native is not None and new.native is not None:
+        try:
+            changes, notes = NA.compare_native(old.native, new.native)
+        except NA.NativeAbiError as e:
+            raise AbiCheckError(str(e)) from None
+        out.extend(Change(BREAKING if b else ADDITION, what) for b, what in changes)
+        new.notes.extend(n for n in notes if n not in new.notes)
+    elif old.native is not None:
+        out.append(Change(BREAKING, f"the C library ({old.native.library}) is missing from NEW"))
+    elif new.native is not None:
+        out.append(Change(ADDITION, f"new C library {new.native.library} (soname {new.native.soname})"))
     return out
 
 
@@ -434,8 +489,9 @@ class CheckResult:
     verdict: str
 
 
-def check(old_path: "str | Path", new_path: "str | Path") -> CheckResult:
-    old, new = load_release(old_path), load_release(new_path)
+def check(old_path: "str | Path", new_path: "str | Path", require_libabigail: bool = False) -> CheckResult:
+    old = load_release(old_path, require_libabigail)
+    new = load_release(new_path, require_libabigail)
     changes = compare(old, new)
     breaking = [c for c in changes if c.kind == BREAKING]
     if old.version is None or new.version is None:
@@ -445,6 +501,12 @@ def check(old_path: "str | Path", new_path: "str | Path") -> CheckResult:
     if _version_key(new.version) < _version_key(old.version):
         return CheckResult(old, new, changes, point, False,
                            f"REFUSED: NEW ({new.version}) is older than OLD ({old.version})")
+    if new.native is not None and new.abi_line is not None:
+        want = f"{NA.LIB_PREFIX}.{new.abi_line}"
+        if new.native.soname != want:
+            return CheckResult(old, new, changes, point, False,
+                               f"REFUSED: the C library's soname is {new.native.soname}, the ABI line "
+                               f"{new.abi_line} needs {want}")
     if point and breaking:
         verdict = (f"REFUSED: {new.version} is a point release of the {old.abi_line} ABI line and has "
                    f"{len(breaking)} breaking change(s); release it as "
@@ -471,11 +533,14 @@ def add_abi_check_arguments(parser: argparse.ArgumentParser) -> None:
                                                    "channel dir, archives dir, .aotr, site-packages or prefix")
     parser.add_argument("new", metavar="NEW", help="candidate release (same kinds as OLD)")
     parser.add_argument("--json", metavar="FILE", help="also write the changes and the verdict as JSON")
+    parser.add_argument("--require-libabigail", action="store_true",
+                        help="fail (exit 2) when libabigail's abidiff/abidw are not installed, instead of "
+                             "comparing the C library by its header only")
 
 
 def run_abi_check_command(args: argparse.Namespace) -> int:
     try:
-        res = check(args.old, args.new)
+        res = check(args.old, args.new, getattr(args, "require_libabigail", False))
     except (AbiCheckError, ArchiveError, OSError, ValueError) as e:
         print(f"aotriton-rocm abi-check: {e}", file=sys.stderr)
         return 2
