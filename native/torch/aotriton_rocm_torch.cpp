@@ -864,9 +864,28 @@ void boxed(StableIValue *stack, uint64_t num_args, uint64_t /*num_outputs*/)
         }
     }
     s->fallbacks.fetch_add(1, std::memory_order_relaxed);
+    // torch_call_dispatcher converts return i with the type of return n-1-i,
+    // which breaks on the flash forward's (9 Tensors and SymInts): its py_
+    // op returns the 7 Tensors, and max_q/max_k (the seqlens, as torch's
+    // kernel returns them too) are put back here.
+    int64_t seqlens[2] = {0, 0};
+    if (Op == 0) {
+        for (int i = 0; i < 2; ++i) {
+            Info t = info(sd::to<AtenTensorHandle>(stack[i]));
+            seqlens[i] = t.dim == 4 ? t.size(2) : 0;
+        }
+    }
     if (torch_call_dispatcher(s->fallback[Op].c_str(), "", stack, TORCH_ABI_VERSION) !=
         AOTI_TORCH_SUCCESS)
         fallback_failed(*s, Op);
+    if (Op == 0) {
+        StableIValue tensors[7];
+        std::copy(stack, stack + 7, tensors);
+        std::copy(tensors, tensors + 4, stack);
+        stack[4] = sd::from(seqlens[0]);
+        stack[5] = sd::from(seqlens[1]);
+        std::copy(tensors + 4, tensors + 7, stack + 6);
+    }
 }
 
 using Boxed = void (*)(StableIValue *, uint64_t, uint64_t);

@@ -154,9 +154,25 @@ def _define_fallback_ops() -> None:
 
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     for op in OPS:
-        # "aten::<op>(args) -> returns" as "py_<op>(args) -> returns"
-        lib.define("py_" + str(_schema(op)).split("::", 1)[1])
+        # "aten::<op>(args) -> returns" as "py_<op>(args) -> tensor returns"
+        schema = _schema(op)
+        args = str(schema).split("::", 1)[1].rsplit(" -> ", 1)[0]
+        returns = [f"Tensor {r.name}".rstrip() for r in schema.returns
+                   if isinstance(r.type, torch.TensorType)]
+        lib.define(f"py_{args} -> ({', '.join(returns)})")
     _defs = lib
+
+
+def _tensor_returns(op: str) -> tuple[bool, ...] | None:
+    """Which returns of ``op`` its py_<op> keeps: only the Tensor ones, since
+    torch's boxed dispatcher call from C++ (torch_call_dispatcher, 2.10-2.13)
+    converts return i with the type of return n-1-i, which breaks on mixed
+    return types. The one op concerned, the flash forward, returns
+    max_q/max_k; its C++ kernel puts them back (they are the seqlens)."""
+    import torch
+
+    keep = tuple(isinstance(r.type, torch.TensorType) for r in _schema(op).returns)
+    return None if all(keep) else keep
 
 
 def _rng_config(rng_layout) -> tuple[int, int, int]:
@@ -192,9 +208,12 @@ class Activation:
 
 
 def _counted(op: str, kernel: Callable) -> Callable:
+    keep = _tensor_returns(op)
+
     def py_kernel(keyset, *args, **kwargs):
         fallback_calls[op] += 1
-        return kernel(keyset, *args, **kwargs)
+        out = kernel(keyset, *args, **kwargs)
+        return out if keep is None else tuple(x for x, k in zip(out, keep) if k)
     return py_kernel
 
 

@@ -23,14 +23,14 @@ SCRATCH = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 PLACEHOLDERS = {"BIAS", "DMASK", "CU_Q", "CU_K", "RNG_SEED", "RNG_OFFSET", "DBIAS"}
 
 
-def _records(head_dims=(64,), bias=(False,)):
+def _records(head_dims=(64,), bias=(False,), dropout=(False,)):
     spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
     seen, out = set(), []
     for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
         f = v.functional
         if f["dtype"] != "fp16" or f["head_dim"] not in head_dims:
             continue
-        if f.get("has_bias", False) not in bias or f.get("enable_dropout", False):
+        if f.get("has_bias", False) not in bias or f.get("enable_dropout", False) not in dropout:
             continue
         fkey = (v.kernel, tuple(sorted(f.items())))
         if fkey in seen:
