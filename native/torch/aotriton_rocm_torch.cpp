@@ -536,6 +536,28 @@ struct Problem {
     }
 };
 
+// An additive attn_bias of q's dtype as the (B, H, Sq, Sk) view the kernels
+// read: broadcast dims get stride 0 (never materialised). False when it does
+// not broadcast; a layout the kernels cannot read surfaces as
+// AOTR_NEEDS_LAYOUT and goes to the Python route, which copies it.
+bool bias_view(const State &s, AtenTensorHandle h, const Info &q, const Info &k, aotr_tensor *out)
+{
+    Info b = info(h);
+    const int64_t full[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
+    if (b.dim > 4 || b.dtype != q.dtype || !view(s, b, nullptr, out))
+        return false;
+    for (int i = 0; i < 4; ++i) {
+        int64_t j = i - (4 - b.dim);
+        int64_t n = j < 0 ? 1 : b.sizes[j];
+        if (n != full[i] && n != 1)
+            return false;
+        out->sizes[i] = full[i];
+        out->strides[i] = (j < 0 || n != full[i]) ? 0 : b.strides[j];
+    }
+    out->rank = 4;
+    return true;
+}
+
 // ---------------------------------------------------------------- kernels
 
 // aten::_scaled_dot_product_flash_attention (B, H, S, D)
@@ -759,13 +781,15 @@ Owned bshd_empty(const Info &like, int64_t last)
 // aten::_scaled_dot_product_efficient_attention (B, H, S, D)
 bool eff_fwd(const State &s, const Args &a)
 {
-    if (a.opt_tensor(3) || a.f64(5) != 0.0 || !a.rest_none(8))
+    if (a.f64(5) != 0.0 || !a.rest_none(8))
         return false;
     Info q = info(a.tensor(0)), k = info(a.tensor(1)), v = info(a.tensor(2));
     if (q.dim != 4 || k.dim != 4 || v.dim != 4)
         return false;
     bool want_lse = a.boolean(4);
     Problem pr(s, q, k, v, nullptr);
+    if (AtenTensorHandle bias = a.opt_tensor(3))
+        pr.ok = pr.ok && bias_view(s, bias, q, k, &pr.p.bias);
     Target tg;
     if (!pr.ok || !target(s, q, &tg))
         return false;
@@ -811,13 +835,17 @@ bool eff_fwd(const State &s, const Args &a)
 // aten::_scaled_dot_product_efficient_attention_backward
 bool eff_bwd(const State &s, const Args &a)
 {
-    if (a.opt_tensor(4) || a.f64(9) != 0.0 || !a.rest_none(13))
+    AtenTensorHandle bias = a.opt_tensor(4);
+    // the bias gradient (summed over broadcast dims) is the Python route's
+    if (a.f64(9) != 0.0 || !a.rest_none(13) || (bias && a.bools(10).at(3)))
         return false;
     Info go = info(a.tensor(0)), q = info(a.tensor(1)), k = info(a.tensor(2)),
          v = info(a.tensor(3)), out = info(a.tensor(5)), lse = info(a.tensor(6));
     if (q.dim != 4 || k.dim != 4 || v.dim != 4)
         return false;
     Problem pr(s, q, k, v, nullptr);
+    if (bias)
+        pr.ok = pr.ok && bias_view(s, bias, q, k, &pr.p.bias);
     pr.p.scale = softmax_scale(a.opt_f64(12), q.size(3));
     pr.p.causal = a.boolean(11);
     pr.p.causal_alignment = AOTR_CAUSAL_TOP_LEFT;

@@ -8,8 +8,9 @@
  *   aten::_scaled_dot_product_flash_attention[_backward]
  *   aten::_flash_attention_forward / _flash_attention_backward
  *   aten::_scaled_dot_product_efficient_attention[_backward]
- * and hand every call they do not cover (dropout, a debug mask, an attention
- * bias, a request libaotriton_rocm reports AOTR_UNSUPPORTED for, any error)
+ * and hand every call they do not cover (dropout, a debug mask, a boolean or
+ * hard-to-read attention bias and its gradient, a request libaotriton_rocm
+ * reports AOTR_UNSUPPORTED for, any error)
  * unchanged to `<fallback_namespace>::py_<op name>`, an op with the aten op's
  * schema that the caller has registered (aotriton_rocm's Python route).
  *

@@ -298,6 +298,34 @@ def test_flash_attention_forward_bshd_launches_what_the_python_route_launches(cp
     _compare(python, native_l, records, q.data_ptr())
 
 
+@pytest.mark.parametrize("bias_shape", [(2, 4, 64, 96), (1, 4, 1, 96), (96,)])
+def test_efficient_ops_with_a_bias_launch_what_the_python_route_launches(cpu_route, bias_shape):
+    stub, records, python = cpu_route
+    q, k, v = _qkv(2, 4, 4, 64, 96, 64)
+    bias = torch.zeros(bias_shape, dtype=torch.float16)
+    out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, 0.0, False, scale=0.125)
+    do = torch.empty_like(out)
+    mask = [True, True, True, False]
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        do, q, k, v, bias, out, lse, seed, offset, 0.0, mask, False, scale=0.125)
+    assert grads[3] is None
+    native_l = _native_launches(stub, records)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    attention.forward(q, k, v, scale=0.125, out=out, lse=lse, causal_alignment="top_left",
+                      bias=bias)
+    attention.backward(do, q, k, v, out, lse, scale=0.125, grads=grads[:3],
+                       causal_alignment="top_left", bias=bias)
+    _compare(python, native_l, records, q.data_ptr())
+    # the bias gradient is the Python route's
+    stub.aotr_stub_reset()
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        do, q, k, v, bias, out, lse, seed, offset, 0.0, [True] * 4, False, scale=0.125)
+    assert grads[3].shape == bias.shape
+    assert torch_native.fallback_calls["_scaled_dot_product_efficient_attention_backward"] == 1
+    assert stub.aotr_stub_launch_count() == 0
+
+
 def test_layout_the_kernels_cannot_read_is_copied(cpu_route):
     stub, records, python = cpu_route
     # rows 72 elements apart: not a multiple of 16
@@ -331,8 +359,8 @@ def test_dropout_and_uncovered_calls_take_the_python_route(cpu_route):
         assert outs[4:6] == (64, 64) and outs[2] is None and outs[3] is None
         _same_layout([outs[i] for i in (0, 1, 6, 7)], [meta[i] for i in (0, 1, 6, 7)])
     assert calls["_scaled_dot_product_flash_attention"] == 2
-    bias = torch.zeros(1, 2, 64, 64, dtype=torch.float16)
-    torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False)
+    mask = torch.ones(1, 2, 64, 64, dtype=torch.bool)  # boolean masks: the Python route
+    torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, 0.0, False)
     assert calls["_scaled_dot_product_efficient_attention"] == 2
     assert torch_native.launch_count() == 0 and torch_native.fallback_count() == 4
     # A head dim the archive has no kernel for: AOTR_UNSUPPORTED, the Python
