@@ -392,3 +392,25 @@ def test_enable_uses_the_cpp_route_on_the_registry(ext, monkeypatch):
         assert not torch_native.is_active()
     finally:
         torch_integration.disable()
+
+
+def test_flash_attention_forward_varlen_launches_what_the_python_route_launches(cpu_route):
+    stub, records, python = cpu_route
+    h, hk, d = 4, 2, 64
+    cu_q = torch.tensor([0, 17, 80, 130], dtype=torch.int32)
+    cu_k = torch.tensor([0, 40, 41, 200], dtype=torch.int32)
+    q = torch.empty(130, h, d, dtype=torch.float16)
+    k = v = torch.empty(200, hk, d, dtype=torch.float16)
+    args = (q, k, v, cu_q, cu_k, 63, 159, 0.0, True, False)
+    out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(*args, scale=0.5)
+    assert lse.shape == (h, 130) and out.shape == q.shape
+    do = torch.empty_like(out)
+    grads = torch.ops.aten._flash_attention_backward(
+        do, q, k, v, out, lse, cu_q, cu_k, 63, 159, 0.0, True, rng, unused, scale=0.5)
+    native_l = _native_launches(stub, records)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    varlen = attention.Varlen(cu_q, cu_k, 63, 159)
+    attention.forward(q, k, v, is_causal=True, scale=0.5, out=out, lse=lse, varlen=varlen)
+    attention.backward(do, q, k, v, out, lse, is_causal=True, scale=0.5, grads=grads,
+                       varlen=varlen)
+    _compare(python, native_l, records, q.data_ptr())
