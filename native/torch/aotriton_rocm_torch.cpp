@@ -235,9 +235,7 @@ struct State {
     ~State()
     {
         unregister();
-        aux.clear();
-        if (runtime)
-            aotr_runtime_destroy(runtime);
+        aux.clear();  // runtimes are kept: see runtime_for()
     }
 
     void unregister()
@@ -321,6 +319,46 @@ struct InFlight {
     InFlight(const InFlight &) = delete;
     InFlight &operator=(const InFlight &) = delete;
 };
+
+// Runtimes by their options, kept for the life of the process: deactivation
+// cannot wait for kernels already queued on the GPU, whose code objects a
+// destroyed runtime would unload. Reactivating with the same options reuses
+// one (launch counts then go on from where they were).
+std::mutex g_runtimes_mu;
+std::map<std::string, aotr_runtime *> g_runtimes;
+
+int fail(const std::string &msg);
+
+bool runtime_for(const aotr_torch_config &c, aotr_runtime **out)
+{
+    std::string key = std::to_string(c.runtime.backend);
+    for (const char *part : {c.runtime.archive_dir, c.runtime.driver_library})
+        key += std::string("\n") + (part ? part : "");
+    for (int32_t i = 0; i < c.archive_count; ++i)
+        key += std::string("\n") + c.archives[i];
+    std::lock_guard<std::mutex> lock(g_runtimes_mu);
+    auto found = g_runtimes.find(key);
+    if (found != g_runtimes.end()) {
+        *out = found->second;
+        return true;
+    }
+    aotr_runtime_options opts = c.runtime;
+    opts.struct_size = sizeof opts;
+    aotr_runtime *rt = nullptr;
+    if (aotr_runtime_create(&opts, &rt) != AOTR_OK) {
+        fail(std::string("aotr_runtime_create: ") + aotr_last_error());
+        return false;
+    }
+    for (int32_t i = 0; i < c.archive_count; ++i) {
+        if (aotr_runtime_add_archive(rt, c.archives[i]) != AOTR_OK) {
+            fail(std::string("aotr_runtime_add_archive: ") + aotr_last_error());
+            aotr_runtime_destroy(rt);
+            return false;
+        }
+    }
+    *out = g_runtimes[key] = rt;
+    return true;
+}
 
 // ------------------------------------------------------------ the stack
 
@@ -887,8 +925,9 @@ void boxed(StableIValue *stack, uint64_t num_args, uint64_t /*num_outputs*/)
         try {
             if (kImpls[Op](*s, args))
                 return;
-        } catch (const TorchError &e) {
-            t_error = e.what();  // allocation or copy failed: the Python route retries
+        } catch (const std::exception &e) {
+            // nothing consumed yet: the Python route takes the call as it came
+            t_error = e.what();
         }
     }
     s->fallbacks.fetch_add(1, std::memory_order_relaxed);
@@ -975,15 +1014,8 @@ __attribute__((visibility("default"))) int aotr_torch_activate(const aotr_torch_
     s->rng_unsigned = c->rng_unsigned != 0;
     s->lse_align = c->efficient_lse_align > 0 ? c->efficient_lse_align : 1;
 
-    aotr_runtime_options opts = c->runtime;
-    opts.struct_size = sizeof opts;
-    aotr_status st = aotr_runtime_create(&opts, &s->runtime);
-    if (st != AOTR_OK)
-        return fail(std::string("aotr_runtime_create: ") + aotr_last_error());
-    for (int32_t i = 0; i < c->archive_count; ++i) {
-        if ((st = aotr_runtime_add_archive(s->runtime, c->archives[i])) != AOTR_OK)
-            return fail(std::string("aotr_runtime_add_archive: ") + aotr_last_error());
-    }
+    if (!runtime_for(*c, &s->runtime))
+        return -1;
 
     // Replace an active set: its registrations go first.
     replace_state(nullptr);

@@ -58,11 +58,13 @@ typedef struct aotr_torch_config {
 /* 0 on success; -1 with aotr_torch_last_error() otherwise. Activating
  * while active replaces the registrations. */
 int aotr_torch_activate(const aotr_torch_config *config);
-/* Removes the registrations and destroys the runtime; 0 if there were none. */
+/* Removes the registrations. The runtime stays (kernels may still be queued
+ * on the GPU); activating again with the same options reuses it. */
 int aotr_torch_deactivate(void);
 int aotr_torch_is_active(void);
 const char *aotr_torch_last_error(void);
-/* Launches through the active runtime (aotr_runtime_launch_count). */
+/* Launches through the active runtime since it was created
+ * (aotr_runtime_launch_count); 0 when inactive. */
 uint64_t aotr_torch_launch_count(const char *kernel);
 /* Calls handed to the fallback ops since activation. */
 uint64_t aotr_torch_fallback_count(void);
