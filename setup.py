@@ -2,8 +2,14 @@
 library, is compiled into the runtime wheel as ``aotriton_rocm/lib/
 libaotriton_rocm.so.<ABI line>`` (a plain shared library with a version
 script, not a Python extension), and its public header is shipped as
-``aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h``."""
+``aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h``.
 
+When torch's headers are at hand (AOTRITON_ROCM_TORCH_INCLUDE, or an
+importable torch >= 2.10 in the build environment), the torch extension
+native/torch/ is compiled beside it as ``aotriton_rocm/lib/
+libaotriton_rocm_torch.so`` (torch's stable ABI; no link-time libtorch)."""
+
+import os
 import re
 import shutil
 from pathlib import Path
@@ -19,6 +25,7 @@ VERSION = re.search(r'^__version__\s*=\s*"([^"]+)"',
 ABI_LINE = ".".join(VERSION.split("+")[0].split(".")[:2])
 SONAME = f"libaotriton_rocm.so.{ABI_LINE}"
 LIBRARY = "aotriton_rocm.lib.libaotriton_rocm"
+TORCH_LIBRARY = "aotriton_rocm.lib.libaotriton_rocm_torch"
 # The warning set of native/CMakeLists.txt.
 WARNINGS = ["-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wstrict-prototypes",
             "-Wmissing-prototypes", "-Wconversion", "-Wno-sign-conversion", "-Wformat=2",
@@ -31,14 +38,65 @@ def copy_header(package: Path) -> None:
     shutil.copyfile(HERE / NATIVE / "include/aotriton_rocm/aotriton_rocm.h", include / "aotriton_rocm.h")
 
 
+def torch_include_dir():
+    """torch's include directory, or None (then the extension is skipped)."""
+    env = os.environ.get("AOTRITON_ROCM_TORCH_INCLUDE")
+    if env:
+        return env
+    try:
+        import torch
+        from torch.utils.cpp_extension import include_paths
+    except ImportError:
+        return None
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 10):
+        return None
+    return next((p for p in include_paths()
+                 if Path(p, "torch/csrc/stable/library.h").is_file()), None)
+
+
+def torch_extension():
+    """libaotriton_rocm_torch (native/torch/CMakeLists.txt builds the same)."""
+    include = torch_include_dir()
+    if include is None:
+        print("note: no torch >= 2.10 headers (set AOTRITON_ROCM_TORCH_INCLUDE): building "
+              "without libaotriton_rocm_torch; torch >= 2.10 then uses the Python route")
+        return None
+    return Extension(
+        TORCH_LIBRARY,
+        sources=[f"{NATIVE}/torch/aotriton_rocm_torch.cpp"],
+        language="c++",
+        include_dirs=[f"{NATIVE}/include"],
+        # the oldest torch served: 2.10, encoded as torch/headeronly/version.h does
+        define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000")],
+        extra_compile_args=["-std=c++17", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+                            "-isystem", include, "-include", f"{NATIVE}/src/glibc_compat.h",
+                            "-Wall", "-Wextra", "-Werror"],
+        # libtorch stays undefined (no -z defs); libaotriton_rocm is found beside it
+        extra_link_args=[f"-Wl,--version-script={NATIVE}/torch/libaotriton_rocm_torch.map",
+                         "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags", "-Wl,--no-as-needed",
+                         f"-l:{SONAME}", "-l:libdl.so.2", "-Wl,--as-needed"],
+        py_limited_api=True,
+    )
+
+
 class BuildExt(build_ext):
     def get_ext_filename(self, fullname):
         # asked with the dotted name and with its last part
-        if fullname == LIBRARY:
-            return str(Path(*LIBRARY.split(".")[:-1], SONAME))
-        if fullname == LIBRARY.rsplit(".", 1)[1]:
-            return SONAME
+        for name, filename in ((LIBRARY, SONAME), (TORCH_LIBRARY, "libaotriton_rocm_torch.so")):
+            if fullname == name:
+                return str(Path(*name.split(".")[:-1], filename))
+            if fullname == name.rsplit(".", 1)[1]:
+                return filename
         return super().get_ext_filename(fullname)
+
+    def build_extension(self, ext):
+        if ext.name == TORCH_LIBRARY:
+            # linked against the libaotriton_rocm just built (listed first)
+            ext.library_dirs = [str(Path(self.get_ext_fullpath(LIBRARY)).parent)]
+            # Python's C flags (-Wstrict-prototypes, ...) are C-only: g++ warns about them
+            self.compiler.compiler_so = [f for f in self.compiler.compiler_so
+                                         if f != "-Wstrict-prototypes"]
+        super().build_extension(ext)
 
     def copy_extensions_to_source(self):
         # editable installs: the package's lib/ (and include/) exist only as build outputs
@@ -49,7 +107,9 @@ class BuildExt(build_ext):
 
     def get_export_symbols(self, ext):
         # the version script decides what the library exports (no PyInit_*)
-        return [] if ext.name == LIBRARY else super().get_export_symbols(ext)
+        if ext.name in (LIBRARY, TORCH_LIBRARY):
+            return []
+        return super().get_export_symbols(ext)
 
 
 class BuildPy(build_py):
@@ -74,4 +134,5 @@ library = Extension(
     py_limited_api=True,
 )
 
-setup(ext_modules=[library], cmdclass={"build_ext": BuildExt, "build_py": BuildPy})
+extensions = [library, torch_extension()]
+setup(ext_modules=[e for e in extensions if e is not None], cmdclass={"build_ext": BuildExt, "build_py": BuildPy})

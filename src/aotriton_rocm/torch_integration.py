@@ -316,25 +316,34 @@ _SUBOP_FALLBACKS = {_FLASH: _flash_by_subop, _FLASH_BWD: _flash_bwd_by_subop,
 class _Overrides:
     """The kernels we put on the dispatcher; ``remove()`` gives torch's back."""
 
-    def __init__(self, cpu: bool):
+    def __init__(self, cpu: bool, native: bool = False):
         self._lib = torch.library.Library("aten", "IMPL")
         self._orig = {}
-        self._register(_FLASH, "CUDA", self._flash_fwd)
-        self._register(_FLASH_BWD, "CUDA", self._flash_bwd)
-        self._register(_FA, "CUDA", self._fa_fwd)
-        self._register(_FA_BWD, "CUDA", self._fa_bwd)
-        self._register(_EFF, "CUDA", self._eff_fwd)
-        self._register(_EFF_BWD, "CUDA", self._eff_bwd)
+        self._native = None
+        cuda = self.cuda_kernels()
+        if native:
+            self._native = _activate_native(self, cuda)
+        if self._native is None:
+            for op, fn in cuda.items():
+                self._register(op, "CUDA", fn)
         if cpu:
             self._register(_CPU_FLASH, "CPU", self._cpu_fwd)
             self._register(_CPU_FLASH_BWD, "CPU", self._cpu_bwd)
 
-    def _register(self, op: str, key: str, fn) -> None:
+    def cuda_kernels(self) -> dict:
+        """The six CUDA-key overrides by op (also the native route's Python route)."""
+        return {_FLASH: self._flash_fwd, _FLASH_BWD: self._flash_bwd, _FA: self._fa_fwd,
+                _FA_BWD: self._fa_bwd, _EFF: self._eff_fwd, _EFF_BWD: self._eff_bwd}
+
+    def _capture(self, op: str, key: str) -> bool:
+        """Keep torch's kernel of ``op`` for the fallback; False: leave ``op`` alone."""
+        if op in self._orig:
+            return True
         if hasattr(torch.library, "get_kernel"):
             try:
                 kernel = torch.library.get_kernel(op, key)
             except RuntimeError:
-                return  # this torch build has no kernel there (a CPU-only build's CUDA key)
+                return False  # this torch build has no kernel there (a CPU-only build's CUDA key)
             self._orig[op] = kernel.call_boxed
         elif op in _SUBOP_FALLBACKS:
             subop = _SUBOP_FALLBACKS[op]
@@ -342,7 +351,12 @@ class _Overrides:
         elif key == "CPU":
             self._orig[op] = None  # the CPU interpreter route (testing): an error instead
         else:
-            return  # torch < 2.9 could not fall back from it: leave the op to torch
+            return False  # torch < 2.9 could not fall back from it: leave the op to torch
+        return True
+
+    def _register(self, op: str, key: str, fn) -> None:
+        if not self._capture(op, key):
+            return
         with warnings.catch_warnings():
             # Overriding torch's kernel is the point; its one-time warning says so.
             warnings.filterwarnings("ignore",
@@ -350,13 +364,16 @@ class _Overrides:
             self._lib.impl(op.split("::")[1], fn, key, with_keyset=True)
 
     def remove(self) -> None:
+        if self._native is not None:
+            self._native.remove()
+            self._native = None
         if self._lib is not None:
             self._lib._destroy()
             self._lib = None
 
     def _fallback(self, op, keyset, reason, *args, **kwargs):
         name = op.split("::")[1]
-        if self._orig[op] is None:
+        if self._orig.get(op) is None:
             raise NotImplementedError(
                 f"aotriton-rocm's CPU interpreter route does not cover this {name} call "
                 f"({reason}), and torch {torch.__version__} cannot hand it back to torch's "
@@ -445,6 +462,35 @@ class _Overrides:
                                   causal_alignment="top_left", bias=attn_mask)
 
 
+NATIVE_ENV = "AOTRITON_ROCM_TORCH_NATIVE"
+
+
+def _native_wanted() -> bool:
+    """The C++ route (torch_native) for the registry route: torch >= 2.10
+    with the extension installed, unless AOTRITON_ROCM_TORCH_NATIVE=0."""
+    if os.environ.get(NATIVE_ENV, "") == "0" or not has_registry():
+        return False
+    from . import torch_native
+    return torch_native.available()
+
+
+def _activate_native(overrides: _Overrides, kernels: dict):
+    """The C++ kernels on the CUDA key, with ``kernels`` as their Python
+    route; None (and a warning) if the extension cannot be activated."""
+    from . import images, torch_native
+    for op in kernels:  # torch's kernels, for the Python route's fallback
+        overrides._capture(op, "CUDA")
+    try:
+        return torch_native.activate(
+            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=_rng_layout(),
+            efficient_lse_align=1 if torch.version.hip else 32,
+            archives=[str(p) for p in images.find_archives().values()])
+    except (OSError, RuntimeError) as exc:
+        warnings.warn(f"aotriton-rocm: the C++ route is unavailable ({exc}); "
+                      "using the Python route", stacklevel=3)
+        return None
+
+
 _active: _Overrides | None = None
 _cpu_requested = False
 
@@ -459,7 +505,7 @@ def _register_fn() -> _Overrides:
     torch_compat.check_torch(torch.__version__)  # refuse an unsupported torch (clear message)
     if _active is not None:
         _active.remove()
-    _active = _Overrides(cpu=_cpu_wanted())
+    _active = _Overrides(cpu=_cpu_wanted(), native=_native_wanted())
     return _active
 
 

@@ -8,6 +8,10 @@ once per session into a temporary directory. Environment:
 - ``AOTR_NATIVE_CMAKE_ARGS``: extra configure arguments, e.g.
   ``-DAOTR_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug``.
 
+``torch_ext``: libaotriton_rocm_torch.so (native/torch/) built in that
+directory against the installed torch's headers (cmake -DAOTR_BUILD_TORCH=ON);
+skipped without torch >= 2.10 or a C++ compiler.
+
 ``native_env``: the environment for subprocesses that load the library into
 a Python interpreter (ctypes): with a sanitizer build it preloads the ASan
 runtime.
@@ -70,3 +74,27 @@ def native_env(native_build) -> Dict[str, str]:
         env["LD_PRELOAD"] = asan
         env["ASAN_OPTIONS"] = "detect_leaks=0"  # the interpreter's own allocations
     return env
+
+
+def _torch_include() -> str:
+    torch = pytest.importorskip("torch")
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 10):
+        pytest.skip(f"the torch extension needs torch >= 2.10 (this is {torch.__version__})")
+    from torch.utils.cpp_extension import include_paths
+    for path in include_paths():
+        if (Path(path) / "torch/csrc/stable/library.h").is_file():
+            return path
+    pytest.skip("torch's headers (torch/csrc/stable) are not installed")
+
+
+@pytest.fixture(scope="session")
+def torch_ext(native_build) -> Path:
+    include = _torch_include()
+    if not any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++")):
+        pytest.skip("the torch extension needs a C++ compiler")
+    cache = (native_build / "CMakeCache.txt").read_text(errors="replace")
+    if "AOTR_BUILD_TORCH:BOOL=ON" not in cache or f"TORCH_INCLUDE_DIR:PATH={include}" not in cache:
+        _run(["cmake", "-S", NATIVE_SRC, "-B", native_build, "-DAOTR_BUILD_TORCH=ON",
+              f"-DTORCH_INCLUDE_DIR={include}"], "configuring native/ with the torch extension")
+        _run(["cmake", "--build", native_build, "-j2"], "building the torch extension")
+    return native_build / "libaotriton_rocm_torch.so"

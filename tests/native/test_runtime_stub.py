@@ -13,40 +13,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aotriton_rocm import attention, backends, device, images, kernel_spec, native  # noqa: E402
+from aotriton_rocm import attention, backends, device, images, native  # noqa: E402
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
-from aotriton_rocm.archive import KernelRecord, write_archive  # noqa: E402
+from aotriton_rocm.archive import write_archive  # noqa: E402
 
-SCRATCH = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
-MANIFEST = {"package_version": "0.1.0", "abi_version": ABI_VERSION, "rocm_profile": "6.4",
-            "arch": "sm_90", "backend": "cuda", "warp_size": 32, "compiler": "triton",
-            "compiler_version": "3.9.0", "build_inputs_hash": "0" * 64}
-
-
-def _image(name: str) -> bytes:
-    code = b"stub code of " + name.encode()
-    return b"AOTRSTUB" + struct.pack("<Q", 16 + len(code)) + code
-
-
-def _record(v, symbol: str, config=None) -> KernelRecord:
-    config = dict(v.config if config is None else config)
-    key = v.key if config == v.config else v.key + "|" + symbol
-    return KernelRecord(
-        key=key, kernel=v.kernel, functional=dict(v.functional), config=config,
-        constexprs=dict(v.constexprs), symbol=symbol, num_warps=int(v.options.get("num_warps", 4)),
-        num_stages=1, warp_size=32, shared=0, global_scratch_size=0, profile_scratch_size=0,
-        args=tuple(v.args) + SCRATCH, divisible_16=tuple(v.divisible_16), grid=tuple(v.grid))
+from stub_archive import MANIFEST, decode as _decode, image as _image, launches as _launches  # noqa: E402
+from stub_archive import record as _record, variants  # noqa: E402
 
 
 def _variants(head_dims=(64,)):
-    """One variant per functional point: fp16, no dropout."""
-    spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
-    seen = {}
-    for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
-        f = v.functional
-        if f["dtype"] == "fp16" and f["head_dim"] in head_dims and not f.get("enable_dropout"):
-            seen.setdefault((v.kernel, tuple(sorted(f.items()))), v)
-    return list(seen.values())
+    return variants(head_dims=head_dims)
 
 
 @pytest.fixture
@@ -64,33 +40,6 @@ def _runtime(stub_path, archive):
     rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
     rt.add_archive(archive)
     return rt
-
-
-def _launches(lib):
-    out = []
-    for i in range(lib.aotr_stub_launch_count()):
-        sym = ctypes.create_string_buffer(128)
-        grid = (ctypes.c_uint * 3)()
-        block, shared, size = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_size_t()
-        stream = ctypes.c_void_p()
-        assert lib.aotr_stub_launch_info(i, sym, 128, grid, ctypes.byref(block), ctypes.byref(shared),
-                                         ctypes.byref(stream), ctypes.byref(size)) >= 0
-        buf = ctypes.create_string_buffer(size.value)
-        lib.aotr_stub_launch_args(i, buf, size.value)
-        out.append((sym.value.decode(), tuple(grid), block.value, stream.value or 0, buf.raw))
-    return out
-
-
-def _decode(args, raw):
-    """Natural-alignment packing, as the kernels declare their parameters."""
-    values, off = {}, 0
-    for name, typ in args:
-        size, fmt = (8, "<Q") if typ.startswith("*") else (4, "<f" if typ == "fp32" else "<i")
-        off = -(-off // size) * size
-        values[name] = struct.unpack_from(fmt, raw, off)[0]
-        off += size
-    assert off == len(raw)
-    return values
 
 
 def _zhm(t, prefix, varlen=False):

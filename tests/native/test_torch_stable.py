@@ -1,0 +1,414 @@
+"""libaotriton_rocm_torch (native/torch/), the torch >= 2.10 fast path, on a
+CPU-only machine: how it is built and linked, that activation puts its
+kernels on the dispatcher and deactivation takes them off, and the C++
+kernels themselves on the CPU key (activated there for the test) over a real
+archive with the stub driver: they launch what the Python route launches,
+lay their outputs out as torch's meta kernels do, and hand dropout and
+whatever they do not cover to aotriton_rocm::py_<op>."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from aotriton_rocm import attention, backends, device, images, native, torch_integration, torch_native  # noqa: E402,E501
+from aotriton_rocm._version import ABI_VERSION  # noqa: E402
+from aotriton_rocm.archive import write_archive  # noqa: E402
+
+from stub_archive import MANIFEST, assert_same_launches, kernel_of, launches, records as stub_records  # noqa: E402,E501
+
+EXPORTS = {"aotr_torch_activate", "aotr_torch_deactivate", "aotr_torch_is_active",
+           "aotr_torch_last_error", "aotr_torch_launch_count", "aotr_torch_fallback_count"}
+ATEN = ["aten::" + op for op in torch_native.OPS]
+
+
+def _tool(name):
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} (binutils) is not installed")
+    return path
+
+
+def _out(*cmd) -> str:
+    return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+
+
+@pytest.fixture
+def ext(torch_ext, native_build, monkeypatch):
+    monkeypatch.setenv(torch_native.ENV_VAR, str(torch_ext))
+    monkeypatch.setenv(native.ENV_VAR, str(native_build / f"libaotriton_rocm.so.{ABI_VERSION}"))
+    yield torch_ext
+    torch_native.deactivate()
+
+
+# ------------------------------------------------------------------ build
+
+
+def test_exports_only_its_entry_points_and_needs_no_libtorch(torch_ext, native_build):
+    defined = _out(_tool("nm"), "-D", "--defined-only", torch_ext).split()
+    assert {s for s in defined if s.startswith("aotr_")} == EXPORTS
+    assert not [s for s in defined if re.fullmatch(r"[_A-Za-z]\w*", s) and s not in EXPORTS
+                and len(s) > 1]
+    dynamic = _out(_tool("readelf"), "-d", torch_ext)
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dynamic)
+    assert f"libaotriton_rocm.so.{ABI_VERSION}" in needed
+    assert not [n for n in needed if "torch" in n or "c10" in n], needed
+    assert re.search(r"\(RUNPATH\)\s+Library runpath: \[\$ORIGIN\]", dynamic)
+    undefined = _out("nm", "-D", "--undefined-only", torch_ext)
+    assert "aoti_torch_library_init_impl" in undefined and "torch_call_dispatcher" in undefined
+    # loadable on manylinux_2_28 like libaotriton_rocm
+    versions = set(re.findall(r"GLIBC_(\d+)\.(\d+)", _out(_tool("objdump"), "-T", torch_ext)))
+    assert max((int(a), int(b)) for a, b in versions) <= (2, 28)
+    # built for torch 2.10 with these (newer) headers
+    flags = (native_build / "CMakeFiles").parent / "torch" / "CMakeFiles" / \
+        "aotriton_rocm_torch.dir" / "flags.make"
+    assert "TORCH_TARGET_VERSION=0x020a000000000000" in flags.read_text()
+
+
+def test_loads_only_once_libtorch_is_global(torch_ext, native_build):
+    # A fresh interpreter: import torch keeps libtorch_cpu local, so the
+    # extension's aoti_torch_* symbols do not resolve until torch_native
+    # promotes it; loading registers nothing.
+    code = f"""
+import ctypes, torch
+try:
+    ctypes.CDLL({str(torch_ext)!r})
+    print("loaded-unpromoted")
+except OSError as e:
+    print("refused:", e)
+from aotriton_rocm import torch_native
+torch_native.load()
+print("loaded", [torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA") for op in {ATEN!r}])
+"""
+    env = dict(os.environ, **{torch_native.ENV_VAR: str(torch_ext),
+                              native.ENV_VAR: str(native_build / f"libaotriton_rocm.so.{ABI_VERSION}")})
+    out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True).stdout
+    assert "refused:" in out and "undefined symbol: aoti_torch_" in out, out
+    assert "loaded [False, False, False, False, False, False]" in out, out
+
+
+# ------------------------------------------------------- (de)activation
+
+
+def _kernels_everywhere():
+    return {op: (lambda keyset, *a, **k: None) for op in torch_native.OPS}
+
+
+def _has(op, key):
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, key)
+
+
+def test_activate_and_deactivate_the_cuda_kernels_repeatedly(ext):
+    before = [_has(op, "CUDA") for op in ATEN]
+    for _ in range(3):
+        act = torch_native.activate(_kernels_everywhere(), rng_layout=torch_integration._rng_layout(),
+                                    efficient_lse_align=32)
+        assert torch_native.is_active() and act.active
+        assert all(_has(op, "CUDA") for op in ATEN)
+        for op in ATEN:
+            assert "aotriton_rocm_torch.cpp" in torch._C._dispatch_dump(op)
+            assert _has(op.replace("aten::", "aotriton_rocm::py_"), "CUDA")
+        act.remove()
+        assert not torch_native.is_active()
+        assert [_has(op, "CUDA") for op in ATEN] == before
+        assert not any(_has(op.replace("aten::", "aotriton_rocm::py_"), "CUDA") for op in ATEN)
+    # activating twice replaces; deactivate() clears
+    torch_native.activate(_kernels_everywhere(), rng_layout=torch_integration._rng_layout(),
+                          efficient_lse_align=32)
+    torch_native.activate(_kernels_everywhere(), rng_layout=torch_integration._rng_layout(),
+                          efficient_lse_align=32)
+    torch_native.deactivate()
+    assert [_has(op, "CUDA") for op in ATEN] == before
+
+
+def test_refuses_a_schema_it_does_not_know(ext, monkeypatch):
+    monkeypatch.setattr(torch_native, "_arg_kinds", lambda schema: "TT")
+    with pytest.raises(RuntimeError, match="has a schema this library does not know"):
+        torch_native.activate(_kernels_everywhere(), rng_layout=torch_integration._rng_layout(),
+                              efficient_lse_align=32)
+    assert not any(_has(op.replace("aten::", "aotriton_rocm::py_"), "CUDA") for op in ATEN)
+
+
+# ------------------------------------------ the C++ kernels on the CPU key
+
+
+@pytest.fixture
+def cpu_route(ext, native_build, tmp_path, monkeypatch):
+    """The C++ kernels on the CPU key over the stub driver, and the Python
+    route (py_<op> on CPU, attention.py through the ctypes binding) over the
+    same archive and the same stub, which records both routes' launches."""
+    stub_path = native_build / "tests" / "libaotr_stub_driver.so"
+    monkeypatch.setenv("AOTR_STUB_CUDA_ARCH", "9.0")
+    monkeypatch.setattr(native, "_lib", None)
+    archive = tmp_path / "sm_90.aotr"
+    recs = stub_records(bias=(False, True), dropout=(False, True))
+    write_archive(archive, MANIFEST, recs)
+
+    runtime = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
+    runtime.add_archive(archive)
+    monkeypatch.setattr(backends, "_native_runtime", lambda: runtime)
+    monkeypatch.setattr(backends, "_added_archives", {str(archive)})
+    monkeypatch.setattr(backends.AOTBackend, "_stream", lambda self: 0)
+    monkeypatch.setattr(device, "arch_of", lambda i: "sm_90")
+    monkeypatch.setattr(images, "find_archives", lambda refresh=False: {"sm_90": archive})
+    aot = backends.AOTBackend(0)
+    monkeypatch.setattr(attention, "backend_for", lambda t: aot)
+
+    overrides = torch_integration._Overrides(cpu=False)  # the Python route's kernels
+    kernels = {op.split("::")[1]: fn for op, fn in overrides.cuda_kernels().items()}
+    monkeypatch.setattr(torch_native, "fallback_calls", {op: 0 for op in torch_native.OPS})
+    torch_native.activate(kernels, rng_layout=torch_integration._rng_layout(),
+                          efficient_lse_align=32, dispatch_key="CPU", python_keys=("CPU",),
+                          archives=[str(archive)], driver_library=str(stub_path),
+                          backend=native.BACKEND_CUDA)
+    stub = ctypes.CDLL(str(stub_path))
+    stub.aotr_stub_reset()
+    yield stub, recs
+    torch_native.deactivate()
+    overrides.remove()
+
+
+def _take(stub) -> list:
+    """The launches recorded so far (and forget them)."""
+    out = launches(stub)
+    stub.aotr_stub_reset()
+    return out
+
+
+def _meta(t):
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def _same_layout(outs, meta_outs):
+    assert len(outs) == len(meta_outs)
+    for i, (o, m) in enumerate(zip(outs, meta_outs)):
+        if isinstance(m, torch.Tensor):
+            assert isinstance(o, torch.Tensor), i
+            assert (o.shape, o.stride(), o.dtype) == (m.shape, m.stride(), m.dtype), i
+        else:
+            assert o == m, i
+
+
+def _qkv(b, h, hk, sq, sk, d, bshd=False):
+    def make(heads, s):
+        if bshd:
+            return torch.empty(b, s, heads, d, dtype=torch.float16)
+        return torch.empty(b, heads, s, d, dtype=torch.float16)
+    return make(h, sq), make(hk, sk), make(hk, sk)
+
+
+SHAPES = [(2, 4, 4, 128, 128, 64), (1, 8, 2, 211, 333, 64)]
+# torch's efficient-attention meta kernel shapes dK/dV with the query's heads:
+# that op is never called with GQA shapes.
+EFFICIENT_SHAPES = [(2, 4, 4, 128, 128, 64), (1, 8, 8, 211, 333, 64)]
+
+
+@pytest.mark.parametrize("shape", EFFICIENT_SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_efficient_ops_launch_what_the_python_route_launches(cpu_route, shape, causal):
+    stub, records = cpu_route
+    q, k, v = _qkv(*shape)
+    args = (q, k, v, None, True, 0.0, causal)
+    out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(*args, scale=0.3)
+    _same_layout((out, lse, seed, offset),
+                 torch.ops.aten._scaled_dot_product_efficient_attention(
+                     _meta(q), _meta(k), _meta(v), None, True, 0.0, causal, scale=0.3))
+    do = torch.empty_like(out)
+    bwd_args = (do, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal)
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(*bwd_args, scale=0.3)
+    meta_grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        *(_meta(t) if isinstance(t, torch.Tensor) else t for t in bwd_args), scale=0.3)
+    _same_layout(grads[:3], meta_grads[:3])
+    assert grads[3] is None
+    native_l = _take(stub)
+    assert len(native_l) == 4 and torch_native.launch_count() == 4
+    assert torch_native.fallback_count() == 0
+    # the Python route on the same tensors
+    attention.forward(q, k, v, is_causal=causal, scale=0.3, out=out, lse=lse,
+                      causal_alignment="top_left")
+    attention.backward(do, q, k, v, out, lse, is_causal=causal, scale=0.3, grads=grads[:3],
+                       causal_alignment="top_left")
+    assert_same_launches(_take(stub), native_l, records)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_ops_launch_what_the_python_route_launches(cpu_route, shape, causal):
+    stub, records = cpu_route
+    q, k, v = _qkv(*shape)
+    outs = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False,
+                                                              scale=0.3)
+    meta = torch.ops.aten._scaled_dot_product_flash_attention(_meta(q), _meta(k), _meta(v), 0.0,
+                                                              causal, False, scale=0.3)
+    _same_layout([outs[i] for i in (0, 1, 4, 5, 6, 7, 8)], [meta[i] for i in (0, 1, 4, 5, 6, 7, 8)])
+    assert outs[2] is None and outs[3] is None
+    out, lse = outs[:2]
+    do = torch.empty_like(out)
+    bwd_args = (do, q, k, v, out, lse, None, None, q.size(2), k.size(2), 0.0, causal,
+                outs[6], outs[7])
+    grads = torch.ops.aten._scaled_dot_product_flash_attention_backward(*bwd_args, scale=0.3)
+    _same_layout(grads, torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        *(_meta(t) if isinstance(t, torch.Tensor) else t for t in bwd_args), scale=0.3))
+    native_l = _take(stub)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    attention.forward(q, k, v, is_causal=causal, scale=0.3, out=out, lse=lse)
+    attention.backward(do, q, k, v, out, lse, is_causal=causal, scale=0.3, grads=grads)
+    assert_same_launches(_take(stub), native_l, records)
+
+
+@pytest.mark.parametrize("window", [(None, None), (17, 0), (5, 9)])
+def test_flash_attention_forward_bshd_launches_what_the_python_route_launches(cpu_route, window):
+    stub, records = cpu_route
+    b, h, hk, sq, sk, d = 2, 4, 2, 96, 160, 64
+    q, k, v = _qkv(b, h, hk, sq, sk, d, bshd=True)
+    outs = torch.ops.aten._flash_attention_forward(
+        q, k, v, None, None, sq, sk, 0.0, True, False, scale=0.25,
+        window_size_left=window[0], window_size_right=window[1])
+    _same_layout(outs, torch.ops.aten._flash_attention_forward(
+        _meta(q), _meta(k), _meta(v), None, None, sq, sk, 0.0, True, False, scale=0.25,
+        window_size_left=window[0], window_size_right=window[1]))
+    out, lse, rng, unused, _ = outs
+    do = torch.empty_like(out)
+    grads = torch.ops.aten._flash_attention_backward(
+        do, q, k, v, out, lse, None, None, sq, sk, 0.0, True, rng, unused, scale=0.25,
+        window_size_left=window[0], window_size_right=window[1])
+    assert [(g.shape, g.stride()) for g in grads] == [(t.shape, t.stride()) for t in (q, k, v)]
+    native_l = _take(stub)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    win = attention.flash_attn_window(*window, sk)
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    attention.forward(t(q), t(k), t(v), is_causal=True, scale=0.25, out=t(out), lse=lse,
+                      window_size=win)
+    attention.backward(t(do), t(q), t(k), t(v), t(out), lse, is_causal=True, scale=0.25,
+                       grads=tuple(t(g) for g in grads), window_size=win)
+    assert_same_launches(_take(stub), native_l, records)
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 4, 64, 96), (1, 4, 1, 96), (96,)])
+def test_efficient_ops_with_a_bias_launch_what_the_python_route_launches(cpu_route, bias_shape):
+    stub, records = cpu_route
+    q, k, v = _qkv(2, 4, 4, 64, 96, 64)
+    bias = torch.zeros(bias_shape, dtype=torch.float16)
+    out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, bias, True, 0.0, False, scale=0.125)
+    do = torch.empty_like(out)
+    mask = [True, True, True, False]
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        do, q, k, v, bias, out, lse, seed, offset, 0.0, mask, False, scale=0.125)
+    assert grads[3] is None
+    native_l = _take(stub)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    attention.forward(q, k, v, scale=0.125, out=out, lse=lse, causal_alignment="top_left",
+                      bias=bias)
+    attention.backward(do, q, k, v, out, lse, scale=0.125, grads=grads[:3],
+                       causal_alignment="top_left", bias=bias)
+    assert_same_launches(_take(stub), native_l, records)
+    # the bias gradient is the Python route's
+    stub.aotr_stub_reset()
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        do, q, k, v, bias, out, lse, seed, offset, 0.0, [True] * 4, False, scale=0.125)
+    assert grads[3].shape == bias.shape
+    assert torch_native.fallback_calls["_scaled_dot_product_efficient_attention_backward"] == 1
+    assert [kernel_of(s) for s, *_ in _take(stub)] == [  # launched by the Python route
+        "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
+
+
+def test_layout_the_kernels_cannot_read_is_copied(cpu_route):
+    stub, records = cpu_route
+    # rows 72 elements apart: not a multiple of 16
+    q, k, v = (torch.empty(1, 2, 40, 72, dtype=torch.float16)[..., :64] for _ in range(3))
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, False)
+    assert torch_native.fallback_count() == 0 and torch_native.launch_count("attn_fwd") == 1
+    _same_layout((out, lse), torch.ops.aten._scaled_dot_product_efficient_attention(
+        _meta(q), _meta(k), _meta(v), None, True, 0.0, False)[:2])
+    native_l = _take(stub)
+    q_arg = native_l[0][4][:8]
+    assert int.from_bytes(q_arg, "little") != q.data_ptr()  # a padded copy was read
+
+
+def test_dropout_and_uncovered_calls_take_the_python_route(cpu_route):
+    stub, records = cpu_route
+    q, k, v = _qkv(1, 2, 2, 64, 64, 64)
+    calls = torch_native.fallback_calls
+    outs = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.1, False)
+    assert calls["_scaled_dot_product_efficient_attention"] == 1
+    assert torch_native.fallback_count() == 1 and torch_native.launch_count() == 0
+    assert [kernel_of(s) for s, *_ in _take(stub)] == ["attn_fwd"]  # the Python route ran it
+    _same_layout(outs[:2], torch.ops.aten._scaled_dot_product_efficient_attention(
+        _meta(q), _meta(k), _meta(v), None, True, 0.1, False)[:2])
+    for dropout_p, debug_mask in ((0.2, False), (0.0, True)):
+        outs = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, False,
+                                                                  debug_mask)
+        meta = torch.ops.aten._scaled_dot_product_flash_attention(
+            _meta(q), _meta(k), _meta(v), dropout_p, False, debug_mask)
+        # max_q/max_k come back although py_<op> returns Tensors only
+        assert outs[4:6] == (64, 64) and outs[2] is None and outs[3] is None
+        _same_layout([outs[i] for i in (0, 1, 6, 7)], [meta[i] for i in (0, 1, 6, 7)])
+    assert calls["_scaled_dot_product_flash_attention"] == 2
+    mask = torch.ones(1, 2, 64, 64, dtype=torch.bool)  # boolean masks: the Python route
+    torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, mask, True, 0.0, False)
+    assert calls["_scaled_dot_product_efficient_attention"] == 2
+    assert torch_native.launch_count() == 0 and torch_native.fallback_count() == 4
+    # A head dim the archive has no kernel for: AOTR_UNSUPPORTED, the Python
+    # route, which on the CPU key has no torch kernel to fall back to.
+    q128 = torch.empty(1, 2, 16, 128, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="py__scaled_dot_product_efficient_attention"):
+        torch.ops.aten._scaled_dot_product_efficient_attention(q128, q128, q128, None, True, 0.0,
+                                                              False)
+    assert calls["_scaled_dot_product_efficient_attention"] == 3
+
+
+def test_enable_uses_the_cpp_route_on_the_registry(ext, monkeypatch):
+    if not torch_integration.has_registry():
+        pytest.skip("torch has no flash-attention registry")
+    monkeypatch.setattr(images, "find_archives", lambda refresh=False: {})
+    # enable() refuses a machine with no GPU: the registrations are what is checked here
+    monkeypatch.setattr(device, "gpu_available", lambda: True)
+    before = [_has(op, "CUDA") for op in ATEN]
+    for _ in range(2):
+        torch_integration.enable()
+        try:
+            assert torch_native.is_active()
+            assert all("aotriton_rocm_torch.cpp" in torch._C._dispatch_dump(op) for op in ATEN)
+        finally:
+            torch_integration.disable()
+        assert not torch_native.is_active()
+        assert [_has(op, "CUDA") for op in ATEN] == before
+    monkeypatch.setenv(torch_integration.NATIVE_ENV, "0")
+    torch_integration.enable()
+    try:
+        assert not torch_native.is_active()
+    finally:
+        torch_integration.disable()
+
+
+def test_flash_attention_forward_varlen_launches_what_the_python_route_launches(cpu_route):
+    stub, records = cpu_route
+    h, hk, d = 4, 2, 64
+    cu_q = torch.tensor([0, 17, 80, 130], dtype=torch.int32)
+    cu_k = torch.tensor([0, 40, 41, 200], dtype=torch.int32)
+    q = torch.empty(130, h, d, dtype=torch.float16)
+    k = v = torch.empty(200, hk, d, dtype=torch.float16)
+    args = (q, k, v, cu_q, cu_k, 63, 159, 0.0, True, False)
+    out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(*args, scale=0.5)
+    assert lse.shape == (h, 130) and out.shape == q.shape
+    do = torch.empty_like(out)
+    grads = torch.ops.aten._flash_attention_backward(
+        do, q, k, v, out, lse, cu_q, cu_k, 63, 159, 0.0, True, rng, unused, scale=0.5)
+    native_l = _take(stub)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    varlen = attention.Varlen(cu_q, cu_k, 63, 159)
+    attention.forward(q, k, v, is_causal=True, scale=0.5, out=out, lse=lse, varlen=varlen)
+    attention.backward(do, q, k, v, out, lse, is_causal=True, scale=0.5, grads=grads,
+                       varlen=varlen)
+    assert_same_launches(_take(stub), native_l, records)
