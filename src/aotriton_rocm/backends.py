@@ -23,26 +23,44 @@ _LAUNCHES: collections.Counter = collections.Counter()
 INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
 
 
+def _native_totals() -> collections.Counter:
+    """GPU launches per kernel counted by libaotriton_rocm: the Python route's
+    runtime and the torch extension's (the C++ route)."""
+    from . import torch_native
+
+    totals: collections.Counter = collections.Counter()
+    for kernel in KERNELS:
+        if _native_names:
+            totals[kernel] += _native_runtime().launch_count(kernel)
+        if torch_native.is_active():
+            totals[kernel] += torch_native.launch_count(kernel)
+    return totals
+
+
+def _native_name() -> str:
+    archs = set(_native_names.values())
+    if not archs and torch.cuda.is_available():
+        archs = {f"aot:{_device.arch_of(torch.cuda.current_device())}"}
+    return "+".join(sorted(archs)) or "aot"
+
+
 def launch_counts() -> dict[tuple[str, str], int]:
     """Launches per (backend, kernel) since import or the last reset: the
     interpreter's counted here, the GPU's by libaotriton_rocm."""
     counts = dict(_LAUNCHES)
-    if _native_names:
-        name = "+".join(sorted(set(_native_names.values())))
-        runtime = _native_runtime()
-        for kernel in KERNELS:
-            n = runtime.launch_count(kernel) - _native_baseline[kernel]
-            if n:
-                counts[(name, kernel)] = n
+    totals = _native_totals()
+    if totals:
+        name = _native_name()
+        for kernel, n in totals.items():
+            if n > _native_baseline[kernel]:
+                counts[(name, kernel)] = n - _native_baseline[kernel]
     return counts
 
 
 def reset_launch_counts() -> None:
     _LAUNCHES.clear()
-    if _native_names:
-        runtime = _native_runtime()
-        for kernel in KERNELS:
-            _native_baseline[kernel] = runtime.launch_count(kernel)
+    _native_baseline.clear()
+    _native_baseline.update(_native_totals())
 
 
 def block_d(head_dim: int) -> int:
