@@ -58,6 +58,10 @@ def _info(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["config"]:  # for build systems: answered before any heavy import
+        from .paths import run_config_command
+        return run_config_command(argv[1:])
     parser = argparse.ArgumentParser(prog="aotriton-rocm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
