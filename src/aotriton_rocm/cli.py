@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("info", help="version, GPU arch and installed kernel images")
     p.set_defaults(run=_info)
 
+    # listed for --help only: main() answers `config` before building this parser
+    sub.add_parser("config", help="paths of the C library, header, CMake and pkg-config files "
+                   "(--cmakedir, --includedir, --libdir, --pkgconfigdir, --library)")
+
     tooling = {
         "build": ("compile the kernel archives ahead of time", "build"),
         "merge": ("assemble the archives of a sharded build (build --shard K/N)", "merge"),
