@@ -163,7 +163,7 @@ def python_launches(python, stub: Path, archive: Path | None, env=None) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def check_consumers(config, python, stub, archive, work, env=None, *, installed_image=True):
+def check_consumers(config, python, stub, archive, work, env=None):
     """Build the consumers from what ``config`` (the installed ``aotriton-rocm
     config``) prints and compare their launches with the Python binding's."""
     env = dict(os.environ if env is None else env)
@@ -184,13 +184,11 @@ def check_consumers(config, python, stub, archive, work, env=None, *, installed_
         [linked] = re.findall(rf"{re.escape(SONAME)} => (\S+)", _run(["ldd", exe]).stdout)
         assert Path(linked).resolve() == where["library"].resolve(), name
         assert launches_of(exe, stub, archive, env) == want, name
-        if installed_image:
-            # no archive given: the library finds the installed image beside itself
-            assert launches_of(exe, stub, None, env) == want, name
-    if installed_image:
-        found = python_launches(python, stub, None, env)
-        found.pop("library")
-        assert found == want
+        # no archive given: the library finds the installed image beside itself
+        assert launches_of(exe, stub, None, env) == want, name
+    found = python_launches(python, stub, None, env)
+    found.pop("library")
+    assert found == want
     return where
 
 
