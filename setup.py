@@ -79,6 +79,21 @@ def torch_extension():
     )
 
 
+def render_package_files(package: Path) -> None:
+    """lib/cmake/aotriton_rocm/ and lib/pkgconfig/ from native/{cmake,pkgconfig}/*.in,
+    as native/CMakeLists.txt renders them for its install()."""
+    major, minor = ABI_LINE.split(".")
+    values = {"AOTR_VERSION": VERSION.split("+")[0], "AOTR_VERSION_MAJOR": major,
+              "AOTR_VERSION_MINOR": minor, "AOTR_ABI_LINE": ABI_LINE, "AOTR_SONAME": SONAME}
+    for template, dest in (("cmake/aotriton_rocmConfig.cmake", "cmake/aotriton_rocm"),
+                           ("cmake/aotriton_rocmConfigVersion.cmake", "cmake/aotriton_rocm"),
+                           ("pkgconfig/aotriton_rocm.pc", "pkgconfig")):
+        text = (HERE / NATIVE / f"{template}.in").read_text()
+        out = package / "lib" / dest / Path(template).name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(re.sub(r"@(\w+)@", lambda m: values[m.group(1)], text))
+
+
 class BuildExt(build_ext):
     def get_ext_filename(self, fullname):
         # asked with the dotted name and with its last part
@@ -103,6 +118,7 @@ class BuildExt(build_ext):
         package = Path(self.get_finalized_command("build_py").get_package_dir("aotriton_rocm"))
         (package / "lib").mkdir(exist_ok=True)
         copy_header(package)
+        render_package_files(package)
         super().copy_extensions_to_source()
 
     def get_export_symbols(self, ext):
@@ -116,6 +132,7 @@ class BuildPy(build_py):
     def run(self):
         super().run()
         copy_header(Path(self.build_lib, "aotriton_rocm"))
+        render_package_files(Path(self.build_lib, "aotriton_rocm"))
 
 
 library = Extension(

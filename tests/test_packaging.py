@@ -285,7 +285,10 @@ def test_runtime_wheel_contents(wheels):
     assert "aotriton_rocm/driver/_launch.abi3.so" in names
     # the C library and its public header (for C/C++ consumers), no other sources
     assert {"aotriton_rocm/lib/libaotriton_rocm.so.0.1",
-            "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h"} <= set(names)
+            "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h",
+            "aotriton_rocm/lib/cmake/aotriton_rocm/aotriton_rocmConfig.cmake",
+            "aotriton_rocm/lib/cmake/aotriton_rocm/aotriton_rocmConfigVersion.cmake",
+            "aotriton_rocm/lib/pkgconfig/aotriton_rocm.pc"} <= set(names)
     assert [n for n in names if n.endswith((".c", ".h", ".pyc"))] == [
         "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h"]
     # every module of the source tree, kernels/ as aotriton_rocm._kernels
@@ -428,6 +431,13 @@ def test_conda_install_fresh_prefix(conda_prefix, fake_archives):
     assert (sp / "aotriton_rocm" / "driver" / "_launch.abi3.so").is_file()
     assert (sp / "aotriton_rocm" / "_kernels" / "variants.toml").is_file()
     assert (sp / f"aotriton_rocm-{VERSION}.dist-info" / "INSTALLER").read_text().strip() == "conda"
+    # the C library once, in the prefix (where C/C++ builds and its archive search look)
+    for rel in (f"lib/libaotriton_rocm.so.{ABI}", "include/aotriton_rocm/aotriton_rocm.h",
+                "lib/cmake/aotriton_rocm/aotriton_rocmConfig.cmake", "lib/pkgconfig/aotriton_rocm.pc"):
+        assert (conda_prefix / rel).is_file(), rel
+    assert not (sp / "aotriton_rocm" / "lib").exists() and not (sp / "aotriton_rocm" / "include").exists()
+    record = next(sp.glob("aotriton_rocm-*.dist-info")) / "RECORD"
+    assert "aotriton_rocm/lib/" not in record.read_text()
     metas = sorted(p.name for p in (conda_prefix / "conda-meta").glob("*.json"))
     assert len(metas) == 3 and not any(m.startswith("python-") for m in metas), metas
     script = (conda_prefix / "bin" / "aotriton-rocm").read_text()

@@ -627,6 +627,8 @@ aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_la
             return st;
     }
     _Alignas(16) uint8_t buffer[MAX_ARGS_BYTES];
+    /* The alignment padding too: the same request packs the same bytes. */
+    memset(buffer, 0, k->args_size);
     for (size_t i = 0; i < k->num_args; i++) {
         int slot = k->slots[i];
         aotr_arg_value v = {0};

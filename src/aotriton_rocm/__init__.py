@@ -5,9 +5,20 @@ Importing registers the implementation with torch (>= 2.10) under
 ``torch.nn.attention.activate_flash_attention_impl("AOTRITON_ROCM")``.
 """
 
+import os as _os
+import sys as _sys
+
 from ._version import ABI_VERSION, __version__
 
+# `aotriton-rocm config` / `python -m aotriton_rocm config` print paths for C
+# and C++ builds: they skip torch (seconds to import). While -m imports the
+# package, sys.argv[0] is "-m".
+_CONFIG_ONLY = (_sys.argv[1:2] == ["config"]
+                and _os.path.basename(_sys.argv[0] or "") in ("aotriton-rocm", "-m"))
+
 try:
+    if _CONFIG_ONLY:
+        raise ImportError("aotriton-rocm config")
     import torch  # noqa: F401
 except ImportError:  # the build tooling runs without torch; the runtime cannot
     pass

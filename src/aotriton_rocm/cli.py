@@ -58,6 +58,10 @@ def _info(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["config"]:  # for build systems: answered before any heavy import
+        from .paths import run_config_command
+        return run_config_command(argv[1:])
     parser = argparse.ArgumentParser(prog="aotriton-rocm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -69,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("info", help="version, GPU arch and installed kernel images")
     p.set_defaults(run=_info)
+
+    # listed for --help only: main() answers `config` before building this parser
+    sub.add_parser("config", help="paths of the C library, header, CMake and pkg-config files "
+                   "(--cmakedir, --includedir, --libdir, --pkgconfigdir, --library)")
 
     tooling = {
         "build": ("compile the kernel archives ahead of time", "build"),

@@ -1,8 +1,9 @@
 """ctypes view of libaotriton_rocm, the native core (native/include/aotriton_rocm/aotriton_rocm.h).
 
 Runtime module: standard library at import time; torch only in
-:func:`tensor_view`. The library is found at ``AOTRITON_ROCM_NATIVE_LIB`` or
-beside this package (``aotriton_rocm/lib/``); nothing is loaded on import.
+:func:`tensor_view`. The library is found at ``AOTRITON_ROCM_NATIVE_LIB``, in this package
+(``aotriton_rocm/lib/``, wheels) or in ``<sys.prefix>/lib`` (conda); nothing is
+loaded on import.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
+from . import paths
 from ._version import ABI_VERSION
 
 __all__ = ["ENV_VAR", "NativeError", "library", "library_path", "Tensor", "Problem", "FwdParams",
@@ -75,10 +77,12 @@ _lib = None
 
 
 def library_path() -> Path:
+    """``AOTRITON_ROCM_NATIVE_LIB``, else the installed library: the package's
+    ``lib/`` (wheel), else ``<sys.prefix>/lib`` (conda; see :mod:`.paths`)."""
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent / "lib" / SONAME
+    return paths.install_root() / "lib" / SONAME
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -23,7 +23,7 @@ from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint6
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import native
+from . import native, paths
 
 ENV_VAR = "AOTRITON_ROCM_TORCH_LIB"
 LIB_NAME = "libaotriton_rocm_torch.so"
@@ -53,10 +53,12 @@ fallback_calls: dict[str, int] = {op: 0 for op in OPS}
 
 
 def library_path() -> Path:
+    """``AOTRITON_ROCM_TORCH_LIB``, else beside the installed libaotriton_rocm
+    (the package's ``lib/`` in a wheel, ``<sys.prefix>/lib`` in conda)."""
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent / "lib" / LIB_NAME
+    return paths.install_root() / "lib" / LIB_NAME
 
 
 def _torch_version_ok() -> bool:

@@ -6,7 +6,9 @@ runtime wheel, unpacked, and the archives): no compiler and no package from a
 channel is needed to build it, so it builds here with no channel reachable.
 Outputs (see ``recipe/README.md`` for the dependency design):
 
-* ``aotriton-rocm-X.Y.Z-py3N_rocmAB_0.conda`` (linux-64), one per Python minor;
+* ``aotriton-rocm-X.Y.Z-py3N_rocmAB_0.conda`` (linux-64), one per Python minor:
+  the Python package in site-packages, the C library and its header, CMake
+  and pkg-config files in ``lib/``, ``include/`` of the prefix;
 * ``aotriton-rocm-<archname>-X.Y.Z-rocmAB_0.conda`` (noarch: generic), one per
   arch, installing ``share/aotriton-rocm/<arch>.aotr`` + manifest.
 
@@ -42,7 +44,8 @@ from .package import (
     source_date_epoch,
 )
 
-__all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "repack_conda",
+__all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "split_native",
+           "repack_conda",
            "torch_requirement", "RECIPE_VARIANT_KEYS", "BUILD_ROOT"]
 
 RECIPE_VARIANT_KEYS = ("aotriton_version", "rocm_profile", "python_minor", "kernel_arch", "torch_spec")
@@ -114,6 +117,28 @@ def unpack_wheel(wheel: os.PathLike, site_packages: os.PathLike, installer: str 
     with open(di / "RECORD", "a", encoding="utf-8") as f:
         f.write(f"{di.name}/INSTALLER,sha256={digest},{len(data)}\n")
     return di
+
+
+def split_native(site_packages: os.PathLike, root: os.PathLike) -> None:
+    """Move the C library and its development files out of the unpacked
+    runtime (``aotriton_rocm/lib/``, ``aotriton_rocm/include/``) to ``root/lib/``
+    and ``root/include/``, the conda layout (``$PREFIX/lib``, ``$PREFIX/include``),
+    and drop them from the wheel's RECORD: one copy of the library per
+    environment, where C/C++ programs, pkg-config and CMake look, and beside
+    ``$PREFIX/share/aotriton-rocm/`` where the library finds the kernel images."""
+    sp, root = Path(site_packages), Path(root)
+    for part in ("lib", "include"):
+        src = sp / "aotriton_rocm" / part
+        if not src.is_dir():
+            raise PackagingError(f"the runtime wheel has no aotriton_rocm/{part}/")
+        (root / part).mkdir(parents=True, exist_ok=True)
+        for child in sorted(src.iterdir()):
+            shutil.move(str(child), str(root / part / child.name))
+        src.rmdir()
+    [record] = sp.glob("*.dist-info/RECORD")
+    lines = record.read_text(encoding="utf-8").splitlines(keepends=True)
+    record.write_text("".join(ln for ln in lines if not ln.startswith(
+        ("aotriton_rocm/lib/", "aotriton_rocm/include/"))), encoding="utf-8")
 
 
 def _wheel_version(wheel: Path) -> str:
@@ -386,6 +411,7 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
         # copies the recipe directory into every package (info/recipe).
         stage = scratch / "stage"
         unpack_wheel(wheel, stage / "runtime" / "site-packages")
+        split_native(stage / "runtime" / "site-packages", stage / "runtime")
         shutil.copy2(root / "LICENSE", stage / "runtime" / "LICENSE")
         for inp in inputs:
             d = stage / "images" / inp.arch

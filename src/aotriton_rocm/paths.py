@@ -1,0 +1,73 @@
+"""Where the installed C library, its header and its CMake / pkg-config files
+are, and ``aotriton-rocm config``, which prints them for build systems (as
+``pybind11 --cmakedir`` and ``torch.utils.cmake_prefix_path`` do).
+
+Standard library only: ``config`` must start fast (no torch, no tooling).
+
+Two layouts, the same tree under a root (``lib/``, ``lib/cmake/aotriton_rocm/``,
+``lib/pkgconfig/``, ``include/aotriton_rocm/``):
+
+* wheel (and editable install): the root is the package, ``site-packages/aotriton_rocm/``;
+* conda: the root is the environment, ``$PREFIX`` (the conda package keeps one
+  copy of the library, in ``$PREFIX/lib``, where C and C++ programs and the
+  archive search of the library expect it; none in site-packages).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ._version import ABI_VERSION
+
+SONAME = f"libaotriton_rocm.so.{ABI_VERSION}"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def install_root() -> Path:
+    """The package's own directory when it holds ``lib/<soname>``, else
+    ``sys.prefix`` when that does (conda), else the package's directory."""
+    if not (_PACKAGE / "lib" / SONAME).exists() and (Path(sys.prefix) / "lib" / SONAME).exists():
+        return Path(sys.prefix)
+    return _PACKAGE
+
+
+def locations() -> dict:
+    root = install_root()
+    return {"cmakedir": root / "lib" / "cmake" / "aotriton_rocm",
+            "includedir": root / "include",
+            "libdir": root / "lib",
+            "pkgconfigdir": root / "lib" / "pkgconfig",
+            "library": root / "lib" / SONAME}
+
+
+def run_config_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="aotriton-rocm config",
+        description="Print where libaotriton_rocm is installed, for C and C++ builds: "
+                    "cmake -Daotriton_rocm_DIR=\"$(aotriton-rocm config --cmakedir)\", "
+                    "PKG_CONFIG_PATH=\"$(aotriton-rocm config --pkgconfigdir)\". "
+                    "With no option, every location, one 'name: path' per line.")
+    for name, what in (("cmakedir", "the CMake package config (aotriton_rocmConfig.cmake)"),
+                       ("includedir", "the include directory (holds aotriton_rocm/aotriton_rocm.h)"),
+                       ("libdir", "the directory of the library"),
+                       ("pkgconfigdir", "the directory of aotriton_rocm.pc"),
+                       ("library", "the library file")):
+        parser.add_argument(f"--{name}", dest="wanted", action="append_const", const=name,
+                            help=what)
+    args = parser.parse_args(argv)
+    where = locations()
+    missing = [str(p) for p in where.values() if not p.exists()]
+    if missing:
+        print(f"aotriton-rocm config: this installation is incomplete ({', '.join(missing)} "
+              "missing): reinstall aotriton-rocm", file=sys.stderr)
+        return 1
+    if args.wanted:
+        for name in args.wanted:
+            print(where[name])
+    else:
+        for name, path in where.items():
+            print(f"{name}: {path}")
+    return 0
