@@ -656,6 +656,19 @@ class RuntimeBuild:
     tags: List[str]
 
 
+def _torch_stable_headers() -> Optional[str]:
+    """The include directory of this environment's torch when it has the
+    LibTorch stable ABI headers (torch >= 2.10): the torch extension of the
+    runtime wheel is compiled against them (the wheel build's isolated
+    environment has no torch)."""
+    try:
+        from torch.utils.cpp_extension import include_paths
+    except ImportError:
+        return None
+    return next((p for p in include_paths() if Path(p, "torch/csrc/stable/library.h").is_file()),
+                None)
+
+
 def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
                         version: Optional[str] = None, archs: Sequence[str] = (),
                         exclude: Sequence[os.PathLike] = ()) -> RuntimeBuild:
@@ -684,6 +697,12 @@ def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
     ldshared = _ldshared_without_rpath()
     if ldshared:
         env["LDSHARED"] = ldshared
+    headers = _torch_stable_headers()
+    if headers:
+        env.setdefault("AOTRITON_ROCM_TORCH_INCLUDE", headers)
+    else:
+        _log("note: no torch >= 2.10 here: the runtime wheel is built without "
+             "libaotriton_rocm_torch (torch >= 2.10 then takes the Python route)")
     raw = work / "raw"
     # sdist first, then the wheel built from the unpacked sdist: proves the sdist
     # is complete (isolated build environment: setuptools from the index).
