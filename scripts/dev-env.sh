@@ -11,7 +11,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Reinstall when the dependencies or the native sources (launcher, libaotriton_rocm) change.
 stamp="$venv/.deps-$(cat "$root/pyproject.toml" "$root/scripts/dev-env.sh" \
-  "$root"/setup.py "$root"/src/aotriton_rocm/driver/*.c "$root"/native/src/* \
+  "$root"/setup.py "$root"/native/src/* \
   "$root"/native/include/aotriton_rocm/* "$root"/native/cmake/* "$root"/native/pkgconfig/* 2>/dev/null | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   echo "== installing dependencies into $venv"

@@ -282,7 +282,6 @@ def test_runtime_wheel_contents(wheels):
     names = _wheel_names(wheels["runtime"])
     tops = {n.split("/", 1)[0] for n in names}
     assert tops == {"aotriton_rocm", f"aotriton_rocm-{VERSION}.dist-info"}, tops
-    assert "aotriton_rocm/driver/_launch.abi3.so" in names
     # the C library and its public header (for C/C++ consumers), no other sources
     assert {"aotriton_rocm/lib/libaotriton_rocm.so.0.1",
             "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h",
@@ -304,7 +303,7 @@ def test_runtime_wheel_contents(wheels):
     from elftools.elf.elffile import ELFFile
     import io
 
-    for so in ("aotriton_rocm/driver/_launch.abi3.so", "aotriton_rocm/lib/libaotriton_rocm.so.0.1"):
+    for so in ("aotriton_rocm/lib/libaotriton_rocm.so.0.1",):
         with zipfile.ZipFile(wheels["runtime"]) as z:
             elf = ELFFile(io.BytesIO(z.read(so)))
         dyn = elf.get_section_by_name(".dynamic")
@@ -361,7 +360,8 @@ import importlib.metadata as md, json, sys
 eps = {e.name: e.value for e in md.entry_points(group="aotriton_rocm.images")}
 import aotriton_rocm, aotriton_rocm.images as images
 import aotriton_rocm_gfx942, aotriton_rocm_sm90
-from aotriton_rocm.driver import _launch
+from aotriton_rocm import native
+native.library()
 print(json.dumps({
     "eps": eps,
     "found": {k: str(v) for k, v in images.find_archives().items()},
@@ -369,7 +369,7 @@ print(json.dumps({
     "sm_90": str(aotriton_rocm_sm90.archive_path()),
     "file": aotriton_rocm.__file__, "version": aotriton_rocm.__version__,
     "dist": md.version("aotriton-rocm"), "prefix": sys.prefix,
-    "launch": _launch.__file__,
+    "launch": str(native.library_path()),
 }))
 """
     env = clean_env()
@@ -428,7 +428,6 @@ def test_conda_install_fresh_prefix(conda_prefix, fake_archives):
         assert (share / f"{arch}.manifest.json").is_file()
     sp = conda_prefix / "lib" / f"python{PY_MINOR}" / "site-packages"
     assert (sp / "aotriton_rocm" / "__init__.py").is_file()
-    assert (sp / "aotriton_rocm" / "driver" / "_launch.abi3.so").is_file()
     assert (sp / "aotriton_rocm" / "_kernels" / "variants.toml").is_file()
     assert (sp / f"aotriton_rocm-{VERSION}.dist-info" / "INSTALLER").read_text().strip() == "conda"
     # the C library once, in the prefix (where C/C++ builds and its archive search look)
@@ -451,9 +450,9 @@ def test_conda_runtime_imports_from_prefix(conda_prefix):
     python, env = python_for_conda_prefix(conda_prefix)
     env.pop("AOTRITON_ROCM_ARCHIVE_DIR", None)
     code = ("import json, sys, aotriton_rocm, aotriton_rocm.images as im\n"
-            "from aotriton_rocm.driver import _launch\n"
+            "from aotriton_rocm import native; native.library()\n"
             "print(json.dumps({'prefix': sys.prefix, 'file': aotriton_rocm.__file__,\n"
-            "  'launch': _launch.__file__, 'version': aotriton_rocm.__version__,\n"
+            "  'launch': str(native.library_path()), 'version': aotriton_rocm.__version__,\n"
             "  'found': {k: str(v) for k, v in im.find_archives().items()}}))\n")
     proc = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True,
                           timeout=300)
