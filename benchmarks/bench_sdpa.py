@@ -164,7 +164,7 @@ def _host_us(fn, calls: int) -> float:
 
 def bench_tiny_call(calls: int = 2000) -> dict:
     """Host wall time per SDPA call at a tiny shape: the launch-overhead floor."""
-    q = torch.randn(1, 1, 16, 64, device="cuda", dtype=torch.float16)
+    q = torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16)
     result = {}
     for peer in PEERS:
         try:
@@ -187,14 +187,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write all numbers here")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiny-only", action="store_true",
+                        help="only the tiny call (host cost per call)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_sdpa needs a GPU")
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"aotriton-rocm {aotriton_rocm.__version__}; TFLOP/s, fp16, median of repeated runs")
-    rows = bench_throughput(args.quick)
+    rows = [] if args.tiny_only else bench_throughput(args.quick)
     tiny = bench_tiny_call()
-    print("tiny SDPA call (B=1 H=1 S=16 D=64), host us per call:")
+    print("tiny SDPA call (B=1 H=1 S=128 D=64), host us per call:")
     for peer, us in tiny.items():
         print(f"  {peer:<30} {us if isinstance(us, str) else f'{us:.1f}'}")
     if args.json:
