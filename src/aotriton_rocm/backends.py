@@ -152,6 +152,14 @@ def _native_runtime():
     return native.Runtime()
 
 
+def _raw_stream(index: int) -> int:
+    """The current stream's handle (torch's private fast path when it has one)."""
+    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fast is not None:
+        return fast(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 _added_archives: set = set()
 _native_baseline: collections.Counter = collections.Counter()
 _native_names: dict[int, str] = {}
@@ -235,7 +243,7 @@ class AOTBackend(Backend):
         return None if status == native.OK else native.error(status).message
 
     def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device_index).cuda_stream
+        return _raw_stream(self.device_index)
 
     def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, bottom_right,
                 window, scale, dropout_p) -> None:
@@ -249,7 +257,8 @@ class AOTBackend(Backend):
         params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
                                          scale, dropout_p)
         params.out, params.lse = native.tensor_view(out), native.tensor_view(lse)
-        params.debug_mask = native.tensor_view(debug_mask)
+        if debug_mask is not None:
+            params.debug_mask = native.tensor_view(debug_mask)
         native.check(self.runtime.fwd(params))
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
@@ -264,7 +273,8 @@ class AOTBackend(Backend):
         for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out), ("delta", delta),
                         ("grad_q", grads[0]), ("grad_k", grads[1]), ("grad_v", grads[2]),
                         ("grad_bias", bias_grad)):
-            setattr(params, name, native.tensor_view(t))
+            if t is not None:
+                setattr(params, name, native.tensor_view(t))
         native.check(self.runtime.bwd(params))
 
 

@@ -137,19 +137,29 @@ def check(status: int) -> None:
         raise error(status)
 
 
+_DTYPE_CODES: dict = {}
+
+
+def _dtype_code(dtype) -> int:
+    code = _DTYPE_CODES.get(dtype)
+    if code is None:
+        code = _DTYPE_CODES[dtype] = DTYPES.get(str(dtype).replace("torch.", ""), 0)
+    return code
+
+
 def tensor_view(t, dtype_code: int | None = None) -> Tensor:
     """The aotr_tensor of a torch tensor (None: an absent tensor)."""
     view = Tensor()
     if t is None:
         return view
-    if t.dim() > MAX_RANK:
-        raise ValueError(f"rank {t.dim()} is above {MAX_RANK}")
+    rank = t.dim()
+    if rank > MAX_RANK:
+        raise ValueError(f"rank {rank} is above {MAX_RANK}")
     view.data = t.data_ptr()
-    view.dtype = DTYPES.get(str(t.dtype).replace("torch.", ""), 0) if dtype_code is None else dtype_code
-    view.rank = t.dim()
-    for i, (n, s) in enumerate(zip(t.shape, t.stride())):
-        view.sizes[i] = n
-        view.strides[i] = s
+    view.dtype = _dtype_code(t.dtype) if dtype_code is None else dtype_code
+    view.rank = rank
+    view.sizes[:rank] = t.shape
+    view.strides[:rank] = t.stride()
     return view
 
 
@@ -206,7 +216,8 @@ def make_problem(q, k, v, *, scale: float, causal: bool = False, bottom_right: b
     if cu_seqlens is not None:
         p.cu_seqlens_q, p.cu_seqlens_k = (tensor_view(t) for t in cu_seqlens)
         p.max_seqlen_q, p.max_seqlen_k = max_seqlens
-    p.bias = tensor_view(bias)
+    if bias is not None:
+        p.bias = tensor_view(bias)
     p.scale = scale
     p.dropout_p = dropout_p
     if rng is not None:
