@@ -186,6 +186,20 @@ def add_smoke_arguments(parser: argparse.ArgumentParser) -> None:
                              "kernel sources are then checked); without it that is a failure")
 
 
+def _gpu_route() -> str:
+    """Which code serves GPU calls: every GPU launch goes through
+    libaotriton_rocm, whose launch counters the cases read."""
+    from . import native, torch_native
+
+    try:
+        lib = native.library()
+    except OSError as e:
+        return f"libaotriton_rocm unavailable ({e}): every case will fall back to torch"
+    caller = ("C++ overrides (libaotriton_rocm_torch, torch's stable ABI)"
+              if torch_native.is_active() else "Python overrides")
+    return f"{caller} -> libaotriton_rocm {lib.aotr_version().decode()} ({native.library_path()})"
+
+
 def run_smoke_command(args) -> int:
     from . import torch_integration
 
@@ -223,6 +237,8 @@ def run_smoke_command(args) -> int:
     failures = archive_failures
 
     torch_integration.enable(cpu_interpreter=not use_gpu)
+    if use_gpu:
+        print(f"route: {_gpu_route()}", flush=True)
     dev = torch.device("cuda" if use_gpu else "cpu")
     cases = gpu_cases(args.quick) if use_gpu else cpu_cases(args.quick)
     gen = torch.Generator(device=dev).manual_seed(0)
