@@ -68,7 +68,10 @@ def torch_extension():
         include_dirs=[f"{NATIVE}/include"],
         # the oldest torch served: 2.10, encoded as torch/headeronly/version.h does
         define_macros=[("TORCH_TARGET_VERSION", "0x020a000000000000")],
-        extra_compile_args=["-std=c++17", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+        # -O2: inlined, the C++ runtime's newest helpers are not referenced (the
+        # wheel stays manylinux_2_28); -g0: no build directory in the binary
+        extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden",
+                            "-fvisibility-inlines-hidden",
                             "-isystem", include, "-include", f"{NATIVE}/src/glibc_compat.h",
                             "-Wall", "-Wextra", "-Werror"],
         # libtorch stays undefined (no -z defs); libaotriton_rocm is found beside it
