@@ -1,9 +1,12 @@
-/* A C consumer of libaotriton_rocm on a real GPU (CUDA driver): attention
+/* A consumer of libaotriton_rocm on a real GPU (CUDA driver): attention
  * forward and backward through the C API, checked against a float32
- * reference computed here on the host.
+ * reference computed here on the host. Written in the common subset of C
+ * and C++: main.cpp compiles this file as C++ (the header's C++ use).
  *   gpu_attention_check ARCHIVE
  * Prints one JSON line per case and exits non-zero on any failure. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -90,7 +93,7 @@ static aotr_tensor view(devptr p, int dtype, int rank, const int64_t *sizes)
 
 static devptr upload(const float *x, size_t n)
 {
-    uint16_t *h = malloc(n * 2);
+    uint16_t *h = (uint16_t *)malloc(n * 2);
     for (size_t i = 0; i < n; i++)
         h[i] = to_half(x[i]);
     devptr d = 0;
@@ -104,8 +107,8 @@ static devptr upload(const float *x, size_t n)
 
 static float *download(devptr d, size_t n)
 {
-    uint16_t *h = malloc(n * 2);
-    float *x = malloc(n * sizeof *x);
+    uint16_t *h = (uint16_t *)malloc(n * 2);
+    float *x = (float *)malloc(n * sizeof *x);
     if (cu_dtoh(h, d, n * 2)) {
         fprintf(stderr, "gpu_attention_check: copy back failed\n");
         exit(2);
@@ -129,7 +132,7 @@ static void reference(int S, int D, int causal, float scale, const float *q, con
                       const float *v, const float *dout, float *out, float *dq, float *dk,
                       float *dv)
 {
-    float *p = calloc((size_t)S * S, sizeof *p);
+    float *p = (float *)calloc((size_t)S * S, sizeof *p);
     for (int i = 0; i < S; i++) {
         float m = -INFINITY, sum = 0;
         for (int j = 0; j < S; j++) {
@@ -200,7 +203,7 @@ int main(int argc, char **argv)
         return 2;
     }
     aotr_runtime *rt = NULL;
-    aotr_runtime_options opts = {sizeof opts, NULL, NULL, AOTR_BACKEND_CUDA};
+    aotr_runtime_options opts = {(uint32_t)sizeof opts, NULL, NULL, AOTR_BACKEND_CUDA};
     if (aotr_runtime_create(&opts, &rt) || aotr_runtime_add_archive(rt, argv[1])) {
         fprintf(stderr, "gpu_attention_check: %s\n", aotr_last_error());
         return 1;
@@ -213,7 +216,7 @@ int main(int argc, char **argv)
         float *x[4];
         srand(1234 + causal);
         for (int t = 0; t < 4; t++) {
-            x[t] = malloc(n * sizeof(float));
+            x[t] = (float *)malloc(n * sizeof(float));
             for (size_t i = 0; i < n; i++) /* fp16-exact inputs: the reference sees what the GPU sees */
                 x[t][i] = from_half(to_half((float)rand() / (float)RAND_MAX * 2.0f - 1.0f));
         }
@@ -258,7 +261,7 @@ int main(int argc, char **argv)
         float *got[4] = {download(dout, n), download(gq, n), download(gk, n), download(gv, n)};
         float *want[4];
         for (int t = 0; t < 4; t++)
-            want[t] = malloc(n * sizeof(float));
+            want[t] = (float *)malloc(n * sizeof(float));
         for (int bh = 0; bh < B * H; bh++) {
             size_t o = (size_t)bh * S * D;
             reference(S, D, causal, scale, x[0] + o, x[1] + o, x[2] + o, x[3] + o, want[0] + o,
