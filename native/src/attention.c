@@ -489,29 +489,32 @@ static aotr_status launch(aotr_runtime *rt, aotr_device *dev, const aotr_launcha
     return st;
 }
 
-static aotr_status begin(aotr_runtime *rt, uint32_t struct_size, size_t minimum,
-                         const char *what)
+/* What every entry point checks first: the runtime, the params' struct_size
+ * and the problem; fills `d`. */
+static aotr_status begin(aotr_runtime *rt, const void *params, uint32_t struct_size,
+                         size_t minimum, const aotr_attn_problem *p, dims *d, const char *what)
 {
+    if (!params)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `params` is NULL", what);
     if (!rt)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `runtime` is NULL", what);
     if (struct_size < minimum)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: params->struct_size is %u, at least %zu "
                          "(set it to sizeof the params struct)", what, struct_size, minimum);
-    return AOTR_OK;
+    aotr_status st = aotr_attn_check(p);
+    if (st == AOTR_OK)
+        problem_dims(p, d);
+    return st;
 }
 
 aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
 {
-    if (!params)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd: `params` is NULL");
-    aotr_status st = begin(rt, params->struct_size, sizeof *params, "aotr_attn_fwd");
+    const aotr_attn_problem *p = params ? &params->problem : NULL;
+    dims d;
+    aotr_status st = begin(rt, params, params ? params->struct_size : 0, sizeof *params, p, &d,
+                           "aotr_attn_fwd");
     if (st != AOTR_OK)
         return st;
-    const aotr_attn_problem *p = &params->problem;
-    if ((st = aotr_attn_check(p)) != AOTR_OK)
-        return st;
-    dims d;
-    problem_dims(p, &d);
     if ((st = like(&params->out, &p->q, "out", "q")) != AOTR_OK)
         return st;
     aotr_arg_value v[A_COUNT];
@@ -559,16 +562,12 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
 
 aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
 {
-    if (!params)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_bwd: `params` is NULL");
-    aotr_status st = begin(rt, params->struct_size, sizeof *params, "aotr_attn_bwd");
+    const aotr_attn_problem *p = params ? &params->problem : NULL;
+    dims d;
+    aotr_status st = begin(rt, params, params ? params->struct_size : 0, sizeof *params, p, &d,
+                           "aotr_attn_bwd");
     if (st != AOTR_OK)
         return st;
-    const aotr_attn_problem *p = &params->problem;
-    if ((st = aotr_attn_check(p)) != AOTR_OK)
-        return st;
-    dims d;
-    problem_dims(p, &d);
     if ((st = like(&params->out, &p->q, "out", "q")) ||
         (st = like(&params->grad_out, &p->q, "grad_out", "q")) ||
         (st = like(&params->grad_q, &p->q, "grad_q", "q")) ||

@@ -39,7 +39,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "MAGIC",
@@ -526,10 +526,8 @@ def verify_against_manifest(archive_path: PathLike, manifest_path: Optional[Path
         if not_regular is not None:
             return [not_regular]
     try:
-        doc = json.loads(mp.read_text(encoding="utf-8"))
-        side_manifest = doc["manifest"]
-        side_archive = doc["archive"]
-        side_kernels = doc["kernels"]
+        doc = _read_sidecar(mp)
+        side_manifest, side_archive, side_kernels = doc["manifest"], doc["archive"], doc["kernels"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return [f"{mp}: cannot read manifest sidecar: {e!r}"]
     try:
@@ -668,17 +666,23 @@ def identity_problems(archive: "Archive", path: Optional[PathLike] = None, *,
     return problems
 
 
+def _read_sidecar(mp: Path) -> Dict[str, Any]:
+    """The sidecar's JSON; TypeError unless "manifest" (and "archive", when
+    present) are objects."""
+    doc = json.loads(mp.read_text(encoding="utf-8"))
+    if not isinstance(doc.get("manifest"), dict) or not isinstance(doc.get("archive", {}), dict):
+        raise TypeError("\"manifest\" and \"archive\" must be objects")
+    return doc
+
+
 def _sidecar_identity(p: Path, mp: Path, m: Mapping[str, Any], name_arch: Optional[str],
                       fix: str) -> List[str]:
     not_regular = regular_file_problem(mp)
     if not_regular is not None:
         return [not_regular]
     try:
-        doc = json.loads(mp.read_text(encoding="utf-8"))
-        sm = doc["manifest"]
-        sa = doc.get("archive") or {}
-        if not isinstance(sm, dict) or not isinstance(sa, dict):
-            raise TypeError("\"manifest\" and \"archive\" must be objects")
+        doc = _read_sidecar(mp)
+        sm, sa = doc["manifest"], doc.get("archive") or {}
     except (OSError, ValueError, KeyError, TypeError) as e:
         return [f"{mp}: cannot read the manifest sidecar of {p.name}: {e!r}; {fix}"]
     problems: List[str] = []
