@@ -134,6 +134,25 @@ def test_smoke_prints_each_problem_once(isolated_images, capsys, monkeypatch):
     assert "0 passed, 1 failed" in out
 
 
+def test_smoke_reads_every_archive_with_the_native_library(isolated_images, capsys, monkeypatch):
+    """A healthy archive is read and verified again by libaotriton_rocm (the
+    reader every GPU call uses); a library that cannot read it fails smoke."""
+    from aotriton_rocm import native
+
+    path = RA.write(isolated_images, "gfx942")
+    read = []
+    real = native.verify_archive
+    monkeypatch.setattr(native, "verify_archive", lambda p: read.append(Path(p)) or real(p))
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 0 and read == [path] and "PASS  archive gfx942" in out
+
+    def refuse(p):
+        raise native.NativeError(6, "AOTR_IDENTITY_MISMATCH", f"{p}: refused")
+    monkeypatch.setattr(native, "verify_archive", refuse)
+    rc, out = _smoke(capsys, monkeypatch)
+    assert rc == 1 and "FAIL  archive gfx942: libaotriton_rocm: AOTR_IDENTITY_MISMATCH" in out
+
+
 def test_smoke_without_images_fails_unless_told(isolated_images, capsys, monkeypatch):
     rc, out = _smoke(capsys, monkeypatch)
     assert rc == 1

@@ -95,6 +95,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_version", c_char_p)
     f("aotr_abi_line", c_char_p)
     f("aotr_layout_ok", c_int32, POINTER(Tensor))
+    f("aotr_archive_open", c_int32, c_char_p, POINTER(c_void_p))
+    f("aotr_archive_close", None, c_void_p)
+    f("aotr_archive_verify", c_int32, c_void_p)
+    f("aotr_archive_kernel_count", c_size_t, c_void_p)
     f("aotr_runtime_create", c_int32, POINTER(RuntimeOptions), POINTER(c_void_p))
     f("aotr_runtime_destroy", None, c_void_p)
     f("aotr_runtime_add_archive", c_int32, c_void_p, c_char_p)
@@ -145,6 +149,19 @@ def _dtype_code(dtype) -> int:
     if code is None:
         code = _DTYPE_CODES[dtype] = DTYPES.get(str(dtype).replace("torch.", ""), 0)
     return code
+
+
+def verify_archive(path: "str | os.PathLike[str]") -> int:
+    """Open and fully verify an archive with the C reader (identity, index,
+    every code object); returns its kernel count, NativeError otherwise."""
+    lib = library()
+    handle = c_void_p()
+    check(lib.aotr_archive_open(os.fsencode(path), ctypes.byref(handle)))
+    try:
+        check(lib.aotr_archive_verify(handle))
+        return lib.aotr_archive_kernel_count(handle)
+    finally:
+        lib.aotr_archive_close(handle)
 
 
 def tensor_view(t, dtype_code: int | None = None) -> Tensor:

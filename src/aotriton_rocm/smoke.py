@@ -129,13 +129,25 @@ def cpu_cases(quick: bool = False) -> list[Case]:
     return cases[:2] if quick else cases
 
 
+def _native_problems(path) -> list[str]:
+    """The archive read and verified again by libaotriton_rocm, the reader
+    every GPU call uses (this also proves the library loads here)."""
+    from . import native
+
+    try:
+        native.verify_archive(path)
+    except (OSError, native.NativeError) as exc:
+        return [f"libaotriton_rocm: {exc}"]
+    return []
+
+
 def check_archives(require_arch: str | None) -> list[tuple[str, bool, str]]:
     """One row per installed archive (and the GPU's arch): (what, ok, detail).
 
     An archive passes when it is what its name says, for this runtime's ABI
     line (:func:`archive.identity_problems`), matches its sidecar manifest
-    byte for byte and every kernel's sha256 checks out. Each problem is
-    reported once.
+    byte for byte, every kernel's sha256 checks out, and libaotriton_rocm
+    reads and verifies it too. Each problem is reported once.
     """
     rows = []
     found = images.find_archives()
@@ -153,6 +165,8 @@ def check_archives(require_arch: str | None) -> list[tuple[str, bool, str]]:
             problems += a.verify()
             problems.append(f"{sidecar}: the manifest sidecar of {path.name} is missing; "
                             f"{identity_fix(arch)}")
+        if not problems:  # (else the C reader would report the same damage again)
+            problems = _native_problems(path)
         problems = list(dict.fromkeys(problems))  # each once, in order
         rows.append((f"archive {arch}", not problems, "; ".join(problems) or str(path)))
     if require_arch is not None and require_arch not in found:
