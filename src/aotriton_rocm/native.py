@@ -14,7 +14,7 @@ import threading
 from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
-from . import paths
+from .paths import install_root
 from ._version import ABI_VERSION
 
 __all__ = ["ENV_VAR", "NativeError", "library", "library_path", "Tensor", "Problem", "FwdParams",
@@ -82,7 +82,7 @@ def library_path() -> Path:
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env)
-    return paths.install_root() / "lib" / SONAME
+    return install_root() / "lib" / SONAME
 
 
 def _declare(lib: ctypes.CDLL) -> None:

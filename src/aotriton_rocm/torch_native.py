@@ -23,7 +23,8 @@ from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint6
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from . import native, paths
+from .native import BACKEND_AUTO, RuntimeOptions
+from .paths import install_root
 
 ENV_VAR = "AOTRITON_ROCM_TORCH_LIB"
 LIB_NAME = "libaotriton_rocm_torch.so"
@@ -38,7 +39,7 @@ MIN_TORCH = (2, 10)
 
 class Config(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("dispatch_key", c_char_p),
-                ("fallback_namespace", c_char_p), ("runtime", native.RuntimeOptions),
+                ("fallback_namespace", c_char_p), ("runtime", RuntimeOptions),
                 ("archives", POINTER(c_char_p)), ("archive_count", c_int32),
                 ("rng_seed_rank", c_int32), ("rng_seed_size", c_int64), ("rng_unsigned", c_int32),
                 ("efficient_lse_align", c_int32), ("arg_kinds", c_char_p * len(OPS))]
@@ -58,7 +59,7 @@ def library_path() -> Path:
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env)
-    return paths.install_root() / "lib" / LIB_NAME
+    return install_root() / "lib" / LIB_NAME
 
 
 def _torch_version_ok() -> bool:
@@ -223,7 +224,7 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
              efficient_lse_align: int, dispatch_key: str = "CUDA",
              python_keys: Sequence[str] = ("CUDA",), archives: Sequence[str] = (),
              archive_dir: str | None = None, driver_library: str | None = None,
-             backend: int = native.BACKEND_AUTO) -> Activation:
+             backend: int = BACKEND_AUTO) -> Activation:
     """Put the C++ kernels on ``dispatch_key`` of the six aten ops.
 
     ``python_kernels``: per op name (``OPS``), the Python route's kernel
@@ -254,8 +255,8 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
         cfg.struct_size = ctypes.sizeof(Config)
         cfg.dispatch_key = dispatch_key.encode()
         cfg.fallback_namespace = NAMESPACE.encode()
-        cfg.runtime = native.RuntimeOptions(
-            ctypes.sizeof(native.RuntimeOptions),
+        cfg.runtime = RuntimeOptions(
+            ctypes.sizeof(RuntimeOptions),
             os.fsencode(archive_dir) if archive_dir else None,
             os.fsencode(driver_library) if driver_library else None, backend)
         cfg.archives = c_paths
