@@ -44,7 +44,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 
@@ -371,8 +371,14 @@ def arch_chart_png(report: Dict[str, Any]) -> bytes:
 def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache: str):
     """Compile on a local process pool; yields (task, output) as they finish."""
     ctx = multiprocessing.get_context("spawn")
+    # One compile per worker process: a code object depends on what the
+    # process compiled before it (LLVM/Triton state carried across compiles
+    # gave the same gfx942 dK/dV kernel 3 register allocations; in a fresh
+    # process it is the same every time), so reused workers made cold builds
+    # differ with the order tasks reached them.
+    fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
     pool = cf.ProcessPoolExecutor(max_workers=min(n_jobs, len(misses)), mp_context=ctx,
-                                  initializer=worker_init, initargs=(triton_cache,))
+                                  initializer=worker_init, initargs=(triton_cache,), **fresh)
     try:
         futs = {pool.submit(compile_variant, t): t for t in misses}
         for fut in cf.as_completed(futs):
