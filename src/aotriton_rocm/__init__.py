@@ -10,15 +10,17 @@ import sys as _sys
 
 from ._version import ABI_VERSION, __version__
 
-# `aotriton-rocm config` / `python -m aotriton_rocm config` print paths for C
-# and C++ builds: they skip torch (seconds to import). While -m imports the
-# package, sys.argv[0] is "-m".
-_CONFIG_ONLY = (_sys.argv[1:2] == ["config"]
-                and _os.path.basename(_sys.argv[0] or "") in ("aotriton-rocm", "-m"))
+# Processes that never touch torch skip importing it (seconds): `aotriton-rocm
+# config` / `python -m aotriton_rocm config` (paths for C and C++ builds; while
+# -m imports the package, sys.argv[0] is "-m"), and the build's compile
+# workers, started with AOTRITON_ROCM_NO_TORCH=1 (one process per compile).
+_NO_TORCH = (_os.environ.get("AOTRITON_ROCM_NO_TORCH") == "1"
+             or (_sys.argv[1:2] == ["config"]
+                 and _os.path.basename(_sys.argv[0] or "") in ("aotriton-rocm", "-m")))
 
 try:
-    if _CONFIG_ONLY:
-        raise ImportError("aotriton-rocm config")
+    if _NO_TORCH:
+        raise ImportError("torch not wanted in this process")
     import torch  # noqa: F401
 except ImportError:  # the build tooling runs without torch; the runtime cannot
     pass

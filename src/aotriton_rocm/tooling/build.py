@@ -377,6 +377,9 @@ def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache
     # process it is the same every time), so reused workers made cold builds
     # differ with the order tasks reached them.
     fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+    # Workers never need torch, the bulk of a fresh worker's start-up time.
+    no_torch = os.environ.get("AOTRITON_ROCM_NO_TORCH")
+    os.environ["AOTRITON_ROCM_NO_TORCH"] = "1"
     pool = cf.ProcessPoolExecutor(max_workers=min(n_jobs, len(misses)), mp_context=ctx,
                                   initializer=worker_init, initargs=(triton_cache,), **fresh)
     try:
@@ -393,6 +396,10 @@ def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache
         raise
     finally:
         pool.shutdown(wait=True)
+        if no_torch is None:
+            os.environ.pop("AOTRITON_ROCM_NO_TORCH", None)
+        else:
+            os.environ["AOTRITON_ROCM_NO_TORCH"] = no_torch
 
 
 def _write_json(path: Path, obj: Any) -> None:
