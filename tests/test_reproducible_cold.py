@@ -5,7 +5,7 @@ workers. Before each compile ran in a fresh worker process, two such builds
 gave different dK/dV kernels (a worker's earlier compiles changed the
 register allocation of later ones).
 
-Several minutes on 2 cores, so it runs only when asked:
+About a minute on 2 idle cores (several when busy), so it runs only when asked:
 AOTRITON_COLD_REPRO=1 python -m pytest tests/test_reproducible_cold.py"""
 
 from __future__ import annotations
