@@ -1,0 +1,347 @@
+"""The standard attention benchmark: aotriton-rocm's precompiled kernels beside
+torch's FLASH, CUDNN and EFFICIENT SDPA backends (and our kernel sources
+through the Triton JIT where triton is importable), measured side by side in
+one run on whatever GPU runs it.
+
+    python benchmarks/bench_attention.py [--quick] [--json FILE] [--plot FILE.png]
+
+Grid (FlashAttention's standard shapes): B*S = 16k tokens, H*D = 2048, head
+dims 64/128/256, S in 512..16k, causal and not, fp16 and bf16; forward,
+backward and forward+backward. Extra rows: decode-like (Sq = 1, Sk = 8k) and
+a Llama-style GQA shape (32 query heads, 8 key/value heads, D = 128).
+FLOP counts are the standard ones: forward 4*B*H*Sq*Sk*D (halved when
+causal), backward 2.5x the forward, forward+backward 3.5x.
+
+Every timing is the median over repetitions of CUDA-event time around a few
+back-to-back calls (the host runs ahead, as in training), after warm-up.
+Our cells count our kernels' launches: a cell where torch's kernel ran
+instead is reported as "fallback", never as ours. Numbers are measured, not
+asserted: this is a benchmark, not a test. `--plot` needs matplotlib (or run
+benchmarks/plot_attention.py on the JSON elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import aotriton_rocm
+
+OURS = "aotriton-rocm"
+TORCH_PEERS = {"FLASH": SDPBackend.FLASH_ATTENTION, "CUDNN": SDPBackend.CUDNN_ATTENTION,
+               "EFFICIENT": SDPBackend.EFFICIENT_ATTENTION}
+TRITON_JIT = "triton JIT"
+PASSES = ("fwd", "bwd", "fwd+bwd")
+PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
+QUEUED_CALLS = 4  # back-to-back calls per timed repetition
+
+
+@dataclass(frozen=True)
+class Shape:
+    label: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+    causal: bool
+    dtype: str
+
+    def forward_flops(self) -> float:
+        flops = 4.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+        return flops / 2 if self.causal else flops
+
+
+def standard_shapes(quick: bool) -> list[Shape]:
+    dtypes = ("bf16",) if quick else ("fp16", "bf16")
+    seqlens = (1024, 4096, 16384) if quick else (512, 1024, 2048, 4096, 8192, 16384)
+    shapes = []
+    for dtype in dtypes:
+        for d in (64, 128, 256):
+            for causal in (False, True):
+                for s in seqlens:
+                    shapes.append(Shape("standard", 16384 // s, 2048 // d, 2048 // d, s, s, d,
+                                        causal, dtype))
+        shapes.append(Shape("decode", 16, 32, 32, 1, 8192, 128, False, dtype))
+        for causal in (False, True):
+            shapes.append(Shape("llama-gqa", 4, 32, 8, 4096, 4096, 128, causal, dtype))
+    return shapes
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def _inputs(shape: Shape):
+    """(B, H, S, D) tensors as SDPA takes them, requiring grad."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dt = _dtype(shape.dtype)
+
+    def rand(h, s):
+        return torch.randn(shape.batch, h, s, shape.head_dim, device="cuda", dtype=dt,
+                           generator=g).requires_grad_(True)
+
+    q = rand(shape.heads_q, shape.seqlen_q)
+    k = rand(shape.heads_kv, shape.seqlen_k)
+    v = rand(shape.heads_kv, shape.seqlen_k)
+    grad = torch.randn(q.shape, device="cuda", dtype=dt, generator=g)
+    return q, k, v, grad
+
+
+def _median_ms(fn, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(QUEUED_CALLS):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / QUEUED_CALLS)
+    return statistics.median(times)
+
+
+def _pass_fns(attend, q, k, v, grad):
+    """fwd / bwd / fwd+bwd callables; bwd reuses one retained graph."""
+    def fwd():
+        with torch.no_grad():
+            attend(q, k, v)
+
+    out = attend(q, k, v)
+
+    def bwd():
+        torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+    def fwd_bwd():
+        torch.autograd.grad(attend(q, k, v), (q, k, v), grad)
+
+    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}
+
+
+def _sdpa(shape: Shape):
+    gqa = shape.heads_q != shape.heads_kv
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, enable_gqa=gqa)
+
+    return attend
+
+
+def _our_launches() -> int:
+    return sum(n for (backend, _), n in aotriton_rocm.launch_counts().items()
+               if not backend.startswith("interp"))
+
+
+def measure_peer(peer: str, shape: Shape, reps: int) -> dict:
+    """{pass: ms or None} plus "error" when the peer refused or fell back."""
+    q, k, v, grad = _inputs(shape)
+    attend = _sdpa(shape)
+    result: dict = {}
+    try:
+        if peer == OURS:
+            aotriton_rocm.enable()
+            try:
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    aotriton_rocm.reset_launch_counts()
+                    fns = _pass_fns(attend, q, k, v, grad)
+                    for name, fn in fns.items():
+                        result[name] = _median_ms(fn, reps)
+                    if _our_launches() == 0:
+                        return {"error": "fallback: torch's kernel ran, not ours"}
+            finally:
+                aotriton_rocm.disable()
+        elif peer == TRITON_JIT:
+            jit = _triton_jit_forward(shape, q, k, v)
+            if jit is None:
+                return {"error": "triton is not importable"}
+            result["fwd"] = _median_ms(jit, reps)
+        else:
+            with sdpa_kernel(TORCH_PEERS[peer]):
+                for name, fn in _pass_fns(attend, q, k, v, grad).items():
+                    result[name] = _median_ms(fn, reps)
+    except RuntimeError as exc:  # a backend that refuses this shape or dtype
+        return {"error": str(exc).strip().splitlines()[0][:160]}
+    finally:
+        del q, k, v, grad
+    return result
+
+
+def _triton_jit_forward(shape: Shape, q, k, v):
+    """Our forward kernel's source through the Triton JIT, its arguments bound
+    by name from variants.toml (None without triton). Arguments this
+    benchmark does not set are off: null-like pointers, zero scalars."""
+    try:
+        from aotriton_rocm import attention, kernel_spec
+        spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
+        kernel = spec.kernels["attn_fwd"]
+        fn = kernel_spec.jit_function(kernel)
+    except ImportError:
+        return None
+    pad = shape.head_dim != 1 << (shape.head_dim - 1).bit_length()
+    candidates = [v_ for v_ in spec.variants_for(kernel_spec.INTERPRETER_ARCH)
+                  if v_.kernel == "attn_fwd" and v_.functional["dtype"] == shape.dtype
+                  and v_.functional["head_dim"] == shape.head_dim
+                  and v_.functional["pad_head"] == pad and not v_.functional["has_bias"]
+                  and not v_.functional["enable_dropout"]]
+    if not candidates:
+        return None
+    variant = candidates[0]
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    b, h, s, d = qd.shape
+    o = torch.empty_like(qd)
+    lse = torch.empty((b, h, s), dtype=torch.float32, device="cuda")
+    unused_i32 = torch.zeros(2, dtype=torch.int32, device="cuda")
+    unused_i64 = torch.zeros(2, dtype=torch.int64, device="cuda")
+    bottom_right, left, right = attention.mask_args(shape.causal, shape.seqlen_q, shape.seqlen_k)
+    values = {
+        "Q": qd, "K": kd, "V": vd, "O": o, "LSE": lse, "CU_Q": unused_i32, "CU_K": unused_i32,
+        "RNG_SEED": unused_i64, "RNG_OFFSET": unused_i64,
+        "stride_lz": h * s, "stride_lh": s, "batch": b, "num_heads": h,
+        "gqa_group": shape.heads_q // shape.heads_kv, "max_seqlen_q": shape.seqlen_q,
+        "max_seqlen_k": shape.seqlen_k, "head_dim": d, "bottom_right": bottom_right,
+        "window_left": left, "window_right": right, "sm_scale": attention.default_scale(d),
+    }
+    for prefix, t in (("q", qd), ("k", kd), ("v", vd), ("o", o)):
+        for axis, stride in zip("zh" + ("m" if prefix in "qo" else "n"), t.stride()[:3]):
+            values[f"stride_{prefix}{axis}"] = stride
+    kwargs = {}
+    for name, type_ in kernel.args:
+        if name in values:
+            kwargs[name] = values[name]
+        else:
+            kwargs[name] = qd if type_.startswith("*") else (0.0 if type_.startswith("fp") else 0)
+    grid = (-(-shape.seqlen_q // variant.config["BLOCK_M"]), b * h, 1)
+
+    def forward():
+        fn[grid](**kwargs, **variant.options, **variant.constexprs)
+
+    return forward
+
+
+def _peers() -> list[str]:
+    peers = [OURS, *TORCH_PEERS]
+    if importlib.util.find_spec("triton") is not None:
+        peers.append(TRITON_JIT)
+    return peers
+
+
+def run(shapes: list[Shape], reps: int) -> list[dict]:
+    rows = []
+    peers = _peers()
+    for i, shape in enumerate(shapes, 1):
+        row = {"shape": asdict(shape), "tflops": {}, "errors": {}}
+        for peer in peers:
+            ms = measure_peer(peer, shape, reps)
+            if "error" in ms:
+                row["errors"][peer] = ms.pop("error")
+            for name, value in ms.items():
+                flops = shape.forward_flops() * PASS_FLOP_FACTOR[name]
+                row["tflops"].setdefault(name, {})[peer] = flops / value / 1e9
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(f"[{i}/{len(shapes)}] {format_row(row)}", flush=True)
+    return rows
+
+
+def _shape_text(s: dict) -> str:
+    heads = f"H{s['heads_q']}" + (f"/{s['heads_kv']}" if s["heads_kv"] != s["heads_q"] else "")
+    seq = f"S{s['seqlen_q']}" if s["seqlen_q"] == s["seqlen_k"] else \
+        f"Sq{s['seqlen_q']} Sk{s['seqlen_k']}"
+    return (f"{s['dtype']} {s['label']:<9} D{s['head_dim']:<3} {heads:<6} B{s['batch']:<3} "
+            f"{seq:<12} {'causal' if s['causal'] else 'full'}")
+
+
+def format_row(row: dict) -> str:
+    cells = [_shape_text(row["shape"])]
+    for name in PASSES:
+        by_peer = row["tflops"].get(name, {})
+        ours = by_peer.get(OURS)
+        parts = [f"{p}={by_peer[p]:.0f}" for p in by_peer]
+        for peer in ("FLASH", "CUDNN"):
+            if ours and by_peer.get(peer):
+                parts.append(f"x{peer}={ours / by_peer[peer]:.2f}")
+        if parts:
+            cells.append(f"{name}: " + " ".join(parts))
+    return " | ".join(cells)
+
+
+def markdown_table(rows: list[dict], pass_name: str) -> str:
+    """TFLOP/s per peer and our ratios against FLASH and CUDNN, one pass."""
+    peers = [p for p in _peers_in(rows)]
+    head = ["shape", *peers, "ours/FLASH", "ours/CUDNN"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        by_peer = row["tflops"].get(pass_name, {})
+        if not by_peer:
+            continue
+        ours = by_peer.get(OURS)
+        cells = [_shape_text(row["shape"]).replace("  ", " ")]
+        cells += [f"{by_peer[p]:.0f}" if p in by_peer else "-" for p in peers]
+        for peer in ("FLASH", "CUDNN"):
+            cells.append(f"{ours / by_peer[peer]:.2f}" if ours and by_peer.get(peer) else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _peers_in(rows: list[dict]) -> list[str]:
+    seen = []
+    for row in rows:
+        for by_peer in row["tflops"].values():
+            for peer in by_peer:
+                if peer not in seen:
+                    seen.append(peer)
+    return seen
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="bf16 only, S in {1k, 4k, 16k} (about a sixth of the grid)")
+    parser.add_argument("--reps", type=int, default=10, help="timed repetitions per cell")
+    parser.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,128")
+    parser.add_argument("--json", type=Path, help="write every number here")
+    parser.add_argument("--plot", type=Path, help="write a PNG chart here (needs matplotlib)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention needs a GPU", file=sys.stderr)
+        return 2
+    shapes = standard_shapes(args.quick)
+    if args.head_dims:
+        wanted = {int(x) for x in args.head_dims.split(",")}
+        shapes = [s for s in shapes if s.head_dim in wanted]
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "aotriton_rocm": aotriton_rocm.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "timing": f"median of {args.reps} x {QUEUED_CALLS} queued calls, CUDA events",
+            "flops": "fwd 4*B*H*Sq*Sk*D (causal: half); bwd 2.5x fwd; fwd+bwd 3.5x fwd"}
+    print(f"{meta['gpu']}, torch {meta['torch']}, aotriton-rocm {meta['aotriton_rocm']}; "
+          f"TFLOP/s, {meta['timing']}", flush=True)
+    rows = run(shapes, args.reps)
+    for name in PASSES:
+        print(f"\n### {name} (TFLOP/s)\n\n{markdown_table(rows, name)}")
+    report = {"meta": meta, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from plot_attention import plot
+        plot(report, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
