@@ -63,8 +63,8 @@ class Shape:
         return flops / 2 if self.causal else flops
 
 
-def standard_shapes(quick: bool) -> list[Shape]:
-    dtypes = ("bf16",) if quick else ("fp16", "bf16")
+def standard_shapes(quick: bool, dtypes=("fp16", "bf16")) -> list[Shape]:
+    dtypes = ("bf16",) if quick else dtypes
     seqlens = (1024, 4096, 16384) if quick else (512, 1024, 2048, 4096, 8192, 16384)
     shapes = []
     for dtype in dtypes:
@@ -313,13 +313,14 @@ def main(argv=None) -> int:
                         help="bf16 only, S in {1k, 4k, 16k} (about a sixth of the grid)")
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions per cell")
     parser.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,128")
+    parser.add_argument("--dtypes", default="fp16,bf16", help="fp16, bf16 or both (default)")
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--plot", type=Path, help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention needs a GPU", file=sys.stderr)
         return 2
-    shapes = standard_shapes(args.quick)
+    shapes = standard_shapes(args.quick, tuple(args.dtypes.split(",")))
     if args.head_dims:
         wanted = {int(x) for x in args.head_dims.split(",")}
         shapes = [s for s in shapes if s.head_dim in wanted]
