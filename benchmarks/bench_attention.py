@@ -166,8 +166,8 @@ def measure_peer(peer: str, shape: Shape, reps: int) -> dict:
                 aotriton_rocm.disable()
         elif peer == TRITON_JIT:
             jit = _triton_jit_forward(shape, q, k, v)
-            if jit is None:
-                return {"error": "triton is not importable"}
+            if isinstance(jit, str):
+                return {"error": jit}
             result["fwd"] = _median_ms(jit, reps)
         else:
             with sdpa_kernel(TORCH_PEERS[peer]):
@@ -182,15 +182,15 @@ def measure_peer(peer: str, shape: Shape, reps: int) -> dict:
 
 def _triton_jit_forward(shape: Shape, q, k, v):
     """Our forward kernel's source through the Triton JIT, its arguments bound
-    by name from variants.toml (None without triton). Arguments this
+    by name from variants.toml, or why not (a string). Arguments this
     benchmark does not set are off: null-like pointers, zero scalars."""
     try:
         from aotriton_rocm import attention, kernel_spec
         spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
         kernel = spec.kernels["attn_fwd"]
         fn = kernel_spec.jit_function(kernel)
-    except ImportError:
-        return None
+    except (ImportError, OSError) as exc:
+        return f"our kernel sources through the Triton JIT: {type(exc).__name__}: {exc}"
     pad = shape.head_dim != 1 << (shape.head_dim - 1).bit_length()
     candidates = [v_ for v_ in spec.variants_for(kernel_spec.INTERPRETER_ARCH)
                   if v_.kernel == "attn_fwd" and v_.functional["dtype"] == shape.dtype
@@ -198,7 +198,7 @@ def _triton_jit_forward(shape: Shape, q, k, v):
                   and v_.functional["pad_head"] == pad and not v_.functional["has_bias"]
                   and not v_.functional["enable_dropout"]]
     if not candidates:
-        return None
+        return "no attn_fwd variant for this dtype and head dim"
     variant = candidates[0]
     qd, kd, vd = (t.detach() for t in (q, k, v))
     b, h, s, d = qd.shape
