@@ -243,7 +243,7 @@ def run(shapes: list[Shape], reps: int) -> list[dict]:
     rows = []
     peers = _peers()
     for i, shape in enumerate(shapes, 1):
-        row = {"shape": asdict(shape), "tflops": {}, "errors": {}}
+        row = {"shape": asdict(shape), "tflops": {}, "ms": {}, "errors": {}}
         for peer in peers:
             ms = measure_peer(peer, shape, reps)
             if "error" in ms:
@@ -251,6 +251,7 @@ def run(shapes: list[Shape], reps: int) -> list[dict]:
             for name, value in ms.items():
                 flops = shape.forward_flops() * PASS_FLOP_FACTOR[name]
                 row["tflops"].setdefault(name, {})[peer] = flops / value / 1e9
+                row["ms"].setdefault(name, {})[peer] = value
             torch.cuda.empty_cache()
         rows.append(row)
         print(f"[{i}/{len(shapes)}] {format_row(row)}", flush=True)
@@ -280,7 +281,8 @@ def format_row(row: dict) -> str:
 
 
 def markdown_table(rows: list[dict], pass_name: str) -> str:
-    """TFLOP/s per peer and our ratios against FLASH and CUDNN, one pass."""
+    """TFLOP/s per peer (microseconds for decoding rows) and our ratios
+    against FLASH and CUDNN, one pass."""
     peers = [p for p in _peers_in(rows)]
     head = ["shape", *peers, "ours/FLASH", "ours/CUDNN"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -290,7 +292,12 @@ def markdown_table(rows: list[dict], pass_name: str) -> str:
             continue
         ours = by_peer.get(OURS)
         cells = [_shape_text(row["shape"]).replace("  ", " ")]
-        cells += [f"{by_peer[p]:.0f}" if p in by_peer else "-" for p in peers]
+        if row["shape"]["seqlen_q"] == 1 and row.get("ms", {}).get(pass_name):
+            # decoding is memory-bound: its time says more than its FLOP rate
+            times = row["ms"][pass_name]
+            cells += [f"{times[p] * 1000:.0f} us" if p in times else "-" for p in peers]
+        else:
+            cells += [f"{by_peer[p]:.0f}" if p in by_peer else "-" for p in peers]
         for peer in ("FLASH", "CUDNN"):
             cells.append(f"{ours / by_peer[peer]:.2f}" if ours and by_peer.get(peer) else "-")
         lines.append("| " + " | ".join(cells) + " |")
