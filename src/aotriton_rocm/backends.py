@@ -8,7 +8,9 @@ every launch, so a caller can prove that our kernels ran rather than torch's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import threading
 from typing import Iterable
 
 import torch
@@ -17,6 +19,8 @@ from . import device as _device
 from ._version import ABI_VERSION
 
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
+# The KV-cache forward (flash_attn_with_kvcache) and its split-KV combine.
+KVCACHE_KERNELS = ("attn_fwd_kvcache", "attn_fwd_kvcache_combine")
 # (backend name, kernel name) -> launches since import (or the last reset).
 _LAUNCHES: collections.Counter = collections.Counter()
 # The interpreter executes every block op in numpy: keep CPU work bounded.
@@ -29,7 +33,7 @@ def _native_totals() -> collections.Counter:
     from . import torch_native
 
     totals: collections.Counter = collections.Counter()
-    for kernel in KERNELS:
+    for kernel in KERNELS + KVCACHE_KERNELS:
         if _native_names:
             totals[kernel] += _native_runtime().launch_count(kernel)
         if torch_native.is_active():
@@ -70,8 +74,8 @@ def block_d(head_dim: int) -> int:
 
 def _functional_key(kernel: str, functional: dict) -> tuple:
     """(kernel, dtype, padded head dim, masked head dim?, bias?, dropout?) of
-    a variant's functional values. The preprocess kernel always masks the head
-    dim and has neither a bias nor dropout: None on those axes."""
+    a variant's functional values. The preprocess and KV-cache kernels always
+    mask the head dim and have neither a bias nor dropout: None on those axes."""
     def flag(name):
         return None if name not in functional else bool(functional[name])
     return (kernel, functional["dtype"], int(functional["head_dim"]), flag("pad_head"),
@@ -82,7 +86,7 @@ def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout:
     """Functional keys that can run `head_dim`, best first: the unmasked fast
     path where head_dim is the tile width, else the masked variant."""
     b = block_d(head_dim)
-    if kernel == "attn_bwd_preprocess":
+    if kernel == "attn_bwd_preprocess" or kernel in KVCACHE_KERNELS:
         return ((kernel, dtype, b, None, None, None),)
     masked = (kernel, dtype, b, True, bias, dropout)
     return ((kernel, dtype, b, False, bias, dropout), masked) if b == head_dim else (masked,)
@@ -331,10 +335,34 @@ class InterpreterBackend(Backend):
         counter_key = (self.name, kernel)
 
         def launch(grid, device, args):
-            fn[grid](*args, **constexprs)
+            with _interpreted_helpers(fn.fn):
+                fn[grid](*args, **constexprs)
             _LAUNCHES[counter_key] += 1
 
         return KernelHandle(variant.config, launch)
+
+
+_helpers_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def _interpreted_helpers(kernel_fn):
+    """While a kernel runs in the interpreter, the ``@triton.jit`` helpers it
+    calls (module globals of its source) are replaced by interpreted copies:
+    a compiled JITFunction cannot be called from interpreted code."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    module = kernel_fn.__globals__
+    with _helpers_lock:
+        saved = {name: obj for name, obj in module.items()
+                 if isinstance(obj, JITFunction) and obj.fn is not kernel_fn}
+        try:
+            for name, obj in saved.items():
+                module[name] = InterpretedFunction(obj.fn)
+            yield
+        finally:
+            module.update(saved)
 
 
 @functools.lru_cache(maxsize=None)
