@@ -210,12 +210,14 @@ def test_default_seqlens_and_int_seqlens():
 
 def test_auto_splits():
     # few programs, long keys: split; many programs or short keys: not
-    assert kvcache.auto_num_splits(1, 8, 4, 8192, 128, 132) == 32  # 4 key blocks each
-    assert kvcache.auto_num_splits(8, 8, 4, 8192, 128, 132) == 5
-    assert kvcache.auto_num_splits(64, 8, 4, 8192, 128, 132) == 1
-    assert kvcache.auto_num_splits(1, 8, 4, 200, 128, 132) == 1
-    assert kvcache.auto_num_splits(1, 1, 1, 10**6, 64, 1000) == kvcache.MAX_SPLITS
-    assert kvcache.auto_num_splits(1, 8, 2048 * 4, 8192, 128, 132) == 1
+    # (batch, heads_k, rows, capacity, BLOCK_M, BLOCK_N, compute units)
+    assert kvcache.auto_num_splits(1, 8, 4, 8192, 16, 64, 132) == 32  # 4 key blocks each
+    assert kvcache.auto_num_splits(8, 8, 4, 8192, 16, 64, 132) == 5
+    assert kvcache.auto_num_splits(64, 8, 4, 8192, 16, 64, 132) == 1
+    assert kvcache.auto_num_splits(1, 8, 4, 200, 16, 64, 132) == 1
+    assert kvcache.auto_num_splits(1, 1, 1, 10**6, 16, 64, 1000) == kvcache.MAX_SPLITS
+    assert kvcache.auto_num_splits(1, 8, 2048 * 4, 8192, 16, 64, 132) == 1
+    assert kvcache.auto_num_splits(1, 8, 4, 8192, 16, 64, 0) == 1  # unknown compute units
     gen = _gen(11)
     q = torch.randn(1, 1, 2, 64, generator=gen).half()
     kc = torch.randn(1, 600, 1, 64, generator=gen).half()

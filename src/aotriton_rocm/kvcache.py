@@ -27,9 +27,6 @@ DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Page sizes are multiples of this (the kernels' row vectors stay aligned).
 PAGE_MULTIPLE = 16
 MAX_SPLITS = 128
-# The tiles of the compiled configs (kernels/variants.toml): rows of packed
-# (query, group member) pairs, and the key block (32 at head dim 256).
-BLOCK_M = 16
 # Compute units the CPU interpreter pretends to have (only the split choice
 # depends on it).
 CPU_COMPUTE_UNITS = 8
@@ -39,23 +36,20 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def key_block(head_dim: int) -> int:
-    return 32 if head_dim > 128 else 64
-
-
-def auto_num_splits(batch: int, heads_k: int, rows: int, seqlen_k: int, head_dim: int,
-                    compute_units: int) -> int:
-    """Splits for ``num_splits = 0``: 1 unless the (batch, key/value head,
+def auto_num_splits(batch: int, heads_k: int, rows: int, seqlen_k: int, block_m: int,
+                    block_n: int, compute_units: int) -> int:
+    """Splits for ``num_splits = 0`` (libaotriton_rocm's rule, see
+    ``aotr_attn_fwd_kvcache_splits``): 1 unless the (batch, key/value head,
     row block) programs leave most compute units idle; then enough splits
     for about two programs per compute unit, each split keeping at least 4
     key blocks, at most :data:`MAX_SPLITS`. ``rows``: query rows x GQA group
-    (the packed rows of one key/value head)."""
-    programs = batch * heads_k * _cdiv(rows, BLOCK_M)
-    if programs == 0 or programs * 5 >= compute_units * 4:
+    (the packed rows of one key/value head); ``block_m``/``block_n``: the
+    kernel's tiles; ``seqlen_k``: the cache's capacity."""
+    programs = batch * heads_k * _cdiv(rows, block_m)
+    if compute_units <= 0 or programs == 0 or programs * 5 >= compute_units * 4:
         return 1
-    key_blocks = _cdiv(seqlen_k, key_block(head_dim))
     want = _cdiv(2 * compute_units, programs)
-    return max(1, min(want, key_blocks // 4, MAX_SPLITS))
+    return max(1, min(want, _cdiv(seqlen_k, block_n) // 4, MAX_SPLITS))
 
 
 def compute_units(device: torch.device) -> int:
@@ -197,17 +191,29 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     right = -1 if right < 0 else min(right, cap)
     sm_scale = attention.default_scale(d) if scale is None else float(scale)
     backend = backend_for(q)
+    # Tensors the kernels read in place (copies where the layout does not
+    # meet their assumptions; the caches only then: a large cache should be
+    # laid out so that it does), unit-stride index vectors.
+    q_k, kc, vc = (attention._prepared(t) for t in (q, k_cache, v_cache))
+    o = out if attention._meets_assumptions(out) else attention._fresh(out)
+    k_end, k_start, cache_batch_idx, block_table, alibi_slopes = (
+        None if t is None else t.contiguous()
+        for t in (k_end, k_start, cache_batch_idx, block_table, alibi_slopes))
     if backend.native:
-        return backend.forward_kvcache(
-            q, k_cache, v_cache, out, lse, k_end=k_end, k_start=k_start,
+        _, _, splits = backend.forward_kvcache(
+            q_k, kc, vc, o, lse, k_end=k_end, k_start=k_start,
             cache_batch_idx=cache_batch_idx, block_table=block_table, alibi_slopes=alibi_slopes,
             cu_seqlens_q=cu_seqlens_q, max_seqlen_q=sq, scale=sm_scale, window=(left, right),
             softcap=float(softcap), num_splits=int(num_splits))
+        if o is not out:
+            out.copy_(o)
+        return out, lse, splits
+    dtype = DTYPES[q.dtype]
+    main = backend.kernel("attn_fwd_kvcache", dtype=dtype, head_dim=d, seqlen_q=sq)
     if num_splits <= 0:
-        num_splits = auto_num_splits(b, hk, sq * (h // hk), capacity, d, compute_units(q.device))
+        num_splits = auto_num_splits(b, hk, sq * (h // hk), capacity, main.config["BLOCK_M"],
+                                     main.config["BLOCK_N"], compute_units(q.device))
     num_splits = max(1, min(int(num_splits), MAX_SPLITS))
-    q_k, kc, vc = (attention._prepared(t) for t in (q, k_cache, v_cache))
-    o = out if attention._meets_assumptions(out) else attention._fresh(out)
     spare = attention._placeholders(q.device, q.dtype)
     cu = spare["cu"]
     part_o = part_lse = torch.zeros(16, dtype=torch.float32, device=q.device)
@@ -218,8 +224,6 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     alibi = spare["values"].float() if alibi_slopes is None else alibi_slopes
     stride_az = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
-    dtype = DTYPES[q.dtype]
-    main = backend.kernel("attn_fwd_kvcache", dtype=dtype, head_dim=d, seqlen_q=sq)
     rows = sq * (h // hk)
     main.launch(attention._grid(_cdiv(rows, main.config["BLOCK_M"]) * num_splits, b * hk),
                 q.device, (
