@@ -270,3 +270,96 @@ def test_refusals(kw, message):
     with pytest.raises(ValueError, match="flash_attn_with_kvcache") as info:
         aotriton_rocm.flash_attn_with_kvcache(**_base(**kw))
     assert message in str(info.value)
+
+
+# torch's _flash_attention_forward with seqused_k / block_table / num_splits
+# (the op function its CUDA-key override runs; CPU tensors here).
+
+def _packed(seqs):
+    return torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_torch_op_dense_seqused_k_and_splits(causal):
+    from aotriton_rocm import torch_integration as ti
+    gen = _gen(21 + int(causal))
+    b, sq, sk, h, hk, d = 3, 4, 90, 4, 2, 64
+    q = torch.randn(b, sq, h, d, generator=gen).half()
+    k = torch.randn(b, sk, hk, d, generator=gen).half()
+    v = torch.randn(b, sk, hk, d, generator=gen).half()
+    used = torch.tensor([90, 33, 5], dtype=torch.int32)
+    backends.reset_launch_counts()
+    out, lse, *_ = ti.flash_attention_forward(q, k, v, None, None, sq, sk, 0.0, causal, False,
+                                              scale=0.2, seqused_k=used, num_splits=3)
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd_kvcache_combine")] == 1
+    want, want_lse = ref.attention(q, k, v, used, scale=0.2, causal=causal)
+    _check(out, lse, want, want_lse, torch.float16)
+    # num_splits alone: the same attention over every key
+    out2, *_ = ti.flash_attention_forward(q, k, v, None, None, sq, sk, 0.0, causal, False,
+                                          num_splits=2)
+    want2, _ = ref.attention(q, k, v, torch.full((b,), sk), causal=causal)
+    assert (out2.double() - want2).abs().max() <= 2e-3
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_torch_op_varlen_seqused_k_and_block_table(paged):
+    from aotriton_rocm import torch_integration as ti
+    gen = _gen(40 + int(paged))
+    h, hk, d, page = 4, 1, 32, 16
+    q_lens, k_lens = [3, 1, 5], [40, 17, 64]
+    used = torch.tensor([31, 17, 2], dtype=torch.int32)
+    cu_q, cu_k = _packed(q_lens), _packed(k_lens)
+    q = torch.randn(sum(q_lens), h, d, generator=gen).bfloat16()
+    keys = [torch.randn(n, hk, d, generator=gen).bfloat16() for n in k_lens]
+    values = [torch.randn(n, hk, d, generator=gen).bfloat16() for n in k_lens]
+    if paged:
+        dense_k = torch.zeros(3, 64, hk, d).bfloat16()
+        dense_v = torch.zeros(3, 64, hk, d).bfloat16()
+        for bb in range(3):
+            dense_k[bb, :k_lens[bb]], dense_v[bb, :k_lens[bb]] = keys[bb], values[bb]
+        k, v, table = _paged(dense_k, dense_v, page, gen)
+    else:
+        k, v, table = torch.cat(keys), torch.cat(values), None
+    out, lse, *_ = ti.flash_attention_forward(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), 0.0,
+                                              True, False, seqused_k=used, block_table=table)
+    assert out.shape == q.shape and lse.shape == (h, q.shape[0])
+    for bb in range(3):
+        rows = slice(int(cu_q[bb]), int(cu_q[bb + 1]))
+        n = int(used[bb])
+        want, want_lse = ref.attention(q[rows][None], keys[bb][None, :n], values[bb][None, :n],
+                                       torch.tensor([n]), causal=True)
+        _check(out[rows][None], lse[:, rows][None], want, want_lse, torch.bfloat16)
+    if paged:  # without seqused_k: cu_seqlens_k's lengths
+        out, *_ = ti.flash_attention_forward(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), 0.0,
+                                             False, False, block_table=table)
+        for bb in range(3):
+            rows = slice(int(cu_q[bb]), int(cu_q[bb + 1]))
+            want, _ = ref.attention(q[rows][None], keys[bb][None], values[bb][None],
+                                    torch.tensor([k_lens[bb]]))
+            assert (out[rows][None].double() - want).abs().max() <= 1.6e-2
+
+
+def test_flash_attn_varlen_func_paged():
+    gen = _gen(50)
+    h, hk, d = 2, 2, 64
+    q_lens, k_lens = [2, 6], [50, 9]
+    cu_q, cu_k = _packed(q_lens), _packed(k_lens)
+    q = torch.randn(sum(q_lens), h, d, generator=gen).half()
+    dense_k = torch.randn(2, 64, hk, d, generator=gen).half()
+    dense_v = torch.randn(2, 64, hk, d, generator=gen).half()
+    k, v, table = _paged(dense_k, dense_v, 32, gen)
+    out, lse, probs = aotriton_rocm.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True, window_size=(3, -1),
+        return_attn_probs=True, block_table=table)
+    assert probs is None and lse.shape == (h, q.shape[0])
+    for bb in range(2):
+        rows = slice(int(cu_q[bb]), int(cu_q[bb + 1]))
+        want, want_lse = ref.attention(q[rows][None], dense_k[bb:bb + 1], dense_v[bb:bb + 1],
+                                       torch.tensor([k_lens[bb]]), causal=True, window=(3, -1))
+        _check(out[rows][None], lse[:, rows][None], want, want_lse, torch.float16)
+    with pytest.raises(ValueError, match="forward only"):
+        aotriton_rocm.flash_attn_varlen_func(q.requires_grad_(), k, v, cu_q, cu_k, 6, 50,
+                                             block_table=table)
+    with pytest.raises(ValueError, match="dropout"):
+        aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 50, dropout_p=0.1,
+                                             block_table=table)

@@ -14,7 +14,7 @@ import torch
 
 from . import attention, kvcache
 
-__all__ = ["flash_attn_with_kvcache", "apply_rotary"]
+__all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
 
 SUPPORTED = ("fp16/bf16 tensors, headdim a multiple of 8 up to 256, nheads a multiple of "
              "nheads_k, dense caches (cache_batch_idx, cache_leftpad) or paged ones "
@@ -231,3 +231,34 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale,
             causal=bool(causal), window_size=window, softcap=softcap, num_splits=num_splits)
     return (out, lse) if return_softmax_lse else out
+
+
+def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, block_table, softmax_scale, causal, window_size, fail):
+    """flash_attn_varlen_func with ``block_table``: packed queries (total_q,
+    H, D) against paged caches; sequence b's keys are the first
+    ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages.
+    Returns (out, lse (H, total_q)). Forward only. ``fail(reason)`` raises."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        fail("block_table (a paged KV cache) is forward only: call it under torch.no_grad() "
+             "or with tensors that do not require grad")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+            fail(f"{name} must be a 1-D int32 tensor")
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        fail("cu_seqlens_q and cu_seqlens_k must have the same length")
+    if q.dim() != 3:
+        fail("q must be packed (total_q, nheads, headdim)")
+    if not isinstance(block_table, torch.Tensor):
+        fail("block_table must be an int32 (batch, max_num_blocks) tensor")
+    k_end = cu_seqlens_k.diff()
+    reason = kvcache.unsupported_reason(q, k_cache, v_cache, k_end=k_end, block_table=block_table,
+                                        cu_seqlens_q=cu_seqlens_q)
+    if reason:
+        fail(reason)
+    capacity = block_table.shape[1] * k_cache.shape[1]
+    window = attention.flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
+    out, lse, _ = kvcache.forward(q, k_cache, v_cache, k_end, block_table=block_table,
+                                  scale=softmax_scale, causal=causal, window_size=window,
+                                  cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q))
+    return out, lse
