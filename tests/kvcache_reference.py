@@ -83,3 +83,50 @@ def rotate(x, cos, sin, positions, interleaved):
                 x[b, s, :, a] = x0 * c[i] - x1 * sn[i]
                 x[b, s, :, bb] = x0 * sn[i] + x1 * c[i]
     return x
+
+
+def attention_fast(q, k_cache, v_cache, k_end, *, k_start=None, cache_batch_idx=None,
+                   block_table=None, alibi_slopes=None, scale=None, causal=False, window=(-1, -1),
+                   softcap=0.0, dtype=torch.float32):
+    """:func:`attention` vectorised over heads and queries (one batch at a
+    time, on q's device, in ``dtype``): for the GPU tests' larger sizes."""
+    b_, sq, h, d = q.shape
+    group = h // k_cache.shape[2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(b_, sq, h, d, dtype=dtype, device=q.device)
+    lse = torch.full((b_, h, sq), math.inf, dtype=dtype, device=q.device)
+    left, right = window
+    if causal:
+        right = 0
+    for b in range(b_):
+        first = 0 if k_start is None else int(k_start[b])
+        pos = torch.arange(first, int(k_end[b]), device=q.device)
+        n = pos.numel()
+        if block_table is not None:
+            page = k_cache.shape[1]
+            blocks = block_table[b].long()[pos // page]
+            keys, values = k_cache[blocks, pos % page], v_cache[blocks, pos % page]
+        else:
+            row = b if cache_batch_idx is None else int(cache_batch_idx[b])
+            keys, values = k_cache[row, pos], v_cache[row, pos]
+        keys = keys.to(dtype).repeat_interleave(group, dim=1)
+        values = values.to(dtype).repeat_interleave(group, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q[b].to(dtype), keys) * scale
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(n, device=q.device)[None, :]
+        if alibi_slopes is not None:
+            slope = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
+            s = s - slope.to(dtype)[:, None, None] * (i + n - sq - j).abs().to(dtype)
+        visible = torch.ones(sq, n, dtype=torch.bool, device=q.device)
+        if left >= 0:
+            visible &= j >= i + n - sq - left
+        if right >= 0:
+            visible &= j <= i + n - sq + right
+        s = s.masked_fill(~visible, -math.inf)
+        m = torch.logsumexp(s, -1)
+        p = torch.exp(s - m[..., None]).nan_to_num(0.0)
+        out[b] = torch.einsum("hij,jhd->ihd", p, values)
+        lse[b] = torch.where(m == -math.inf, math.inf, m)
+    return out, lse
