@@ -272,3 +272,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, total_q - out.shape[0]))
         lse = torch.nn.functional.pad(lse, (0, total_q - lse.shape[1]), value=float("inf"))
     return (out, lse, None) if return_attn_probs else out
+
+
+# flash-attn's module also holds the KV-cache entry point.
+from .kvcache_api import flash_attn_with_kvcache  # noqa: E402
+
+__all__.append("flash_attn_with_kvcache")
