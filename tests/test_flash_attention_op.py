@@ -92,9 +92,11 @@ def test_flash_attention_op_window_as_flash_attn_normalises():
           cum_seq_k=torch.tensor([0, 8], dtype=torch.int32)), "3-D"),
     (dict(cum_seq_q=torch.tensor([0, 8], dtype=torch.int32)), "together"),
     (dict(dropout_p=1.0), "outside"),
-    (dict(block_table=torch.zeros(1, 1, dtype=torch.int32)), "block_table"),
-    (dict(num_splits=2), "num_splits"),
-    (dict(seqused_k=torch.tensor([8], dtype=torch.int32)), "seqused_k"),
+    # seqused_k / block_table / num_splits > 1 run on the KV-cache kernels
+    # (tests/test_kvcache_interpreter.py), but not these
+    (dict(block_table=torch.zeros(1, 1, dtype=torch.int32)), "multiple of 16"),
+    (dict(num_splits=2, dropout_p=0.5), "dropout"),
+    (dict(seqused_k=torch.tensor([8], dtype=torch.int64)), "seqused_k must be a 1-D int32"),
     (dict(alibi_slopes=torch.zeros(1, 1)), "alibi_slopes"),
 ])
 def test_flash_attention_op_falls_back_with_reason(kwargs, reason):

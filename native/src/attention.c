@@ -24,7 +24,7 @@ enum {
     A_SM_SCALE, A_DROPOUT_P,
     A_COUNT
 };
-_Static_assert(A_COUNT <= AOTR_ARG_SLOTS, "AOTR_ARG_SLOTS is too small");
+_Static_assert(A_COUNT <= AOTR_KV_FIRST_SLOT, "AOTR_KV_FIRST_SLOT is too small");
 
 static const char *const slot_names[A_COUNT] = {
     "Q", "K", "V", "BIAS", "O", "LSE", "DMASK", "CU_Q", "CU_K", "RNG_SEED", "RNG_OFFSET",
@@ -45,16 +45,20 @@ int aotr_arg_slot(const char *name)
     for (int i = 0; i < A_COUNT; i++)
         if (strcmp(name, slot_names[i]) == 0)
             return i;
-    return -1;
+    return aotr_kv_arg_slot(name);
 }
 
 const char *aotr_arg_slot_name(int slot)
 {
+    if (slot >= AOTR_KV_FIRST_SLOT)
+        return aotr_kv_arg_slot_name(slot);
     return slot >= 0 && slot < A_COUNT ? slot_names[slot] : "?";
 }
 
 aotr_arg_kind aotr_arg_slot_kind(int slot)
 {
+    if (slot >= AOTR_KV_FIRST_SLOT)
+        return aotr_kv_arg_slot_kind(slot);
     if (slot <= A_DBIAS)
         return AOTR_ARG_POINTER;
     return slot >= A_SM_SCALE ? AOTR_ARG_FP32 : AOTR_ARG_I32;
@@ -86,10 +90,11 @@ static const int dq_slots[] = {
 
 const int *aotr_kernel_required_slots(int kernel_id)
 {
-    static const int *const table[AOTR_KERNEL_COUNT] = {fwd_slots, pre_slots, dkdv_slots,
-                                                        dq_slots};
+    static const int *const table[] = {fwd_slots, pre_slots, dkdv_slots, dq_slots};
     static const int none[] = {-1};
-    return kernel_id >= 0 && kernel_id < AOTR_KERNEL_COUNT ? table[kernel_id] : none;
+    if (kernel_id == AOTR_KERNEL_KVCACHE || kernel_id == AOTR_KERNEL_KVCACHE_COMBINE)
+        return aotr_kv_required_slots(kernel_id);
+    return kernel_id >= 0 && kernel_id <= AOTR_KERNEL_BWD_DQ ? table[kernel_id] : none;
 }
 
 /* -- tensors and problems --------------------------------------------------- */

@@ -38,6 +38,7 @@ typedef int drv_result;
 #define CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES 701
 #define CUDA_ERROR_LAUNCH_FAILED 719
 
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
 #define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
@@ -50,6 +51,8 @@ typedef int drv_result;
 #define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
 
 #define hipSuccess 0
+/* hipDeviceAttribute_t (hip_runtime_api.h, ROCm 5.x to 7.x) */
+#define hipDeviceAttributeMultiprocessorCount 63
 #define hipErrorInvalidValue 1
 #define hipErrorInsufficientDriver 35
 #define hipErrorInvalidDeviceFunction 98
@@ -119,6 +122,7 @@ struct hip_api {
     /* Optional: at most one is used (see HIP_PROPS_*). */
     drv_result (*GetDevicePropertiesR0600)(void *, int);
     drv_result (*GetDeviceProperties)(void *, int);
+    drv_result (*DeviceGetAttribute)(int *, int, int); /* optional */
 };
 
 struct symbol {
@@ -161,6 +165,7 @@ static const struct symbol hip_symbols[] = {
     HIP(ModuleLaunchKernel, "hipModuleLaunchKernel", 0),
     HIP(GetDevicePropertiesR0600, "hipGetDevicePropertiesR0600", 1),
     HIP(GetDeviceProperties, "hipGetDeviceProperties", 1),
+    HIP(DeviceGetAttribute, "hipDeviceGetAttribute", 1),
 };
 #undef HIP
 
@@ -760,6 +765,32 @@ done:
     if (st == AOTR_OK)
         *function = fn;
     return st;
+}
+
+aotr_status aotr_driver_compute_units(aotr_driver *d, int32_t device, int32_t *out)
+{
+    int n = 0;
+    drv_result rc;
+    if (!d || !out || device < 0)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_driver_compute_units: bad argument");
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        int dev = 0;
+        rc = d->cu.DeviceGet(&dev, device);
+        if (rc == CUDA_SUCCESS)
+            rc = d->cu.DeviceGetAttribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+        if (rc != CUDA_SUCCESS)
+            return driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute", rc, NULL,
+                                "multiprocessor count");
+    } else {
+        if (!d->hip.DeviceGetAttribute)
+            return aotr_fail(AOTR_UNSUPPORTED, "%s has no hipDeviceGetAttribute", d->library);
+        rc = d->hip.DeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, device);
+        if (rc != hipSuccess)
+            return driver_error(d, AOTR_DRIVER_ERROR, "hipDeviceGetAttribute", rc, NULL,
+                                "multiprocessor count");
+    }
+    *out = n;
+    return AOTR_OK;
 }
 
 aotr_status aotr_driver_load(aotr_driver *d, int32_t device, const void *image, size_t size,

@@ -135,6 +135,9 @@ AOTR_HIDDEN aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, 
 AOTR_HIDDEN aotr_status aotr_driver_load(aotr_driver *d, int32_t device, const void *image,
                                          size_t size, const char *symbol, uint32_t shared,
                                          void **function);
+/* The device's compute units (multiProcessorCount); AOTR_UNSUPPORTED when
+ * the driver lacks the query. */
+AOTR_HIDDEN aotr_status aotr_driver_compute_units(aotr_driver *d, int32_t device, int32_t *out);
 /* Launch with the packed argument buffer (natural alignment, as the kernel
  * declares its parameters), through the launch API's "extra" array. */
 AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
@@ -146,7 +149,7 @@ AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void 
 
 /* ---------------------------------------------- runtime.c / attention.c */
 enum { AOTR_KERNEL_FWD, AOTR_KERNEL_BWD_PRE, AOTR_KERNEL_BWD_DKDV, AOTR_KERNEL_BWD_DQ,
-       AOTR_KERNEL_COUNT };
+       AOTR_KERNEL_KVCACHE, AOTR_KERNEL_KVCACHE_COMBINE, AOTR_KERNEL_COUNT };
 AOTR_HIDDEN extern const char *const aotr_kernel_names[AOTR_KERNEL_COUNT];
 
 /* The value of every kernel argument name the library knows (attention.c
@@ -165,7 +168,16 @@ AOTR_HIDDEN const char *aotr_arg_slot_name(int slot);
 /* The argument names kernel `kernel_id` must declare, in no particular order
  * (the trailing scratch pointers excluded); terminated by -1. */
 AOTR_HIDDEN const int *aotr_kernel_required_slots(int kernel_id);
-#define AOTR_ARG_SLOTS 96
+#define AOTR_ARG_SLOTS 112
+
+/* kvcache.c: the argument names only the KV-cache kernels have, in slots
+ * AOTR_KV_FIRST_SLOT.. (attention.c's aotr_arg_slot* fall through to these),
+ * and the names each KV-cache kernel must declare. */
+#define AOTR_KV_FIRST_SLOT 80
+AOTR_HIDDEN int aotr_kv_arg_slot(const char *name);
+AOTR_HIDDEN const char *aotr_kv_arg_slot_name(int slot);
+AOTR_HIDDEN aotr_arg_kind aotr_kv_arg_slot_kind(int slot);
+AOTR_HIDDEN const int *aotr_kv_required_slots(int kernel_id);
 
 typedef struct aotr_device aotr_device;
 typedef struct aotr_launchable aotr_launchable;
@@ -180,6 +192,8 @@ AOTR_HIDDEN const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel
                                                     aotr_dtype dtype, int32_t head_dim,
                                                     int bias, int dropout,
                                                     int64_t seqlen_q, int64_t seqlen_k);
+/* The device's compute units (CUs / SMs), 0 when the driver cannot say. */
+AOTR_HIDDEN int32_t aotr_device_compute_units(aotr_device *dev);
 AOTR_HIDDEN int32_t aotr_launchable_block_m(const aotr_launchable *k);
 AOTR_HIDDEN int32_t aotr_launchable_block_n(const aotr_launchable *k);
 /* Check the divisibility assumptions of `k` against `values`

@@ -20,7 +20,8 @@
 #define GROUP_SLOTS (AOTR_KERNEL_COUNT * 3 * HEAD_DIM_STEPS * 27)
 
 const char *const aotr_kernel_names[AOTR_KERNEL_COUNT] = {
-    "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"};
+    "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_fwd_kvcache",
+    "attn_fwd_kvcache_combine"};
 
 struct aotr_launchable {
     const aotr_kernel_record *record;
@@ -53,6 +54,7 @@ struct aotr_device {
     size_t num_launchables;
     group *groups[GROUP_SLOTS];
     pthread_mutex_t load_lock;
+    _Atomic int32_t compute_units; /* queried on first use; -1: unknown */
 };
 
 struct aotr_runtime {
@@ -550,7 +552,9 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
     while (block_d < head_dim)
         block_d *= 2;
     int slots[2], n = 0;
-    if (kernel_id == AOTR_KERNEL_BWD_PRE) {
+    if (kernel_id == AOTR_KERNEL_BWD_PRE || kernel_id == AOTR_KERNEL_KVCACHE ||
+        kernel_id == AOTR_KERNEL_KVCACHE_COMBINE) {
+        /* always masked along the head dim; no bias or dropout axis */
         slots[n++] = group_slot(kernel_id, dtype, block_d, -1, -1, -1);
     } else {
         if (block_d == head_dim)
@@ -571,6 +575,19 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
               dev->arch, aotr_kernel_names[kernel_id], dtype_name(dtype), (int)head_dim,
               bias ? ", with a bias" : "", dropout ? ", with dropout" : "");
     return NULL;
+}
+
+int32_t aotr_device_compute_units(aotr_device *dev)
+{
+    int32_t n = atomic_load_explicit(&dev->compute_units, memory_order_relaxed);
+    if (n == 0) {
+        /* a failed query means "unknown" (-1), not an error: callers then
+         * choose no split, which is always correct */
+        if (aotr_driver_compute_units(dev->driver, dev->index, &n) != AOTR_OK || n <= 0)
+            n = -1;
+        atomic_store_explicit(&dev->compute_units, n, memory_order_relaxed);
+    }
+    return n > 0 ? n : 0;
 }
 
 int32_t aotr_launchable_block_m(const aotr_launchable *k) { return k->record->block_m; }

@@ -7,7 +7,8 @@
  * - cuInit / hipInit return 100 (no device) when AOTR_STUB_NO_DEVICE=1.
  * - AOTR_STUB_DEVICES (default 2) devices; AOTR_STUB_CUDA_ARCH=major.minor
  *   (default 9.0); AOTR_STUB_HIP_ARCH (default gfx942:sramecc+:xnack-);
- *   AOTR_STUB_CUDA_SHARED_OPTIN (default 232448) bytes per block.
+ *   AOTR_STUB_CUDA_SHARED_OPTIN (default 232448) bytes per block;
+ *   AOTR_STUB_COMPUTE_UNITS multiprocessors (default 132 CUDA, 304 HIP).
  * - CUDA keeps a per-thread context stack like the real driver: module
  *   loads need a current context (201 otherwise), launches need the
  *   function's context current (201 with none, 400 with another one), and
@@ -62,6 +63,7 @@ STUB_API const char *hipGetErrorString(stub_result error);
 STUB_API stub_result hipGetDevice(int *device);
 STUB_API stub_result hipSetDevice(int device);
 STUB_API stub_result hipGetDevicePropertiesR0600(void *props, int device);
+STUB_API stub_result hipDeviceGetAttribute(int *value, int attribute, int device);
 STUB_API stub_result hipModuleLoadData(void **module, const void *image);
 STUB_API stub_result hipModuleUnload(void *module);
 STUB_API stub_result hipModuleGetFunction(void **function, void *module, const char *name);
@@ -570,6 +572,7 @@ stub_result cuDeviceGetAttribute(int *value, int attribute, int device)
     case 75: *value = major; return 0;
     case 76: *value = minor; return 0;
     case 97: *value = env_int("AOTR_STUB_CUDA_SHARED_OPTIN", 232448); return 0;
+    case 16: *value = env_int("AOTR_STUB_COMPUTE_UNITS", 132); return 0;
     default: return 1;
     }
 }
@@ -819,6 +822,22 @@ stub_result hipGetDevicePropertiesR0600(void *props, int device)
     memset(p, 0, 1472);
     snprintf(p, 256, "AOTR stub GPU %d", device);
     snprintf(p + 1160, 256, "%s", arch && arch[0] ? arch : "gfx942:sramecc+:xnack-");
+    return 0;
+}
+
+/* hipDeviceAttributeMultiprocessorCount (63) only. */
+stub_result hipDeviceGetAttribute(int *value, int attribute, int device)
+{
+    stub_result rc = hip_enter("hipDeviceGetAttribute");
+    if (rc)
+        return rc;
+    if (!value)
+        return 1;
+    if (device < 0 || device >= device_count())
+        return 101;
+    if (attribute != 63)
+        return 1;
+    *value = env_int("AOTR_STUB_COMPUTE_UNITS", 304);
     return 0;
 }
 

@@ -27,11 +27,13 @@ except ImportError:  # the build tooling runs without torch; the runtime cannot
 else:
     from .backends import launch_counts, reset_launch_counts
     from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+    from .kvcache_api import flash_attn_with_kvcache
     from .function_mode import AttentionMode
     from .torch_integration import IMPL_NAME, disable, enable, is_enabled, register
 
     register()
 
 __all__ = ["ABI_VERSION", "AttentionMode", "IMPL_NAME", "__version__", "disable", "enable",
-           "flash_attn_func", "flash_attn_varlen_func", "is_enabled", "launch_counts",
+           "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "is_enabled",
+           "launch_counts",
            "reset_launch_counts"]

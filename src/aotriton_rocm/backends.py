@@ -8,7 +8,9 @@ every launch, so a caller can prove that our kernels ran rather than torch's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import threading
 from typing import Iterable
 
 import torch
@@ -17,6 +19,8 @@ from . import device as _device
 from ._version import ABI_VERSION
 
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
+# The KV-cache forward (flash_attn_with_kvcache) and its split-KV combine.
+KVCACHE_KERNELS = ("attn_fwd_kvcache", "attn_fwd_kvcache_combine")
 # (backend name, kernel name) -> launches since import (or the last reset).
 _LAUNCHES: collections.Counter = collections.Counter()
 # The interpreter executes every block op in numpy: keep CPU work bounded.
@@ -29,7 +33,7 @@ def _native_totals() -> collections.Counter:
     from . import torch_native
 
     totals: collections.Counter = collections.Counter()
-    for kernel in KERNELS:
+    for kernel in KERNELS + KVCACHE_KERNELS:
         if _native_names:
             totals[kernel] += _native_runtime().launch_count(kernel)
         if torch_native.is_active():
@@ -70,8 +74,8 @@ def block_d(head_dim: int) -> int:
 
 def _functional_key(kernel: str, functional: dict) -> tuple:
     """(kernel, dtype, padded head dim, masked head dim?, bias?, dropout?) of
-    a variant's functional values. The preprocess kernel always masks the head
-    dim and has neither a bias nor dropout: None on those axes."""
+    a variant's functional values. The preprocess and KV-cache kernels always
+    mask the head dim and have neither a bias nor dropout: None on those axes."""
     def flag(name):
         return None if name not in functional else bool(functional[name])
     return (kernel, functional["dtype"], int(functional["head_dim"]), flag("pad_head"),
@@ -82,7 +86,7 @@ def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout:
     """Functional keys that can run `head_dim`, best first: the unmasked fast
     path where head_dim is the tile width, else the masked variant."""
     b = block_d(head_dim)
-    if kernel == "attn_bwd_preprocess":
+    if kernel == "attn_bwd_preprocess" or kernel in KVCACHE_KERNELS:
         return ((kernel, dtype, b, None, None, None),)
     masked = (kernel, dtype, b, True, bias, dropout)
     return ((kernel, dtype, b, False, bias, dropout), masked) if b == head_dim else (masked,)
@@ -214,6 +218,11 @@ class AOTBackend(Backend):
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if self.problem:
             return self.problem
+        if kernel in KVCACHE_KERNELS:
+            key = ("kvcache", dtype, head_dim)
+            if key not in self._reasons:
+                self._reasons[key] = self._probe_kvcache(dtype, head_dim)
+            return self._reasons[key]
         key = (dtype, head_dim, bias, dropout)
         try:
             return self._reasons[key]
@@ -242,6 +251,32 @@ class AOTBackend(Backend):
         status = self.runtime.supported(self.device_index, p, needs)
         return None if status == native.OK else native.error(status).message
 
+    def _probe_kvcache(self, dtype: str, head_dim: int) -> str | None:
+        """Whether the archive has the KV-cache kernels for this dtype and
+        head dim (a shape-only request to the library: nothing is read)."""
+        from . import native
+
+        code = native.DTYPES[{"fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")]
+        row = -(-head_dim // 16) * 16
+        p = native.KvcacheParams()
+        for name, sizes in (("q", (1, 1, 1, head_dim)), ("out", (1, 1, 1, head_dim)),
+                            ("k_cache", (1, 16, 1, head_dim)), ("v_cache", (1, 16, 1, head_dim))):
+            view = getattr(p, name)
+            view.data, view.dtype, view.rank = 16, code, 4
+            view.sizes[:] = sizes
+            view.strides[:] = (16 * row, row, row, 1)
+        p.lse.data, p.lse.dtype, p.lse.rank = 16, native.DTYPES["float32"], 3
+        p.lse.sizes[:3], p.lse.strides[:3] = (1, 1, 1), (1, 1, 1)
+        p.k_end.data, p.k_end.dtype, p.k_end.rank = 16, native.DTYPES["int32"], 1
+        p.k_end.sizes[0], p.k_end.strides[0] = 1, 1
+        p.scale, p.num_splits = 1.0, 1
+        p.window_left = p.window_right = -1
+        try:
+            self.runtime.kvcache_splits(p)
+        except native.NativeError as e:
+            return e.message or str(e)
+        return None
+
     def _stream(self) -> int:
         return _raw_stream(self.device_index)
 
@@ -260,6 +295,39 @@ class AOTBackend(Backend):
         if debug_mask is not None:
             params.debug_mask = native.tensor_view(debug_mask)
         native.check(self.runtime.fwd(params))
+
+    def forward_kvcache(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
+                        block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
+                        softcap, num_splits):
+        """The KV-cache forward in libaotriton_rocm (see kvcache.forward):
+        the split count from the library, the workspace allocated here.
+        Returns (out, lse, splits)."""
+        from . import kvcache, native
+
+        p = native.KvcacheParams()
+        p.device = self.device_index
+        p.stream = self._stream()
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
+                        ("lse", lse), ("k_end", k_end), ("k_start", k_start),
+                        ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
+                        ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q)):
+            if t is not None:
+                setattr(p, name, native.tensor_view(t))
+        p.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
+        p.scale, p.softcap = scale, softcap
+        p.window_left, p.window_right = window
+        p.num_splits = num_splits
+        splits = self.runtime.kvcache_splits(p)
+        if splits > 1:
+            heads, d = q.shape[-2], q.shape[-1]
+            batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+            o_shape, l_shape = kvcache.workspace_shapes(batch, heads, splits, max_seqlen_q, d)
+            o_part = torch.empty(o_shape, dtype=torch.float32, device=q.device)
+            l_part = torch.empty(l_shape, dtype=torch.float32, device=q.device)
+            p.out_partial, p.lse_partial = native.tensor_view(o_part), native.tensor_view(l_part)
+            p.num_splits = splits
+        native.check(self.runtime.fwd_kvcache(p))
+        return out, lse, splits
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
                  varlen, bottom_right, window, scale, dropout_p) -> None:
@@ -331,10 +399,34 @@ class InterpreterBackend(Backend):
         counter_key = (self.name, kernel)
 
         def launch(grid, device, args):
-            fn[grid](*args, **constexprs)
+            with _interpreted_helpers(fn.fn):
+                fn[grid](*args, **constexprs)
             _LAUNCHES[counter_key] += 1
 
         return KernelHandle(variant.config, launch)
+
+
+_helpers_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def _interpreted_helpers(kernel_fn):
+    """While a kernel runs in the interpreter, the ``@triton.jit`` helpers it
+    calls (module globals of its source) are replaced by interpreted copies:
+    a compiled JITFunction cannot be called from interpreted code."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    module = kernel_fn.__globals__
+    with _helpers_lock:
+        saved = {name: obj for name, obj in module.items()
+                 if isinstance(obj, JITFunction) and obj.fn is not kernel_fn}
+        try:
+            for name, obj in saved.items():
+                module[name] = InterpretedFunction(obj.fn)
+            yield
+        finally:
+            module.update(saved)
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,7 +31,8 @@ _DTYPES = "fp16/bf16/fp32"
 SUPPORTED = (f"{_DTYPES} tensors, head dims that are multiples of 8 up to "
              f"{attention.MAX_HEAD_DIM} (fp32: 256), nheads a multiple of nheads_k (GQA/MQA), "
              "softmax_scale, causal, window_size, 0 <= dropout_p < 1, return_attn_probs; "
-             "no softcap, alibi_slopes or block_table")
+             "block_table (paged k/v, forward only, no dropout) in flash_attn_varlen_func; "
+             "no softcap or alibi_slopes")
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -219,12 +220,25 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``softmax_lse`` is the fp32 (nheads, total_q) logsumexp (flash-attn's
     packed layout). The dropout mask of a packed batch cannot be returned, so
     ``return_attn_probs=True`` with ``dropout_p > 0`` raises ValueError.
+
+    With ``block_table`` (int32 (batch, max_num_blocks)) k and v are paged
+    caches, (num_blocks, page_block_size, nheads_k, headdim) with
+    page_block_size a multiple of 16: sequence b's keys are the first
+    ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages (fp16/bf16,
+    headdim <= 256, no dropout, forward only: the KV-cache kernels of
+    :func:`aotriton_rocm.flash_attn_with_kvcache`).
     """
     api = "flash_attn_varlen_func"
     dropout_p, window = _check_common(api, q, k, v, dropout_p, window_size, softcap,
                                       alibi_slopes)
     if block_table is not None:
-        _fail(api, "block_table (paged KV cache) is not supported")
+        from .kvcache_api import varlen_paged_forward
+        if dropout_p:
+            _fail(api, "dropout with block_table (a paged KV cache) is not covered")
+        out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k, block_table, softmax_scale, bool(causal),
+                                        window, lambda reason: _fail(api, reason))
+        return (out, lse, None) if return_attn_probs else out
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         _fail(api, "q, k, v must be 3-D packed (total, heads, head_dim); (batch, seqlen, heads, "
                    "head_dim) tensors go to flash_attn_func")
@@ -258,3 +272,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, total_q - out.shape[0]))
         lse = torch.nn.functional.pad(lse, (0, total_q - lse.shape[1]), value=float("inf"))
     return (out, lse, None) if return_attn_probs else out
+
+
+# flash-attn's module also holds the KV-cache entry point.
+from .kvcache_api import flash_attn_with_kvcache  # noqa: E402
+
+__all__.append("flash_attn_with_kvcache")

@@ -18,7 +18,7 @@ from .paths import install_root
 from ._version import ABI_VERSION
 
 __all__ = ["ENV_VAR", "NativeError", "library", "library_path", "Tensor", "Problem", "FwdParams",
-           "BwdParams", "RuntimeOptions", "Runtime", "OK", "UNSUPPORTED", "NEEDS_LAYOUT",
+           "BwdParams", "KvcacheParams", "RuntimeOptions", "Runtime", "OK", "UNSUPPORTED", "NEEDS_LAYOUT",
            "BACKEND_AUTO", "BACKEND_HIP", "BACKEND_CUDA", "DTYPES"]
 
 ENV_VAR = "AOTRITON_ROCM_NATIVE_LIB"
@@ -67,6 +67,18 @@ class BwdParams(ctypes.Structure):
                 ("grad_bias", Tensor), ("delta", Tensor)]
 
 
+class KvcacheParams(ctypes.Structure):
+    """aotr_attn_kvcache_params (attention over a KV cache)."""
+    _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("stream", c_void_p),
+                ("q", Tensor), ("cu_seqlens_q", Tensor), ("max_seqlen_q", c_int32),
+                ("k_cache", Tensor), ("v_cache", Tensor), ("k_end", Tensor), ("k_start", Tensor),
+                ("cache_batch_idx", Tensor), ("block_table", Tensor), ("alibi_slopes", Tensor),
+                ("scale", c_float), ("softcap", c_float), ("causal", c_int32),
+                ("window_left", c_int32), ("window_right", c_int32), ("num_splits", c_int32),
+                ("out", Tensor), ("lse", Tensor), ("out_partial", Tensor),
+                ("lse_partial", Tensor)]
+
+
 class RuntimeOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("archive_dir", c_char_p),
                 ("driver_library", c_char_p), ("backend", c_int32)]
@@ -108,6 +120,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_attn_supported", c_int32, c_void_p, c_int32, POINTER(Problem), c_uint32)
     f("aotr_attn_fwd", c_int32, c_void_p, POINTER(FwdParams))
     f("aotr_attn_bwd", c_int32, c_void_p, POINTER(BwdParams))
+    f("aotr_attn_fwd_kvcache_splits", c_int32, c_void_p, POINTER(KvcacheParams), POINTER(c_int32))
+    f("aotr_attn_fwd_kvcache", c_int32, c_void_p, POINTER(KvcacheParams))
 
 
 def library() -> ctypes.CDLL:
@@ -220,6 +234,18 @@ class Runtime:
     def bwd(self, params: BwdParams) -> int:
         params.struct_size = ctypes.sizeof(BwdParams)
         return self._lib.aotr_attn_bwd(self.handle, ctypes.byref(params))
+
+    def kvcache_splits(self, params: KvcacheParams) -> int:
+        """The split count aotr_attn_fwd_kvcache will use (NativeError if refused)."""
+        params.struct_size = ctypes.sizeof(KvcacheParams)
+        n = c_int32()
+        check(self._lib.aotr_attn_fwd_kvcache_splits(self.handle, ctypes.byref(params),
+                                                     ctypes.byref(n)))
+        return n.value
+
+    def fwd_kvcache(self, params: KvcacheParams) -> int:
+        params.struct_size = ctypes.sizeof(KvcacheParams)
+        return self._lib.aotr_attn_fwd_kvcache(self.handle, ctypes.byref(params))
 
 
 def make_problem(q, k, v, *, scale: float, causal: bool = False, bottom_right: bool = True,

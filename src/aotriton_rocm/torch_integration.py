@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from . import attention, torch_compat
+from . import attention, kvcache, torch_compat
 from . import device as _device
 
 IMPL_NAME = "AOTRITON_ROCM"
@@ -136,13 +136,20 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                             alibi_slopes=None, block_table=None, num_splits=None):
     """``aten::_flash_attention_forward`` on our kernels: (B, S, H, D) tensors
     or packed (total, H, D) ones with ``cum_seq_q/k`` (variable-length
-    batches), bottom-right causal, flash-attn's sliding window, dropout.
+    batches), bottom-right causal, flash-attn's sliding window, dropout;
+    ``seqused_k``, a paged key/value with ``block_table`` and ``num_splits >
+    1`` on the KV-cache kernels (fp16/bf16, head dim <= 256, no dropout).
     Outputs are shaped as torch's meta kernel shapes them. Raises
     :class:`Unsupported`."""
     varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
+    if seqused_k is not None or block_table is not None or (num_splits or 0) > 1:
+        return _fa_kvcache_forward(query, key, value, varlen, int(max_k), dropout_p, is_causal,
+                                   return_debug_mask, scale, window_size_left, window_size_right,
+                                   seqused_k, alibi_slopes, block_table, num_splits)
+    # num_splits 0 (automatic) or 1: the one-pass kernel (it does not split;
+    # the result is the same)
     reason = _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask,
-                        seqused_k=seqused_k, alibi_slopes=alibi_slopes,
-                        block_table=block_table, num_splits=num_splits)
+                        alibi_slopes=alibi_slopes)
     if reason:
         raise Unsupported(reason)
     seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
@@ -161,6 +168,74 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                                causal_alignment="bottom_right", window_size=window,
                                dropout_p=dropout_p, rng=rng,
                                debug_mask=debug if return_debug_mask else None, varlen=varlen)
+    return out, lse, seed, offset, debug
+
+
+def _fa_key_ranges(key, varlen, seqused_k, block_table):
+    """The KV-cache kernels' view of ``_flash_attention_forward``'s keys:
+    (k_cache, v_cache index (batch rows), k_start, k_end, cache_batch_idx).
+    Paged keys: batch b's first ``seqused_k[b]`` (or cu_seqlens_k's length,
+    or every) positions of its block table; packed keys: rows
+    ``cu_seqlens_k[b] ..`` of one cache row; dense: the first ``seqused_k[b]``
+    keys of row b."""
+    if block_table is not None:
+        if seqused_k is not None:
+            k_end = seqused_k
+        elif varlen is not None:
+            k_end = varlen.cu_seqlens_k.diff()
+        else:
+            k_end = torch.full((block_table.shape[0],), block_table.shape[1] * key.shape[1],
+                               dtype=torch.int32, device=key.device)
+        return k_end, None, None
+    if varlen is not None:
+        starts = varlen.cu_seqlens_k[:-1]
+        used = varlen.cu_seqlens_k.diff() if seqused_k is None else seqused_k
+        batch = varlen.batch
+        return starts + used, starts, torch.zeros(batch, dtype=torch.int32, device=key.device)
+    return seqused_k, None, None
+
+
+def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
+                        return_debug_mask, scale, window_size_left, window_size_right, seqused_k,
+                        alibi_slopes, block_table, num_splits):
+    """``_flash_attention_forward`` with ``seqused_k``, a paged ``key``/``value``
+    (``block_table``) or ``num_splits > 1``, on the KV-cache kernels (flash-attn's
+    varlen semantics: batch b's keys are its first ``seqused_k[b]``, causal
+    and windows aligned bottom-right with them)."""
+    if dropout_p or return_debug_mask:
+        raise Unsupported("dropout or a debug mask with seqused_k, block_table or num_splits "
+                          "is not covered")
+    for name, t in (("seqused_k", seqused_k), ("block_table", block_table)):
+        if t is not None and t.device != query.device:
+            raise Unsupported(f"{name} must be on the query's device")
+    paged = block_table is not None
+    if not paged and key.dim() != (3 if varlen is not None else 4):
+        raise Unsupported("key/value must be (batch, seqlen, heads, head_dim), packed (total, "
+                          "heads, head_dim), or paged (num_blocks, page_size, heads, head_dim) "
+                          "with block_table")
+    if seqused_k is not None and (seqused_k.dtype != torch.int32 or seqused_k.dim() != 1):
+        raise Unsupported("seqused_k must be a 1-D int32 tensor")
+    k_cache, v_cache = key, value
+    if varlen is not None and not paged:
+        k_cache, v_cache = key.unsqueeze(0), value.unsqueeze(0)
+    k_end, k_start, batch_idx = _fa_key_ranges(key, varlen, seqused_k, block_table)
+    if k_end is None:  # dense keys, num_splits alone: every key
+        k_end = torch.full((query.shape[0],), key.shape[1], dtype=torch.int32, device=key.device)
+    cu_q = None if varlen is None else varlen.cu_seqlens_q
+    reason = kvcache.unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
+                                        cache_batch_idx=batch_idx, block_table=block_table,
+                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q)
+    if reason:
+        raise Unsupported(reason)
+    capacity = block_table.shape[1] * key.shape[1] if paged else k_cache.shape[1]
+    window = attention.flash_attn_window(window_size_left, window_size_right,
+                                         max_k if max_k > 0 else capacity)
+    out, lse, _ = kvcache.forward(
+        query, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=batch_idx,
+        block_table=block_table, alibi_slopes=alibi_slopes, scale=scale, causal=bool(is_causal),
+        window_size=window, num_splits=int(num_splits or 0), cu_seqlens_q=cu_q,
+        max_seqlen_q=varlen.max_seqlen_q if varlen is not None else 0)
+    seed, offset, debug = _aux_outputs(query.device, query.dtype)
     return out, lse, seed, offset, debug
 
 

@@ -242,6 +242,81 @@ AOTR_API aotr_status aotr_attn_supported(aotr_runtime *runtime, int32_t device,
 AOTR_API aotr_status aotr_attn_fwd(aotr_runtime *runtime, const aotr_attn_fwd_params *params);
 AOTR_API aotr_status aotr_attn_bwd(aotr_runtime *runtime, const aotr_attn_bwd_params *params);
 
+/* ------------------------------------------------------ attention, KV cache */
+
+/* The most splits of the keys one call may use. */
+#define AOTR_MAX_SPLITS 128
+
+/* Attention of queries over a key/value cache (flash-attn's
+ * flash_attn_with_kvcache after its append; torch's _flash_attention_forward
+ * with seqused_k / block_table / num_splits). fp16/bf16, head dims that are
+ * multiples of 8 up to 256.
+ *
+ * Queries: q (B, Sq, Hq, D) (flash-attn's layout; any strides meeting
+ * aotr_layout_ok), or packed (total_q, Hq, D) with cu_seqlens_q and
+ * max_seqlen_q. Caches, of q's dtype and head dim, Hq a multiple of Hkv:
+ * - dense: (B_cache, S_cache, Hkv, D); batch b reads cache row
+ *   cache_batch_idx[b] (or b);
+ * - paged (block_table given, int32 (B, max_blocks), unit stride along the
+ *   blocks): (num_blocks, page_size, Hkv, D), page_size a multiple of 16;
+ *   cache position n of batch b is row n % page_size of block
+ *   block_table[b][n / page_size].
+ * Batch b attends to the cache positions [k_start[b], k_end[b]) (int32
+ * (B,) device vectors; k_start absent: 0). With L = k_end[b] - k_start[b]
+ * keys, key j (counted from k_start[b]) is visible from query i iff
+ * i + L - Sq - window_left <= j <= i + L - Sq + window_right (-1:
+ * unbounded; causal sets window_right = 0): bottom-right aligned per batch.
+ * Scores: scale * q.k; softcap > 0: softcap * tanh(s / softcap); with
+ * alibi_slopes (fp32 (Hq,) or (B, Hq)) minus slope * |i + L - Sq - j|.
+ * Rows that see no key: output 0, lse +inf.
+ *
+ * Split-KV: num_splits programs share the keys of each query tile (1: no
+ * split; 0: chosen from the device's compute units, see
+ * aotr_attn_fwd_kvcache_splits). With more than one split the caller
+ * passes the workspace (this library allocates no device memory), fp32 and
+ * contiguous:
+ *   out_partial (B * Hq, splits, Sq, D), lse_partial (B * Hq, splits, Sq)
+ * (Sq: max_seqlen_q when packed); it is not read when splits == 1. */
+typedef struct aotr_attn_kvcache_params {
+    uint32_t struct_size;
+    int32_t device;
+    void *stream;
+    aotr_tensor q;
+    aotr_tensor cu_seqlens_q;     /* int32 (B + 1,), or absent */
+    int32_t max_seqlen_q;         /* packed q only */
+    aotr_tensor k_cache, v_cache;
+    aotr_tensor k_end;            /* int32 (B,) */
+    aotr_tensor k_start;          /* int32 (B,), or absent */
+    aotr_tensor cache_batch_idx;  /* int32 (B,), or absent; dense caches only */
+    aotr_tensor block_table;      /* int32 (B, max_blocks), or absent (dense) */
+    aotr_tensor alibi_slopes;     /* fp32 (Hq,) or (B, Hq), or absent */
+    float scale;
+    float softcap;                /* 0: none */
+    int32_t causal;               /* 0 or 1 */
+    int32_t window_left, window_right;
+    int32_t num_splits;           /* 0: automatic; 1 .. AOTR_MAX_SPLITS */
+    aotr_tensor out;              /* like q */
+    aotr_tensor lse;              /* fp32 (B, Hq, >= Sq); packed: (Hq, total_q) */
+    aotr_tensor out_partial;      /* workspace, see above */
+    aotr_tensor lse_partial;
+} aotr_attn_kvcache_params;
+
+/* The number of splits aotr_attn_fwd_kvcache will use for `params` (its
+ * num_splits, or with 0 the automatic choice: 1 unless the (batch, kv head,
+ * query tile) programs leave the device's compute units idle, then about two
+ * programs per compute unit, at least 4 key blocks of the cache's capacity
+ * per split, at most AOTR_MAX_SPLITS), so that the caller can size the
+ * workspace. Checks the request like aotr_attn_fwd_kvcache, launches nothing;
+ * ignores out_partial / lse_partial. */
+AOTR_API aotr_status aotr_attn_fwd_kvcache_splits(aotr_runtime *runtime,
+                                                  const aotr_attn_kvcache_params *params,
+                                                  int32_t *num_splits);
+
+/* Launch the KV-cache forward (and, with splits, the combine) on `stream`.
+ * AOTR_UNSUPPORTED / AOTR_NEEDS_LAYOUT / AOTR_INVALID_ARGUMENT launch nothing. */
+AOTR_API aotr_status aotr_attn_fwd_kvcache(aotr_runtime *runtime,
+                                           const aotr_attn_kvcache_params *params);
+
 #ifdef __cplusplus
 }
 #endif

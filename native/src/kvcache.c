@@ -1,0 +1,511 @@
+/* Attention over a KV cache (attn_fwd_kvcache + attn_fwd_kvcache_combine):
+ * request checks, the split choice, argument values by name, grids and the
+ * launches. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define INT32_LIMIT 2147483647LL
+#define KV_MAX_HEAD_DIM 256
+#define KV_PAGE_MULTIPLE 16
+#define MAX_GRID_Y 65535
+#define MAX_BLOCK 256
+
+/* -- argument names ------------------------------------------------------- */
+
+/* The names only these kernels have: pointers, then int32s, then fp32. */
+enum {
+    K_O_PART = AOTR_KV_FIRST_SLOT, K_LSE_PART, K_K_START, K_K_END, K_CACHE_BATCH_IDX,
+    K_BLOCK_TABLE, K_ALIBI,
+    K_STRIDE_BTZ, K_STRIDE_AZ, K_PAGED, K_PAGE_SIZE, K_HAS_BATCH_IDX, K_HAS_K_START,
+    K_HAS_ALIBI, K_NUM_SPLITS,
+    K_SOFTCAP,
+    K_END
+};
+_Static_assert(K_END <= AOTR_ARG_SLOTS, "AOTR_ARG_SLOTS is too small");
+
+static const char *const kv_names[K_END - AOTR_KV_FIRST_SLOT] = {
+    "O_PART", "LSE_PART", "K_START", "K_END", "CACHE_BATCH_IDX", "BLOCK_TABLE", "ALIBI",
+    "stride_btz", "stride_az", "paged", "page_size", "has_batch_idx", "has_k_start",
+    "has_alibi", "num_splits", "softcap",
+};
+
+int aotr_kv_arg_slot(const char *name)
+{
+    for (int i = AOTR_KV_FIRST_SLOT; i < K_END; i++)
+        if (strcmp(name, kv_names[i - AOTR_KV_FIRST_SLOT]) == 0)
+            return i;
+    return -1;
+}
+
+const char *aotr_kv_arg_slot_name(int slot)
+{
+    return slot >= AOTR_KV_FIRST_SLOT && slot < K_END ? kv_names[slot - AOTR_KV_FIRST_SLOT] : "?";
+}
+
+aotr_arg_kind aotr_kv_arg_slot_kind(int slot)
+{
+    if (slot <= K_ALIBI)
+        return AOTR_ARG_POINTER;
+    return slot == K_SOFTCAP ? AOTR_ARG_FP32 : AOTR_ARG_I32;
+}
+
+/* The slots of the names these kernels share with the attention kernels,
+ * looked up once. */
+static struct {
+    int q, k, v, o, lse, cu_q;
+    int sq[3], sk[3], sv[3], so[3], sl[2];
+    int batch, num_heads, gqa_group, max_seqlen_q, varlen, head_dim, window_left, window_right,
+        sm_scale;
+    int main_required[64], combine_required[32];
+} S;
+static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
+
+static void resolve_slots(void)
+{
+    static const char *const suffix[3] = {"z", "h", "m"};
+    char name[32];
+    S.q = aotr_arg_slot("Q");
+    S.k = aotr_arg_slot("K");
+    S.v = aotr_arg_slot("V");
+    S.o = aotr_arg_slot("O");
+    S.lse = aotr_arg_slot("LSE");
+    S.cu_q = aotr_arg_slot("CU_Q");
+    for (int i = 0; i < 3; i++) {
+        const char *row = i == 2 ? "n" : suffix[i];
+        snprintf(name, sizeof name, "stride_q%s", suffix[i]);
+        S.sq[i] = aotr_arg_slot(name);
+        snprintf(name, sizeof name, "stride_k%s", row);
+        S.sk[i] = aotr_arg_slot(name);
+        snprintf(name, sizeof name, "stride_v%s", row);
+        S.sv[i] = aotr_arg_slot(name);
+        snprintf(name, sizeof name, "stride_o%s", suffix[i]);
+        S.so[i] = aotr_arg_slot(name);
+    }
+    S.sl[0] = aotr_arg_slot("stride_lz");
+    S.sl[1] = aotr_arg_slot("stride_lh");
+    S.batch = aotr_arg_slot("batch");
+    S.num_heads = aotr_arg_slot("num_heads");
+    S.gqa_group = aotr_arg_slot("gqa_group");
+    S.max_seqlen_q = aotr_arg_slot("max_seqlen_q");
+    S.varlen = aotr_arg_slot("varlen");
+    S.head_dim = aotr_arg_slot("head_dim");
+    S.window_left = aotr_arg_slot("window_left");
+    S.window_right = aotr_arg_slot("window_right");
+    S.sm_scale = aotr_arg_slot("sm_scale");
+
+    int n = 0;
+    const int shared_main[] = {S.q, S.k, S.v, S.o, S.lse, S.cu_q, S.sl[0], S.sl[1], S.batch,
+                               S.num_heads, S.gqa_group, S.max_seqlen_q, S.varlen, S.head_dim,
+                               S.window_left, S.window_right, S.sm_scale};
+    for (size_t i = 0; i < sizeof shared_main / sizeof *shared_main; i++)
+        S.main_required[n++] = shared_main[i];
+    for (int i = 0; i < 3; i++) {
+        S.main_required[n++] = S.sq[i];
+        S.main_required[n++] = S.sk[i];
+        S.main_required[n++] = S.sv[i];
+        S.main_required[n++] = S.so[i];
+    }
+    for (int slot = AOTR_KV_FIRST_SLOT; slot < K_END; slot++)
+        S.main_required[n++] = slot;
+    S.main_required[n] = -1;
+
+    const int combine[] = {K_O_PART, K_LSE_PART, S.o, S.lse, S.cu_q, S.so[0], S.so[1], S.so[2],
+                           S.sl[0], S.sl[1], S.batch, S.num_heads, S.max_seqlen_q, S.varlen,
+                           S.head_dim, K_NUM_SPLITS, -1};
+    memcpy(S.combine_required, combine, sizeof combine);
+}
+
+const int *aotr_kv_required_slots(int kernel_id)
+{
+    static const int none[] = {-1};
+    pthread_once(&slots_once, resolve_slots);
+    if (kernel_id == AOTR_KERNEL_KVCACHE)
+        return S.main_required;
+    return kernel_id == AOTR_KERNEL_KVCACHE_COMBINE ? S.combine_required : none;
+}
+
+/* -- the request ---------------------------------------------------------- */
+
+typedef struct kv_dims {
+    int64_t b, h, hk, sq, d, page, capacity;
+    int varlen, paged;
+} kv_dims;
+
+static int present(const aotr_tensor *t) { return t->data != NULL; }
+
+static int rank_ok(const aotr_tensor *t)
+{
+    if (t->rank < 0 || t->rank > AOTR_MAX_RANK)
+        return 0;
+    for (int i = 0; i < t->rank; i++)
+        if (t->sizes[i] < 0)
+            return 0;
+    return 1;
+}
+
+static aotr_status bad(const char *what)
+{
+    return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: %s", what);
+}
+
+/* An int32 (B,) device vector (4-byte aligned). */
+static aotr_status check_vector(const aotr_tensor *t, int64_t b, const char *name)
+{
+    if (!rank_ok(t) || t->dtype != AOTR_INT32 || t->rank != 1 || t->sizes[0] != b ||
+        (b > 1 && t->strides[0] != 1) || ((uintptr_t)t->data & 3u))
+        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: %s must be a contiguous "
+                         "int32 (batch,) = (%lld,) device vector", name, (long long)b);
+    return AOTR_OK;
+}
+
+static aotr_status check_layout(const aotr_tensor *t, const char *name)
+{
+    if (aotr_layout_ok(t))
+        return AOTR_OK;
+    return aotr_fail(AOTR_NEEDS_LAYOUT, "aotr_attn_fwd_kvcache: %s does not meet the kernels' "
+                     "layout assumptions (unit last stride, 16-byte aligned base, other strides "
+                     "multiples of 16): pass a copy that does", name);
+}
+
+static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
+{
+    const aotr_tensor *q = &p->q, *kc = &p->k_cache, *vc = &p->v_cache;
+    if (!rank_ok(q) || !rank_ok(kc) || !rank_ok(vc) || !rank_ok(&p->cu_seqlens_q) ||
+        !rank_ok(&p->block_table) || !rank_ok(&p->alibi_slopes) || !rank_ok(&p->out) ||
+        !rank_ok(&p->lse))
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: a tensor has a rank "
+                         "outside 0..%d or a negative size", AOTR_MAX_RANK);
+    d->varlen = present(&p->cu_seqlens_q);
+    if (q->rank != (d->varlen ? 3 : 4))
+        return bad(d->varlen ? "q must be packed (total_q, heads, head_dim) with cu_seqlens_q"
+                             : "q must be (batch, seqlen_q, heads, head_dim)");
+    if (q->dtype != AOTR_FP16 && q->dtype != AOTR_BF16)
+        return bad("dtype not covered (fp16 and bf16 are)");
+    if (kc->rank != 4 || vc->rank != 4)
+        return bad("k_cache and v_cache must be 4-D: (batch_cache, seqlen_cache, heads_k, "
+                   "head_dim), or (num_blocks, page_size, heads_k, head_dim) with block_table");
+    for (int i = 0; i < 4; i++)
+        if (kc->sizes[i] != vc->sizes[i])
+            return bad("k_cache and v_cache must have one shape");
+    if (kc->dtype != q->dtype || vc->dtype != q->dtype)
+        return bad("q, k_cache and v_cache must share a dtype");
+    if (d->varlen) {
+        const aotr_tensor *cu = &p->cu_seqlens_q;
+        if (cu->dtype != AOTR_INT32 || cu->rank != 1 || cu->sizes[0] < 1 ||
+            (cu->sizes[0] > 1 && cu->strides[0] != 1))
+            return bad("cu_seqlens_q must be a contiguous int32 (batch + 1,) vector");
+        if (p->max_seqlen_q < 0)
+            return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: max_seqlen_q < 0");
+        d->b = cu->sizes[0] - 1;
+        d->sq = p->max_seqlen_q;
+    } else {
+        d->b = q->sizes[0];
+        d->sq = q->sizes[1];
+    }
+    d->h = q->sizes[q->rank - 2];
+    d->d = q->sizes[q->rank - 1];
+    d->hk = kc->sizes[2];
+    if (kc->sizes[3] != d->d)
+        return bad("the caches' head_dim differs from q's");
+    if (d->d % 8 || d->d < 8 || d->d > KV_MAX_HEAD_DIM)
+        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: head_dim %lld is not covered "
+                         "(multiples of 8 from 8 to %d are)", (long long)d->d, KV_MAX_HEAD_DIM);
+    if (d->hk == 0 || d->h % d->hk)
+        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: query heads (%lld) must be a "
+                         "multiple of key/value heads (%lld)", (long long)d->h, (long long)d->hk);
+    d->paged = present(&p->block_table);
+    d->page = kc->sizes[1];
+    d->capacity = d->page;
+    if (d->paged) {
+        const aotr_tensor *bt = &p->block_table;
+        if (present(&p->cache_batch_idx))
+            return bad("cache_batch_idx cannot be used with block_table (a paged cache)");
+        if (bt->dtype != AOTR_INT32 || bt->rank != 2 || bt->sizes[0] != d->b ||
+            (bt->sizes[1] > 1 && bt->strides[1] != 1) || ((uintptr_t)bt->data & 3u))
+            return bad("block_table must be an int32 (batch, max_blocks) tensor with a unit "
+                       "stride along its blocks");
+        if (d->page <= 0 || d->page % KV_PAGE_MULTIPLE)
+            return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: the page size "
+                             "(k_cache.sizes[1] = %lld) must be a positive multiple of %d",
+                             (long long)d->page, KV_PAGE_MULTIPLE);
+        d->capacity = bt->sizes[1] * d->page;
+    } else if (!present(&p->cache_batch_idx) && kc->sizes[0] < d->b) {
+        return bad("the dense cache holds fewer batch rows than q (pass cache_batch_idx)");
+    }
+    aotr_status st;
+    if ((st = check_vector(&p->k_end, d->b, "k_end")) != AOTR_OK)
+        return st;
+    if (present(&p->k_start) && (st = check_vector(&p->k_start, d->b, "k_start")) != AOTR_OK)
+        return st;
+    if (present(&p->cache_batch_idx) &&
+        (st = check_vector(&p->cache_batch_idx, d->b, "cache_batch_idx")) != AOTR_OK)
+        return st;
+    if (present(&p->alibi_slopes)) {
+        const aotr_tensor *a = &p->alibi_slopes;
+        int ok = a->dtype == AOTR_FP32 && ((a->rank == 1 && a->sizes[0] == d->h) ||
+                                           (a->rank == 2 && a->sizes[0] == d->b &&
+                                            a->sizes[1] == d->h));
+        if (!ok || (d->h > 1 && a->strides[a->rank - 1] != 1) || ((uintptr_t)a->data & 3u))
+            return bad("alibi_slopes must be fp32 (heads,) or (batch, heads) with a unit last "
+                       "stride");
+    }
+    if (!isfinite(p->scale) || !isfinite(p->softcap) || p->softcap < 0.0f)
+        return bad("scale must be finite and softcap finite and >= 0");
+    if (p->causal != 0 && p->causal != 1)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: causal must be 0 or 1");
+    if (p->num_splits < 0 || p->num_splits > AOTR_MAX_SPLITS)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: num_splits = %d is "
+                         "outside 0..%d", p->num_splits, AOTR_MAX_SPLITS);
+    const aotr_tensor *t3[4] = {q, kc, vc, &p->out};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < t3[i]->rank; j++)
+            if (t3[i]->strides[j] > INT32_LIMIT || t3[i]->strides[j] < 0)
+                return bad("strides beyond the kernels' 32-bit stride arguments");
+    if (d->b > INT32_LIMIT || d->h > INT32_LIMIT || d->sq * (d->h / d->hk) > INT32_LIMIT ||
+        d->capacity + d->sq > INT32_LIMIT || (d->varlen && q->sizes[0] > INT32_LIMIT))
+        return bad("sizes beyond 32 bits are not covered");
+    return AOTR_OK;
+}
+
+static aotr_status check_outputs(const aotr_attn_kvcache_params *p, const kv_dims *d,
+                                 int64_t lse_strides[2])
+{
+    const aotr_tensor *o = &p->out, *l = &p->lse;
+    int same = present(o) && o->rank == p->q.rank && o->dtype == p->q.dtype;
+    for (int i = 0; same && i < o->rank; i++)
+        same = o->sizes[i] == p->q.sizes[i];
+    if (!same)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: out must be given, "
+                         "shaped and typed like q");
+    int ok = present(l) && l->dtype == AOTR_FP32;
+    if (ok && d->varlen)
+        ok = l->rank == 2 && l->sizes[0] == d->h && l->sizes[1] >= p->q.sizes[0];
+    else if (ok)
+        ok = l->rank == 3 && l->sizes[0] == d->b && l->sizes[1] == d->h && l->sizes[2] >= d->sq;
+    if (!ok)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: lse must be an fp32 %s "
+                         "tensor", d->varlen ? "(heads, total_q)" : "(batch, heads, >= seqlen_q)");
+    if (l->strides[l->rank - 1] != 1 || ((uintptr_t)l->data & 15u))
+        return aotr_fail(AOTR_NEEDS_LAYOUT, "aotr_attn_fwd_kvcache: lse needs a unit last "
+                         "stride and a 16-byte aligned base");
+    lse_strides[0] = d->varlen ? 0 : l->strides[0];
+    lse_strides[1] = d->varlen ? l->strides[0] : l->strides[1];
+    aotr_status st;
+    if ((st = check_layout(&p->q, "q")) || (st = check_layout(&p->k_cache, "k_cache")) ||
+        (st = check_layout(&p->v_cache, "v_cache")) || (st = check_layout(o, "out")))
+        return st;
+    return AOTR_OK;
+}
+
+/* A contiguous fp32 workspace tensor of exactly `sizes`. */
+static aotr_status check_workspace(const aotr_tensor *t, const int64_t *sizes, int rank,
+                                   const char *name)
+{
+    int ok = present(t) && rank_ok(t) && t->dtype == AOTR_FP32 && t->rank == rank &&
+             !((uintptr_t)t->data & 15u);
+    int64_t stride = 1;
+    for (int i = rank - 1; ok && i >= 0; i--) {
+        ok = t->sizes[i] == sizes[i] && (sizes[i] == 1 || t->strides[i] == stride);
+        stride *= sizes[i];
+    }
+    if (!ok)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: with %lld splits %s "
+                         "must be a contiguous, 16-byte aligned fp32 tensor (batch * heads, "
+                         "splits, seqlen_q%s) = (%lld, %lld, %lld%s)", (long long)sizes[1], name,
+                         rank == 4 ? ", head_dim" : "", (long long)sizes[0], (long long)sizes[1],
+                         (long long)sizes[2], rank == 4 ? ", head_dim" : "");
+    return AOTR_OK;
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The automatic split count (see aotr_attn_fwd_kvcache_splits). */
+static int32_t auto_splits(const kv_dims *d, int32_t block_m, int32_t block_n, int32_t cus)
+{
+    int64_t programs = d->b * d->hk * cdiv(d->sq * (d->h / d->hk), block_m);
+    if (cus <= 0 || programs == 0 || programs * 5 >= (int64_t)cus * 4)
+        return 1;
+    int64_t want = cdiv(2 * (int64_t)cus, programs);
+    int64_t by_keys = cdiv(d->capacity, block_n) / 4;
+    int64_t n = want < by_keys ? want : by_keys;
+    if (n > AOTR_MAX_SPLITS)
+        n = AOTR_MAX_SPLITS;
+    return n < 1 ? 1 : (int32_t)n;
+}
+
+typedef struct kv_call {
+    kv_dims d;
+    aotr_device *dev;
+    const aotr_launchable *main, *combine;
+    int32_t splits;
+    int64_t lse_strides[2];
+} kv_call;
+
+/* Everything up to the launches: checks, kernels, the split count. */
+static aotr_status prepare(aotr_runtime *rt, const aotr_attn_kvcache_params *p, kv_call *c,
+                           const char *what)
+{
+    if (!p)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `params` is NULL", what);
+    if (!rt)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `runtime` is NULL", what);
+    if (p->struct_size < sizeof *p)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: params->struct_size is %u, at least %zu "
+                         "(set it to sizeof(aotr_attn_kvcache_params))", what, p->struct_size,
+                         sizeof *p);
+    memset(c, 0, sizeof *c);
+    aotr_status st;
+    if ((st = check_shapes(p, &c->d)) || (st = check_outputs(p, &c->d, c->lse_strides)))
+        return st;
+    if ((st = aotr_runtime_device(rt, p->device, &c->dev)) != AOTR_OK)
+        return st;
+    aotr_dtype dtype = (aotr_dtype)p->q.dtype;
+    c->main = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE, dtype, (int32_t)c->d.d, 0, 0,
+                               c->d.sq, c->d.capacity);
+    if (!c->main)
+        return AOTR_UNSUPPORTED;
+    c->combine = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE_COMBINE, dtype, (int32_t)c->d.d, 0,
+                                  0, c->d.sq, c->d.capacity);
+    if (!c->combine)
+        return AOTR_UNSUPPORTED;
+    c->splits = p->num_splits;
+    if (c->splits == 0)
+        c->splits = auto_splits(&c->d, aotr_launchable_block_m(c->main),
+                                aotr_launchable_block_n(c->main),
+                                aotr_device_compute_units(c->dev));
+    return AOTR_OK;
+}
+
+aotr_status aotr_attn_fwd_kvcache_splits(aotr_runtime *rt, const aotr_attn_kvcache_params *p,
+                                         int32_t *num_splits)
+{
+    if (!num_splits)
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_attn_fwd_kvcache_splits: `num_splits` is NULL");
+    kv_call c;
+    aotr_status st = prepare(rt, p, &c, "aotr_attn_fwd_kvcache_splits");
+    if (st == AOTR_OK)
+        *num_splits = c.splits;
+    return st;
+}
+
+/* -- argument values and launches ----------------------------------------- */
+
+static void bshd(const aotr_tensor *t, int varlen, const int slots[3], aotr_arg_value *v)
+{
+    /* (z, h, row) strides: (B, S, H, D) or packed (total, H, D) */
+    v[slots[0]].i32 = varlen ? 0 : (int32_t)t->strides[0];
+    v[slots[1]].i32 = (int32_t)t->strides[t->rank - 2];
+    v[slots[2]].i32 = (int32_t)t->strides[t->rank - 3];
+}
+
+static aotr_status grid_of(int64_t blocks, int64_t programs, uint32_t grid[3])
+{
+    int64_t y = programs < MAX_GRID_Y ? programs : MAX_GRID_Y;
+    if (y < 1)
+        y = 1;
+    int64_t z = cdiv(programs, y);
+    if (blocks > INT32_LIMIT || z > MAX_GRID_Y)
+        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: the launch grid (%lld, "
+                         "%lld, %lld) is too large", (long long)blocks, (long long)y,
+                         (long long)z);
+    grid[0] = (uint32_t)blocks;
+    grid[1] = (uint32_t)y;
+    grid[2] = (uint32_t)z;
+    return AOTR_OK;
+}
+
+static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aotr_arg_value *v)
+{
+    const kv_dims *d = &c->d;
+    void *spare = p->q.data; /* pointers a launch never dereferences */
+    v[S.q].p = p->q.data;
+    v[S.k].p = p->k_cache.data;
+    v[S.v].p = p->v_cache.data;
+    v[S.o].p = p->out.data;
+    v[S.lse].p = p->lse.data;
+    v[S.cu_q].p = d->varlen ? p->cu_seqlens_q.data : spare;
+    v[K_O_PART].p = c->splits > 1 ? p->out_partial.data : spare;
+    v[K_LSE_PART].p = c->splits > 1 ? p->lse_partial.data : spare;
+    v[K_K_START].p = present(&p->k_start) ? p->k_start.data : spare;
+    v[K_K_END].p = p->k_end.data;
+    v[K_CACHE_BATCH_IDX].p = present(&p->cache_batch_idx) ? p->cache_batch_idx.data : spare;
+    v[K_BLOCK_TABLE].p = d->paged ? p->block_table.data : spare;
+    v[K_ALIBI].p = present(&p->alibi_slopes) ? p->alibi_slopes.data : spare;
+    bshd(&p->q, d->varlen, S.sq, v);
+    bshd(&p->out, d->varlen, S.so, v);
+    /* caches: (block or cache row, head, row) */
+    const aotr_tensor *caches[2] = {&p->k_cache, &p->v_cache};
+    const int *cache_slots[2] = {S.sk, S.sv};
+    for (int i = 0; i < 2; i++) {
+        v[cache_slots[i][0]].i32 = (int32_t)caches[i]->strides[0];
+        v[cache_slots[i][1]].i32 = (int32_t)caches[i]->strides[2];
+        v[cache_slots[i][2]].i32 = (int32_t)caches[i]->strides[1];
+    }
+    v[S.sl[0]].i32 = (int32_t)c->lse_strides[0];
+    v[S.sl[1]].i32 = (int32_t)c->lse_strides[1];
+    v[K_STRIDE_BTZ].i32 = d->paged ? (int32_t)p->block_table.strides[0] : 0;
+    v[K_STRIDE_AZ].i32 = present(&p->alibi_slopes) && p->alibi_slopes.rank == 2
+                             ? (int32_t)p->alibi_slopes.strides[0] : 0;
+    v[S.batch].i32 = (int32_t)d->b;
+    v[S.num_heads].i32 = (int32_t)d->h;
+    v[S.gqa_group].i32 = (int32_t)(d->h / d->hk);
+    v[S.max_seqlen_q].i32 = (int32_t)d->sq;
+    v[S.varlen].i32 = d->varlen;
+    v[S.head_dim].i32 = (int32_t)d->d;
+    v[K_PAGED].i32 = d->paged;
+    v[K_PAGE_SIZE].i32 = d->paged ? (int32_t)d->page : 1;
+    v[K_HAS_BATCH_IDX].i32 = present(&p->cache_batch_idx);
+    v[K_HAS_K_START].i32 = present(&p->k_start);
+    v[K_HAS_ALIBI].i32 = present(&p->alibi_slopes);
+    /* the window, clamped to seqlen_q + capacity (the same mask) so that no
+     * bound overflows int32; causal is right = 0 */
+    int64_t cap = d->sq + d->capacity;
+    int64_t left = p->window_left, right = p->causal ? 0 : p->window_right;
+    v[S.window_left].i32 = (int32_t)(left < 0 ? -1 : left < cap ? left : cap);
+    v[S.window_right].i32 = (int32_t)(right < 0 ? -1 : right < cap ? right : cap);
+    v[S.sm_scale].f32 = p->scale;
+    v[K_SOFTCAP].f32 = p->softcap;
+    v[K_NUM_SPLITS].i32 = c->splits;
+}
+
+aotr_status aotr_attn_fwd_kvcache(aotr_runtime *rt, const aotr_attn_kvcache_params *p)
+{
+    kv_call c;
+    aotr_status st = prepare(rt, p, &c, "aotr_attn_fwd_kvcache");
+    if (st != AOTR_OK)
+        return st;
+    const kv_dims *d = &c.d;
+    if (d->b * d->h * d->sq == 0)
+        return AOTR_OK; /* nothing to compute */
+    if (c.splits > 1) {
+        int64_t o_sizes[4] = {d->b * d->h, c.splits, d->sq, d->d};
+        if ((st = check_workspace(&p->out_partial, o_sizes, 4, "out_partial")) ||
+            (st = check_workspace(&p->lse_partial, o_sizes, 3, "lse_partial")))
+            return st;
+    }
+    pthread_once(&slots_once, resolve_slots);
+    aotr_arg_value v[AOTR_ARG_SLOTS];
+    memset(v, 0, sizeof v);
+    fill_values(p, &c, v);
+    uint32_t main_grid[3], combine_grid[3];
+    int64_t rows = d->sq * (d->h / d->hk);
+    if ((st = grid_of(cdiv(rows, aotr_launchable_block_m(c.main)) * c.splits, d->b * d->hk,
+                      main_grid)) ||
+        (st = grid_of(cdiv(d->sq, aotr_launchable_block_m(c.combine)), d->b * d->h,
+                      combine_grid)))
+        return st;
+    /* Check both before the first launch, so a refusal launches nothing. */
+    if ((st = aotr_launchable_check(c.main, v)) ||
+        (c.splits > 1 && (st = aotr_launchable_check(c.combine, v))))
+        return st;
+    if ((st = aotr_device_launch(rt, c.dev, c.main, main_grid, p->stream, v)) != AOTR_OK)
+        return st;
+    if (c.splits > 1)
+        st = aotr_device_launch(rt, c.dev, c.combine, combine_grid, p->stream, v);
+    return st;
+}
