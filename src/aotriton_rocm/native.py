@@ -18,7 +18,7 @@ from .paths import install_root
 from ._version import ABI_VERSION
 
 __all__ = ["ENV_VAR", "NativeError", "library", "library_path", "Tensor", "Problem", "FwdParams",
-           "BwdParams", "RuntimeOptions", "Runtime", "OK", "UNSUPPORTED", "NEEDS_LAYOUT",
+           "BwdParams", "DropoutUniformParams", "RuntimeOptions", "Runtime", "OK", "UNSUPPORTED", "NEEDS_LAYOUT",
            "BACKEND_AUTO", "BACKEND_HIP", "BACKEND_CUDA", "DTYPES"]
 
 ENV_VAR = "AOTRITON_ROCM_NATIVE_LIB"
@@ -67,6 +67,12 @@ class BwdParams(ctypes.Structure):
                 ("grad_bias", Tensor), ("delta", Tensor)]
 
 
+class DropoutUniformParams(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("stream", c_void_p),
+                ("out", Tensor), ("philox_seed", Tensor), ("philox_offset", Tensor),
+                ("dropout_p", c_float), ("encode_keep", c_int32)]
+
+
 class RuntimeOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("archive_dir", c_char_p),
                 ("driver_library", c_char_p), ("backend", c_int32)]
@@ -108,6 +114,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_attn_supported", c_int32, c_void_p, c_int32, POINTER(Problem), c_uint32)
     f("aotr_attn_fwd", c_int32, c_void_p, POINTER(FwdParams))
     f("aotr_attn_bwd", c_int32, c_void_p, POINTER(BwdParams))
+    if hasattr(lib, "aotr_dropout_uniform"):  # added in 0.1.1
+        f("aotr_dropout_uniform", c_int32, c_void_p, POINTER(DropoutUniformParams))
 
 
 def library() -> ctypes.CDLL:
@@ -220,6 +228,10 @@ class Runtime:
     def bwd(self, params: BwdParams) -> int:
         params.struct_size = ctypes.sizeof(BwdParams)
         return self._lib.aotr_attn_bwd(self.handle, ctypes.byref(params))
+
+    def dropout_uniform(self, params: DropoutUniformParams) -> int:
+        params.struct_size = ctypes.sizeof(DropoutUniformParams)
+        return self._lib.aotr_dropout_uniform(self.handle, ctypes.byref(params))
 
 
 def make_problem(q, k, v, *, scale: float, causal: bool = False, bottom_right: bool = True,
