@@ -17,46 +17,13 @@ import torch
 
 import aotriton_rocm
 import attn_reference as ref
+from dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
+                             softmax_reference)
 import philox_reference
 from aotriton_rocm import attention, dropout_masks
 from aotriton_rocm import torch_integration as ti
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
-
-
-def _round128(n: int) -> int:
-    return -(-n // 128) * 128
-
-
-def normalise_like_flash_attn(s_dmask, q, k, scale, vis, block_n):
-    """flash-attn's test-side reading of S_dmask, written from its convention:
-    crop to (Sq, Sk), zero the entries a row does not see, then per key block
-    J of block_n columns multiply |S| by exp(m_J - lse), m_J the suffix
-    maximum over blocks >= J of the row's (masked) block maxima. q, k: (B, H,
-    S, D) (k repeated for GQA); returns the probabilities (float64) and the
-    keep mask (S >= 0)."""
-    sq, sk = q.shape[2], k.shape[2]
-    s = s_dmask[:, :, :sq, :sk].double().masked_fill(~vis, 0.0)
-    kr = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    scores = torch.matmul(q.double(), kr.double().transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~vis, float("-inf"))
-    lse = torch.logsumexp(scores, -1, keepdim=True)
-    lse = lse.masked_fill(lse == float("-inf"), float("inf"))
-    probs = []
-    starts = range(0, sk, block_n)
-    block_max = torch.stack([scores[..., j:j + block_n].amax(-1) for j in starts], -1)
-    suffix = block_max.flip(-1).cummax(-1).values.flip(-1)
-    for n, j in enumerate(starts):
-        probs.append(s[..., j:j + block_n].abs() * torch.exp(suffix[..., n:n + 1] - lse))
-    return torch.cat(probs, -1), s >= 0
-
-
-def softmax_reference(q, k, scale, vis):
-    kr = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-    scores = (torch.matmul(q.double(), kr.double().transpose(-1, -2)) * scale).masked_fill(
-        ~vis, float("-inf"))
-    rows = vis.any(-1, keepdim=True)
-    return torch.softmax(scores.masked_fill(~rows, 0.0), -1) * rows
 
 
 def test_block_n_follows_flash_attns_table_with_dropout():
@@ -87,7 +54,7 @@ def test_flash_attn_func_s_dmask_normalises_to_the_probabilities(case):
     out, lse, s_dmask = aotriton_rocm.flash_attn_func(q, k, v, dropout_p=p, softmax_scale=scale,
                                                       causal=causal, window_size=window,
                                                       return_attn_probs=True)
-    assert s_dmask.shape == (2, h, _round128(sq), _round128(sk)) and s_dmask.dtype == dtype
+    assert s_dmask.shape == (2, h, round128(sq), round128(sk)) and s_dmask.dtype == dtype
     # Padding rows/columns and keys a row does not see hold 0.
     assert not s_dmask[:, :, sq:].any() and not s_dmask[..., sk:].any()
     vis = ref.visible(sq, sk, causal, window)
@@ -142,7 +109,7 @@ def test_flash_attn_varlen_func_s_dmask_per_sequence(causal, window):
     out, lse, s_dmask = aotriton_rocm.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=p, causal=causal, window_size=window,
         return_attn_probs=True)
-    assert s_dmask.shape == (4, h, _round128(max_q), _round128(max_k))
+    assert s_dmask.shape == (4, h, round128(max_q), round128(max_k))
     torch.manual_seed(8)
     rng = tuple(attention.new_rng_state(torch.device("cpu")))
     model = philox_reference.keep_mask_for(rng, (4, h, max_q, max_k), p)
@@ -213,20 +180,7 @@ def test_fill_mem_eff_dropout_mask_regenerates_our_efficient_ops_mask(dtype):
     golden, lp = (math_op(*(t.to(dt) for t in (q, k, v)), dropout_p=p, is_causal=True,
                           dropout_mask=keep.float())[0]
                   for dt in (ref.golden_dtype(dtype), dtype))
-    _check_like_torch(out, golden, lp, fudge=6.0 if torch.version.hip else 3.0)
-
-
-def _check_like_torch(test, golden, lp, fudge):
-    """torch's check_out_and_grad: assert_close with atol / rtol of fudge
-    times the low-precision reference's own deviation (floored at torch's
-    default tolerances of the dtype)."""
-    atol0 = {torch.float16: 1e-3, torch.bfloat16: 1e-3, torch.float32: 1e-5}[test.dtype]
-    rtol0 = {torch.float16: 1e-3, torch.bfloat16: 1.6e-2, torch.float32: 1.3e-6}[test.dtype]
-    dev = golden - lp.to(golden.dtype)
-    atol = fudge * max(dev.abs().max().item(), atol0)
-    rel = torch.nan_to_num((dev / golden).abs(), nan=rtol0).max().item()
-    rtol = fudge * max(rel, rtol0)
-    torch.testing.assert_close(test.to(golden.dtype), golden, atol=atol, rtol=rtol)
+    check_like_torch(out, golden, lp, fudge=6.0 if torch.version.hip else 3.0)
 
 
 def test_fill_mem_eff_dropout_mask_is_ours_only_while_enabled():
@@ -239,3 +193,22 @@ def test_fill_mem_eff_dropout_mask_is_ours_only_while_enabled():
     assert torch.equal(mask, philox_reference.uniform(7, 11, (1, 1, 4, 8)))
     with pytest.raises(NotImplementedError):  # torch has no CPU kernel of its own
         torch._fill_mem_eff_dropout_mask_(mask, 0.5, 7, 11)
+
+
+def test_fill_mem_eff_dropout_mask_leaves_torchs_own_draws_to_torch(monkeypatch):
+    # A (seed, offset) that torch's efficient kernel returned (our override
+    # fell back to it) is torch's to regenerate; on the CPU, where torch has
+    # no kernel of its own, that is an error naming the reason.
+    monkeypatch.setattr(ti, "_TORCH_PHILOX", type(ti._TORCH_PHILOX)())
+    ti._note_torch_philox(torch.tensor(42), torch.tensor(1024))
+    ti._note_torch_philox(torch.tensor(1, device="meta"), torch.tensor(2, device="meta"))
+    assert list(ti._TORCH_PHILOX) == [(42, 1024)]  # device scalars are not read
+    mask = torch.empty(1, 1, 4, 8)
+    aotriton_rocm.enable(cpu_interpreter=True)
+    try:
+        with pytest.raises(RuntimeError, match="torch's kernel drew this mask"):
+            torch._fill_mem_eff_dropout_mask_(mask, 0.5, 42, 1024)
+        torch._fill_mem_eff_dropout_mask_(mask, 0.5, 42, 1025)  # ours
+    finally:
+        aotriton_rocm.disable()
+    assert torch.equal(mask, philox_reference.uniform(42, 1025, (1, 1, 4, 8)))

@@ -114,7 +114,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_attn_supported", c_int32, c_void_p, c_int32, POINTER(Problem), c_uint32)
     f("aotr_attn_fwd", c_int32, c_void_p, POINTER(FwdParams))
     f("aotr_attn_bwd", c_int32, c_void_p, POINTER(BwdParams))
-    if hasattr(lib, "aotr_dropout_uniform"):  # added in 0.1.1
+    if hasattr(lib, "aotr_dropout_uniform"):  # absent from older builds
         f("aotr_dropout_uniform", c_int32, c_void_p, POINTER(DropoutUniformParams))
 
 

@@ -15,6 +15,7 @@ hand that kernel out, the lower-level op torch's SDPA kernel itself calls
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import threading
@@ -246,6 +247,28 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     return (*grads, bias_grad)
 
 
+# (seed, offset) of efficient-op calls that torch's kernel served (a call our
+# kernels do not cover): its mask is torch's to regenerate. Newest last.
+_TORCH_PHILOX: "collections.OrderedDict[tuple[int, int], None]" = collections.OrderedDict()
+_TORCH_PHILOX_KEEP = 4096
+
+
+def _note_torch_philox(seed, offset) -> None:
+    """Remember the Philox state torch's efficient kernel returned, where
+    reading it costs nothing: CUDA builds return host scalars outside graph
+    capture (device scalars, as ROCm builds return, are left unread: that
+    would synchronise every such call)."""
+    if not (isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor)):
+        return
+    if seed.device.type != "cpu" or offset.device.type != "cpu" or seed.numel() != 1 \
+            or offset.numel() != 1:
+        return
+    with _warn_lock:
+        _TORCH_PHILOX[(int(seed.item()), int(offset.item()))] = None
+        while len(_TORCH_PHILOX) > _TORCH_PHILOX_KEEP:
+            _TORCH_PHILOX.popitem(last=False)
+
+
 def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
     """``aten::_fill_mem_eff_dropout_mask_`` as our kernels drew the mask:
     torch's tests regenerate the efficient op's dropout mask with it from the
@@ -254,12 +277,17 @@ def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
     writes: its tests read ``u > dropout_p``), or on ROCm builds of torch
     0.5 where kept and -0.5 where dropped (torch's ROCm encoding: its tests
     read ``> 0``). Raises :class:`Unsupported` where torch's kernel must
-    serve the call (a tensor torch's own checks refuse, or no kernel image
-    for the device: then the efficient op ran torch's kernels too)."""
+    serve the call (a tensor torch's own checks refuse; no kernel image for
+    the device: then the efficient op ran torch's kernels too; or the seed
+    and offset torch's efficient kernel returned when our override fell back
+    to it, as far as they can be read without a device synchronisation: CUDA
+    builds outside graph capture)."""
     from . import backends, dropout_masks, native
 
     if mask.dtype != torch.float32 or mask.dim() != 4 or not mask.is_contiguous():
         raise Unsupported("the mask is not a contiguous float32 4-D tensor")
+    if (int(seed), int(offset)) in _TORCH_PHILOX:
+        raise Unsupported("torch's kernel drew this mask (the efficient op fell back to it)")
     backend = backends.backend_for(mask)
     if backend is None or getattr(backend, "problem", None):
         raise Unsupported(getattr(backend, "problem", None) or f"no backend for {mask.device}")
@@ -491,7 +519,13 @@ class _Overrides:
     # 2.13 adds block_table and num_splits to it.
     _fa_fwd = _routed(_FA, flash_attention_forward)
     _fa_bwd = _routed(_FA_BWD, flash_attention_backward)
-    _eff_fwd = _routed(_EFF, efficient_attention_forward)
+    def _eff_fwd(self, keyset, *args, **kwargs):
+        try:
+            return efficient_attention_forward(*args, **kwargs)
+        except Unsupported as exc:
+            result = self._fallback(_EFF, keyset, str(exc), *args, **kwargs)
+            _note_torch_philox(result[2], result[3])
+            return result
     _eff_bwd = _routed(_EFF_BWD, efficient_attention_backward)
 
     # aten::_scaled_dot_product_flash_attention_for_cpu
