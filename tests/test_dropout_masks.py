@@ -212,3 +212,20 @@ def test_fill_mem_eff_dropout_mask_leaves_torchs_own_draws_to_torch(monkeypatch)
     finally:
         aotriton_rocm.disable()
     assert torch.equal(mask, philox_reference.uniform(42, 1025, (1, 1, 4, 8)))
+
+
+def test_flash_attention_forward_debug_mask_of_a_packed_batch():
+    # torch's _flash_attention_forward with cum_seq_q/k and return_debug_mask:
+    # (batch, heads, max_q, max_k), sequence b at the top left of [b], its
+    # sign the kernel's keep mask (the host Philox model's).
+    lens_q, lens_k, h, d, p = [7, 12], [9, 4], 2, 16, 0.4
+    gen = torch.Generator().manual_seed(2)
+    cu_q, q = _packed(lens_q, h, d, torch.float16, gen)
+    cu_k, k = _packed(lens_k, h, d, torch.float16, gen)
+    out, lse, seed, offset, debug = ti.flash_attention_forward(
+        q, k, k, cu_q, cu_k, 12, 9, p, False, True)
+    assert debug.shape == (2, h, 12, 9)
+    model = philox_reference.keep_mask_for(ti._rng_inputs(seed, offset), (2, h, 12, 9), p)
+    for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
+        assert torch.equal(~torch.signbit(debug[b, :, :lq, :lk]), model[b, :, :lq, :lk])
+        assert not debug[b, :, lq:].any() and not debug[b, :, :, lk:].any()
