@@ -429,6 +429,8 @@ class _Overrides:
         """Our ``_fill_mem_eff_dropout_mask_`` on ``key``, also where torch
         cannot hand out its kernel (torch < 2.9) or has none (CPU): the op
         only serves tests, and a call we cannot serve raises then."""
+        if not hasattr(torch.ops.aten, _FILL.split("::")[1]):
+            return  # a torch without the op
         fallback = None
         if hasattr(torch.library, "get_kernel"):
             try:
@@ -448,10 +450,13 @@ class _Overrides:
             key = "CPU" if mask.device.type == "cpu" else "CUDA"
             original = self._fill_orig.get(key)
             if original is None:
+                why = ("torch has no kernel of its own for this device" if key == "CPU" or
+                       hasattr(torch.library, "get_kernel") else
+                       f"torch {torch.__version__} cannot hand its own kernel back "
+                       "(torch.library.get_kernel arrived in torch 2.9)")
                 raise RuntimeError(
-                    f"aotriton-rocm: _fill_mem_eff_dropout_mask_ is not covered here ({exc}), "
-                    f"and torch {torch.__version__} has no kernel of its own to hand it to "
-                    "here") from None
+                    f"aotriton-rocm: _fill_mem_eff_dropout_mask_ is not ours to serve here "
+                    f"({exc}), and {why}: call aotriton_rocm.disable() around it") from None
             _warn_fallback("_fill_mem_eff_dropout_mask_", str(exc))
             return original(keyset, mask, dropout_p, seed, offset)
 
