@@ -77,11 +77,14 @@ Conventions shared by all kernels:
 * ``ENABLE_DROPOUT``: score (z, h, i, j) is kept iff the top 24 bits of the
   first word of Philox-4x32-10 (key: the seed at ``RNG_SEED``; counter: the
   offset at ``RNG_OFFSET`` plus ``((z * heads + h) * max_seqlen_q + i) *
-  max_seqlen_k + j``), read as a uniform draw in [0, 1), are >= ``dropout_p``;
+  max_seqlen_k + j``), plus one, times 2**-24 (a uniform draw u in (0, 1],
+  like curand_uniform's range), is > ``dropout_p`` (torch's rule for the
+  efficient op's mask: ``u > p``; u is never 0, so p = 0 keeps everything);
   kept probabilities are scaled by 1 / (1 - dropout_p). Seed and offset are
   read from device memory, so a CUDA graph replays with whatever the
   captured RNG op wrote there. The backward kernels regenerate the same
-  draws. Philox is written out in each kernel (see below why no helper);
+  draws, and ``dropout_uniform`` writes them out for torch's mask
+  regeneration. Philox is written out in each kernel (see below why no helper);
   with ``store_dmask`` the forward writes the unnormalised probability to
   DMASK, negated where dropped;
 * ``UPCAST_DOT=True`` (CPU interpreter only) converts every dot operand to
@@ -291,8 +294,8 @@ def attn_fwd(
                 v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
             if ENABLE_DROPOUT:
                 # Philox-4x32-10 on the element's 64-bit counter; the top 24
-                # bits of the first word are a uniform draw u in [0, 1); the
-                # element is kept iff u >= dropout_p.
+                # bits of the first word, plus one, are a uniform draw u in
+                # (0, 1] (units of 2**-24); the element is kept iff u > dropout_p.
                 inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
                 cnt = rng_row + inner
                 c0 = cnt.to(tl.uint32)
@@ -310,7 +313,7 @@ def attn_fwd(
                     c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
                     k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
                     k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
-                kept = (c0 >> 8).to(tl.int32).to(tl.float32) * INV_2_24 >= dropout_p
+                kept = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24 > dropout_p
                 if store_dmask != 0:
                     # The debug mask: the unnormalised probability, negated where dropped.
                     tl.store(DMASK + elem_row + inner, tl.where(kept, p, -p).to(
@@ -565,7 +568,7 @@ def attn_bwd_dkdv(
                         c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
                         k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
                         k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
-                    kept = (c0 >> 8).to(tl.int32).to(tl.float32) * INV_2_24 >= dropout_p
+                    kept = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24 > dropout_p
                     pT_lp = (tl.where(kept, pT, 0.0) * drop_scale).to(DO.dtype.element_ty)
                     dpT = tl.where(kept, dpT * drop_scale, 0.0)
                 else:
@@ -760,7 +763,7 @@ def attn_bwd_dq(
                     c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
                     k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
                     k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
-                kept = (c0 >> 8).to(tl.int32).to(tl.float32) * INV_2_24 >= dropout_p
+                kept = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24 > dropout_p
                 dp = tl.where(kept, dp * drop_scale, 0.0)
             ds = p * (dp - delta[:, None])
             if HAS_BIAS:
@@ -777,3 +780,51 @@ def attn_bwd_dq(
     dq = dq * sm_scale
     tl.store(dq_blk + (offs_m0[:, None] * stride_dqm + offs_d[None, :]), dq.to(DQ.dtype.element_ty),
              mask=q_mask)
+
+
+@triton.jit
+def dropout_uniform(
+    R, RNG_SEED, RNG_OFFSET,
+    batch, num_heads, max_seqlen_q, max_seqlen_k, dropout_p, encode_keep,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """The attention kernels' dropout draws, written to R: a contiguous fp32
+    (batch, num_heads, max_seqlen_q, max_seqlen_k) tensor whose element e
+    gets the draw u of Philox counter RNG_OFFSET + e (see ``ENABLE_DROPOUT``
+    in the module docstring: u in (0, 1], kept iff u > dropout_p). With
+    ``encode_keep`` it writes 0.5 where the element is kept and -0.5 where
+    it is dropped instead (torch's ROCm encoding of the same mask)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    # Programs past batch * heads (the grid is rounded up) store nothing.
+    rows = tl.where(off_zh < batch * num_heads, max_seqlen_q, 0)
+    seed = tl.load(RNG_SEED)
+    elem_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
+    rng_row = tl.load(RNG_OFFSET) + elem_row
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_ok = start_m + offs_m0 < rows
+    for start_n in range(0, max_seqlen_k, BLOCK_N):
+        cols = start_n + offs_n
+        inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
+        cnt = rng_row + inner
+        c0 = cnt.to(tl.uint32)
+        c1 = (cnt >> 32).to(tl.uint32)
+        c2 = c0 * 0
+        c3 = c2
+        k0 = seed.to(tl.uint32)
+        k1 = (seed >> 32).to(tl.uint32)
+        for _ in tl.static_range(PHILOX_ROUNDS):
+            a0 = c0
+            a2 = c2
+            c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
+            c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
+            c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
+            c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
+            k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
+            k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
+        u = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24
+        if encode_keep != 0:
+            u = tl.where(u > dropout_p, 0.5, -0.5)
+        tl.store(R + elem_row + inner, u, mask=row_ok[:, None] & (cols < max_seqlen_k)[None, :])

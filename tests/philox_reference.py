@@ -1,10 +1,11 @@
 """An independent host model of the kernels' dropout mask (numpy, no triton).
 
 The kernels keep score (z, h, i, j) of the (B, H, max_seqlen_q, max_seqlen_k)
-matrix iff the uniform draw u >= dropout_p, where u is the top 24 bits of the
-first word of Philox-4x32-10 (Salmon et al., SC 2011) keyed by the 64-bit seed,
-at counter (e + offset) split into its low and high 32-bit words, and e =
-((z * H + h) * max_seqlen_q + i) * max_seqlen_k + j.
+matrix iff the uniform draw u > dropout_p, where u in (0, 1] is (the top 24
+bits of the first word of Philox-4x32-10 (Salmon et al., SC 2011) keyed by the
+64-bit seed, at counter (e + offset) split into its low and high 32-bit words,
+plus one) times 2**-24, and e = ((z * H + h) * max_seqlen_q + i) * max_seqlen_k
++ j.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ import torch
 _MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def keep_mask(seed: int, offset: int, shape: tuple[int, int, int, int],
-              dropout_p: float) -> torch.Tensor:
-    """The boolean keep mask of shape (B, H, Sq, Sk) (max seqlens)."""
+def uniform(seed: int, offset: int, shape: tuple[int, int, int, int]) -> torch.Tensor:
+    """The fp32 draws u in (0, 1] of shape (B, H, Sq, Sk) (max seqlens)."""
     n = int(np.prod(shape))
     counter = np.arange(n, dtype=np.uint64) + np.uint64(offset % 2**64)
     c0, c1 = counter & _MASK32, counter >> np.uint64(32)
@@ -34,8 +34,14 @@ def keep_mask(seed: int, offset: int, shape: tuple[int, int, int, int],
         c3 = (m0 * a0) & _MASK32
         k0 = (k0 + np.uint64(0x9E3779B9)) & _MASK32
         k1 = (k1 + np.uint64(0xBB67AE85)) & _MASK32
-    u = (c0 >> np.uint64(8)).astype(np.float32) * np.float32(1.0 / 16777216.0)
-    return torch.from_numpy(u >= np.float32(dropout_p)).reshape(shape)
+    u = ((c0 >> np.uint64(8)) + np.uint64(1)).astype(np.float32) * np.float32(1.0 / 16777216.0)
+    return torch.from_numpy(u).reshape(shape)
+
+
+def keep_mask(seed: int, offset: int, shape: tuple[int, int, int, int],
+              dropout_p: float) -> torch.Tensor:
+    """The boolean keep mask of shape (B, H, Sq, Sk) (max seqlens)."""
+    return uniform(seed, offset, shape) > np.float32(dropout_p)
 
 
 def keep_mask_for(rng: tuple[torch.Tensor, torch.Tensor], shape, dropout_p: float) -> torch.Tensor:

@@ -22,6 +22,7 @@ enum {
     A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K, A_VARLEN, A_HEAD_DIM,
     A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_STORE_DMASK, A_STORE_DBIAS,
     A_SM_SCALE, A_DROPOUT_P,
+    A_R, A_ENCODE_KEEP, /* dropout_uniform */
     A_COUNT
 };
 _Static_assert(A_COUNT <= AOTR_KV_FIRST_SLOT, "AOTR_KV_FIRST_SLOT is too small");
@@ -38,6 +39,7 @@ static const char *const slot_names[A_COUNT] = {
     "batch", "num_heads", "gqa_group", "max_seqlen_q", "max_seqlen_k", "varlen", "head_dim",
     "bottom_right", "window_left", "window_right", "store_dmask", "store_dbias",
     "sm_scale", "dropout_p",
+    "R", "encode_keep",
 };
 
 int aotr_arg_slot(const char *name)
@@ -59,9 +61,9 @@ aotr_arg_kind aotr_arg_slot_kind(int slot)
 {
     if (slot >= AOTR_KV_FIRST_SLOT)
         return aotr_kv_arg_slot_kind(slot);
-    if (slot <= A_DBIAS)
+    if (slot <= A_DBIAS || slot == A_R)
         return AOTR_ARG_POINTER;
-    return slot >= A_SM_SCALE ? AOTR_ARG_FP32 : AOTR_ARG_I32;
+    return slot == A_SM_SCALE || slot == A_DROPOUT_P ? AOTR_ARG_FP32 : AOTR_ARG_I32;
 }
 
 static const int fwd_slots[] = {
@@ -87,6 +89,9 @@ static const int dq_slots[] = {
     A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
     A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE,
     A_DROPOUT_P, A_STORE_DBIAS, -1};
+static const int uniform_slots[] = {
+    A_R, A_RNG_SEED, A_RNG_OFFSET, A_BATCH, A_NUM_HEADS, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
+    A_DROPOUT_P, A_ENCODE_KEEP, -1};
 
 const int *aotr_kernel_required_slots(int kernel_id)
 {
@@ -94,6 +99,8 @@ const int *aotr_kernel_required_slots(int kernel_id)
     static const int none[] = {-1};
     if (kernel_id == AOTR_KERNEL_KVCACHE || kernel_id == AOTR_KERNEL_KVCACHE_COMBINE)
         return aotr_kv_required_slots(kernel_id);
+    if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM)
+        return uniform_slots;
     return kernel_id >= 0 && kernel_id <= AOTR_KERNEL_BWD_DQ ? table[kernel_id] : none;
 }
 
@@ -262,8 +269,8 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
         if (d.b > INT32_LIMIT || p->q.sizes[0] > INT32_LIMIT || p->k.sizes[0] > INT32_LIMIT)
             return aotr_fail(AOTR_UNSUPPORTED, "more than 2**31 packed rows");
         if (present(&p->bias))
-            return aotr_fail(AOTR_UNSUPPORTED, "an attn_mask or a debug mask with a "
-                             "variable-length batch is not covered");
+            return aotr_fail(AOTR_UNSUPPORTED, "an attn_mask with a variable-length batch "
+                             "is not covered");
     }
     if (present(&p->bias)) {
         if ((st = check_tensor(&p->bias, "bias")) != AOTR_OK)
@@ -532,9 +539,8 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
     const aotr_tensor *dm = &params->debug_mask;
     int store_dmask = present(dm);
     if (store_dmask) {
-        if (d.varlen)
-            return aotr_fail(AOTR_UNSUPPORTED, "an attn_mask or a debug mask with a "
-                             "variable-length batch is not covered");
+        /* Variable-length batches too: (batch, heads, max_seqlen_q,
+         * max_seqlen_k), sequence z at the top left of [z]. */
         int ok = dm->rank == 4 && dm->dtype == p->q.dtype && dm->sizes[0] == d.b &&
                  dm->sizes[1] == d.h && dm->sizes[2] == d.sq && dm->sizes[3] == d.sk &&
                  dm->strides[3] == 1 && dm->strides[2] == d.sk && dm->strides[1] == d.sq * d.sk &&
@@ -651,5 +657,85 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
                      params->stream, v)) != AOTR_OK)
         return st;
     return launch(rt, dev, dq, cdiv(d.sq, aotr_launchable_block_m(dq)), d.b * d.h,
+                  params->stream, v);
+}
+
+/* -- dropout draws ---------------------------------------------------------- */
+
+static aotr_status check_philox(const aotr_tensor *t, const char *name)
+{
+    aotr_status st = check_tensor(t, name);
+    if (st != AOTR_OK)
+        return st;
+    if (!present(t) || t->dtype != AOTR_INT64 || numel(t) < 1 || ((uintptr_t)t->data & 7u))
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be an 8-byte aligned int64 device "
+                         "scalar (the forward's)", name);
+    return AOTR_OK;
+}
+
+/* A contiguous fp32 (B, H, Sq, Sk) tensor whose sizes fit the kernel's 32-bit arguments. */
+static aotr_status check_draws_out(const aotr_tensor *t)
+{
+    aotr_status st = check_tensor(t, "out");
+    if (st != AOTR_OK)
+        return st;
+    if ((!present(t) && numel(t) > 0) || t->rank != 4 || t->dtype != AOTR_FP32)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "out must be an fp32 (batch, heads, seqlen_q, "
+                         "seqlen_k) tensor");
+    const int64_t *n = t->sizes;
+    if (numel(t) == 0)
+        return AOTR_OK; /* nothing is written: any strides, any address */
+    if (t->strides[3] != 1 || t->strides[2] != n[3] || t->strides[1] != n[2] * n[3] ||
+        t->strides[0] != n[1] * n[2] * n[3])
+        return aotr_fail(AOTR_NEEDS_LAYOUT, "out must be contiguous: pass a contiguous tensor "
+                         "and copy from it");
+    if (n[0] * n[1] > INT32_LIMIT || n[2] > INT32_LIMIT || n[3] > INT32_LIMIT)
+        return aotr_fail(AOTR_UNSUPPORTED, "sizes beyond 32 bits are not covered");
+    return AOTR_OK;
+}
+
+aotr_status aotr_dropout_uniform(aotr_runtime *rt, const aotr_dropout_uniform_params *params)
+{
+    if (!params)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_dropout_uniform: `params` is NULL");
+    if (!rt)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_dropout_uniform: `runtime` is NULL");
+    if (params->struct_size < sizeof *params)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_dropout_uniform: params->struct_size is "
+                         "%u, at least %zu (set it to sizeof the params struct)",
+                         params->struct_size, sizeof *params);
+    aotr_status st;
+    if ((st = check_draws_out(&params->out)) ||
+        (st = check_philox(&params->philox_seed, "philox_seed")) ||
+        (st = check_philox(&params->philox_offset, "philox_offset")))
+        return st;
+    if (!(params->dropout_p >= 0.0f && params->dropout_p <= 1.0f))
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "dropout_p=%g is outside [0, 1]",
+                         (double)params->dropout_p);
+    if (params->encode_keep != 0 && params->encode_keep != 1)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "encode_keep must be 0 or 1, not %d",
+                         params->encode_keep);
+    const int64_t *n = params->out.sizes;
+    if (numel(&params->out) == 0)
+        return AOTR_OK; /* nothing to write */
+    aotr_arg_value v[A_COUNT];
+    memset(v, 0, sizeof v);
+    v[A_R].p = params->out.data;
+    v[A_RNG_SEED].p = params->philox_seed.data;
+    v[A_RNG_OFFSET].p = params->philox_offset.data;
+    v[A_BATCH].i32 = (int32_t)n[0];
+    v[A_NUM_HEADS].i32 = (int32_t)n[1];
+    v[A_MAX_SEQLEN_Q].i32 = (int32_t)n[2];
+    v[A_MAX_SEQLEN_K].i32 = (int32_t)n[3];
+    v[A_DROPOUT_P].f32 = params->dropout_p;
+    v[A_ENCODE_KEEP].i32 = params->encode_keep;
+    aotr_device *dev = NULL;
+    if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
+        return st;
+    const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_DROPOUT_UNIFORM, AOTR_FP32, 16,
+                                                0, 0, n[2], n[3]);
+    if (!k)
+        return AOTR_UNSUPPORTED;
+    return launch(rt, dev, k, cdiv(n[2], aotr_launchable_block_m(k)), n[0] * n[1],
                   params->stream, v);
 }

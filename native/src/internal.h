@@ -149,7 +149,8 @@ AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void 
 
 /* ---------------------------------------------- runtime.c / attention.c */
 enum { AOTR_KERNEL_FWD, AOTR_KERNEL_BWD_PRE, AOTR_KERNEL_BWD_DKDV, AOTR_KERNEL_BWD_DQ,
-       AOTR_KERNEL_KVCACHE, AOTR_KERNEL_KVCACHE_COMBINE, AOTR_KERNEL_COUNT };
+       AOTR_KERNEL_KVCACHE, AOTR_KERNEL_KVCACHE_COMBINE, AOTR_KERNEL_DROPOUT_UNIFORM,
+       AOTR_KERNEL_COUNT };
 AOTR_HIDDEN extern const char *const aotr_kernel_names[AOTR_KERNEL_COUNT];
 
 /* The value of every kernel argument name the library knows (attention.c

@@ -21,7 +21,7 @@
 
 const char *const aotr_kernel_names[AOTR_KERNEL_COUNT] = {
     "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_fwd_kvcache",
-    "attn_fwd_kvcache_combine"};
+    "attn_fwd_kvcache_combine", "dropout_uniform"};
 
 struct aotr_launchable {
     const aotr_kernel_record *record;
@@ -552,8 +552,11 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
     while (block_d < head_dim)
         block_d *= 2;
     int slots[2], n = 0;
-    if (kernel_id == AOTR_KERNEL_BWD_PRE || kernel_id == AOTR_KERNEL_KVCACHE ||
-        kernel_id == AOTR_KERNEL_KVCACHE_COMBINE) {
+    if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM) {
+        /* Element-wise: one fp32 variant, head_dim a fixed label (variants.toml). */
+        slots[n++] = group_slot(kernel_id, AOTR_FP32, 16, -1, -1, -1);
+    } else if (kernel_id == AOTR_KERNEL_BWD_PRE || kernel_id == AOTR_KERNEL_KVCACHE ||
+               kernel_id == AOTR_KERNEL_KVCACHE_COMBINE) {
         /* always masked along the head dim; no bias or dropout axis */
         slots[n++] = group_slot(kernel_id, dtype, block_d, -1, -1, -1);
     } else {

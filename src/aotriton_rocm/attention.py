@@ -112,8 +112,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         reason = _varlen_reason(varlen, q, k)
         if reason:
             return reason
-        if attn_mask is not None or return_debug_mask:
-            return "an attn_mask or a debug mask with a variable-length batch is not covered"
+        if attn_mask is not None:
+            return "an attn_mask with a variable-length batch is not covered"
     if attn_mask is not None:
         if attn_mask.dtype != torch.bool and attn_mask.dtype != dtype:
             return f"attn_mask dtype {attn_mask.dtype} must be bool or the query's ({dtype})"

@@ -21,6 +21,10 @@ from ._version import ABI_VERSION
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
 # The KV-cache forward (flash_attn_with_kvcache) and its split-KV combine.
 KVCACHE_KERNELS = ("attn_fwd_kvcache", "attn_fwd_kvcache_combine")
+# The attention kernels' dropout draws (torch's mask regeneration); not part
+# of an attention call's coverage.
+DROPOUT_UNIFORM = "dropout_uniform"
+_COUNTED = KERNELS + (DROPOUT_UNIFORM,)
 # (backend name, kernel name) -> launches since import (or the last reset).
 _LAUNCHES: collections.Counter = collections.Counter()
 # The interpreter executes every block op in numpy: keep CPU work bounded.
@@ -33,7 +37,7 @@ def _native_totals() -> collections.Counter:
     from . import torch_native
 
     totals: collections.Counter = collections.Counter()
-    for kernel in KERNELS + KVCACHE_KERNELS:
+    for kernel in _COUNTED + KVCACHE_KERNELS:
         if _native_names:
             totals[kernel] += _native_runtime().launch_count(kernel)
         if torch_native.is_active():
@@ -86,7 +90,7 @@ def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout:
     """Functional keys that can run `head_dim`, best first: the unmasked fast
     path where head_dim is the tile width, else the masked variant."""
     b = block_d(head_dim)
-    if kernel == "attn_bwd_preprocess" or kernel in KVCACHE_KERNELS:
+    if kernel in ("attn_bwd_preprocess", DROPOUT_UNIFORM) or kernel in KVCACHE_KERNELS:
         return ((kernel, dtype, b, None, None, None),)
     masked = (kernel, dtype, b, True, bias, dropout)
     return ((kernel, dtype, b, False, bias, dropout), masked) if b == head_dim else (masked,)
@@ -344,6 +348,27 @@ class AOTBackend(Backend):
             if t is not None:
                 setattr(params, name, native.tensor_view(t))
         native.check(self.runtime.bwd(params))
+
+
+    def dropout_uniform(self, out, seed, offset, *, dropout_p, encode_keep) -> None:
+        """The attention kernels' dropout draws into ``out`` (see
+        :func:`aotriton_rocm.dropout_masks.fill_dropout_uniform`)."""
+        from . import native
+
+        if self.problem:
+            raise native.NativeError(native.UNSUPPORTED, "AOTR_UNSUPPORTED", self.problem)
+        params = native.DropoutUniformParams()
+        params.device = self.device_index
+        params.stream = self._stream()
+        params.out = native.tensor_view(out)
+        params.philox_seed = native.tensor_view(seed, native.DTYPES["int64"])
+        params.philox_offset = native.tensor_view(offset, native.DTYPES["int64"])
+        params.dropout_p = float(dropout_p)
+        params.encode_keep = int(bool(encode_keep))
+        if not hasattr(self.runtime._lib, "aotr_dropout_uniform"):
+            raise native.NativeError(native.UNSUPPORTED, "AOTR_UNSUPPORTED",
+                                     "this libaotriton_rocm has no aotr_dropout_uniform")
+        native.check(self.runtime.dropout_uniform(params))
 
 
 def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dropout_p):

@@ -23,7 +23,7 @@ import operator
 
 import torch
 
-from . import attention
+from . import attention, dropout_masks
 
 __all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_varlen_func"]
 
@@ -48,7 +48,8 @@ class AttentionFunction(torch.autograd.Function):
     summed to its own shape. With dropout the forward draws a fresh Philox
     state (:func:`attention.new_rng_state`, from torch's RNG) and the backward
     regenerates the same mask from it. ``debug_mask`` is None unless asked
-    for: then a zero-initialised (B, H, Sq, Sk) tensor of q's dtype where the
+    for: then a zero-initialised (B, H, Sq, Sk) tensor (max seqlens with
+    ``varlen``, sequence b at the top left of [b]) of q's dtype where the
     kernel stored each visited score's unnormalised probability
     (``exp(score - running row max)``), negated where dropout dropped it;
     entries of key blocks a row never visits (outside its causal/window
@@ -67,9 +68,9 @@ class AttentionFunction(torch.autograd.Function):
             state = torch.zeros(2, dtype=torch.int64, device=q.device)
         debug = None
         if return_debug_mask:
-            b, h, sq, _ = q.shape
+            b, h, _, sq, sk, _ = attention._dims(q, k, varlen)
             # Zeroed: the kernel writes only the key blocks a row visits.
-            debug = torch.zeros((b, h, sq, k.shape[2]), dtype=q.dtype, device=q.device)
+            debug = torch.zeros((b, h, sq, sk), dtype=q.dtype, device=q.device)
         rng = None if state is None else (state[0], state[1])
         out, lse = attention.forward(q, k, v, is_causal=is_causal, scale=scale,
                                      causal_alignment=causal_alignment, window_size=window_size,
@@ -144,15 +145,19 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
 
     Returns the output, (batch, seqlen_q, nheads, headdim), or with
     ``return_attn_probs=True`` ``(out, softmax_lse, S_dmask)`` as flash-attn
-    does: ``softmax_lse`` is the fp32 (batch, nheads, seqlen_q) logsumexp of
-    the scaled scores; ``S_dmask`` is None when ``dropout_p == 0`` (as in
-    flash-attn), else a (batch, nheads, seqlen_q, seqlen_k) tensor of q's dtype
-    holding each score's unnormalised probability ``exp(score - m)`` (``m``:
-    the row's running maximum when the kernel reached that key block, so
-    renormalise before reading it as probabilities), negated where dropout
-    dropped it; keys a row does not see hold 0. ``S_dmask >= 0`` is the keep
-    mask on the visible entries. For testing, as in flash-attn: it costs
-    batch * nheads * seqlen_q * seqlen_k elements.
+    2.8 does: ``softmax_lse`` is the fp32 (batch, nheads, seqlen_q) logsumexp
+    of the scaled scores; ``S_dmask`` is an empty (0,) tensor when
+    ``dropout_p == 0``, else flash-attn's debug mask: (batch, nheads,
+    round_up(seqlen_q, 128), round_up(seqlen_k, 128)) of q's dtype, entry (i,
+    j) holding ``exp(score - m)`` with ``m`` the maximum of row i's scores
+    over the key columns >= (j // N) * N (N per head dim:
+    :func:`aotriton_rocm.dropout_masks.s_dmask_block_n`, flash-attn's
+    ``_get_block_size_n`` with dropout), negated where dropout dropped it;
+    padding rows/columns and keys a row does not see hold 0. flash-attn's
+    test helpers (``normalize_flash_attn_S``) turn it into the probabilities;
+    ``S_dmask >= 0`` is the keep mask on the visible entries (see
+    :mod:`aotriton_rocm.dropout_masks`). For testing, as in flash-attn: it
+    costs batch * nheads * seqlen_q * seqlen_k elements.
     """
     api = "flash_attn_func"
     dropout_p, window = _check_common(api, q, k, v, dropout_p, window_size, softcap,
@@ -170,7 +175,23 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     out, lse, dmask = AttentionFunction.apply(qt, kt, vt, None, softmax_scale, bool(causal),
                                               "bottom_right", window, dropout_p, None, debug)
     out = out.transpose(1, 2)
-    return (out, lse, dmask) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    return out, lse, _s_dmask(dmask, qt, kt, softmax_scale, bool(causal), window, None)
+
+
+def _s_dmask(kernel_mask, q, k, softmax_scale, causal, window, varlen):
+    """flash-attn's S_dmask from the kernel's debug mask (see
+    :mod:`aotriton_rocm.dropout_masks`); without dropout flash-attn returns
+    an empty (0,) tensor of q's dtype."""
+    if kernel_mask is None:
+        return torch.empty((0,), dtype=q.dtype, device=q.device)
+    _, _, _, sq, sk, d = attention._dims(q, k, varlen)
+    scale = attention.default_scale(d) if softmax_scale is None else float(softmax_scale)
+    mask = attention.mask_args(causal, sq, sk, "bottom_right", window)
+    with torch.no_grad():
+        return dropout_masks.flash_attn_s_dmask(kernel_mask, q.detach(), k.detach(),
+                                                scale=scale, mask=mask, varlen=varlen)
 
 
 def _varlen_bounds(api, cu_q, cu_k, total_q, total_k, max_q, max_k) -> tuple[int, int] | None:
@@ -216,10 +237,12 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     offset are not attention rows: their output (and gradient) is 0.
     Differentiable, dropout included.
 
-    With ``return_attn_probs=True`` returns ``(out, softmax_lse, None)``:
+    With ``return_attn_probs=True`` returns ``(out, softmax_lse, S_dmask)``:
     ``softmax_lse`` is the fp32 (nheads, total_q) logsumexp (flash-attn's
-    packed layout). The dropout mask of a packed batch cannot be returned, so
-    ``return_attn_probs=True`` with ``dropout_p > 0`` raises ValueError.
+    packed layout); ``S_dmask`` as in :func:`flash_attn_func`, (batch,
+    nheads, round_up(max_seqlen_q, 128), round_up(max_seqlen_k, 128)) with
+    sequence b's rows and columns at the top left of ``S_dmask[b]`` (an
+    empty (0,) tensor without dropout).
 
     With ``block_table`` (int32 (batch, max_num_blocks)) k and v are paged
     caches, (num_blocks, page_block_size, nheads_k, headdim) with
@@ -242,10 +265,6 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         _fail(api, "q, k, v must be 3-D packed (total, heads, head_dim); (batch, seqlen, heads, "
                    "head_dim) tensors go to flash_attn_func")
-    if return_attn_probs and dropout_p > 0:
-        _fail(api, "return_attn_probs=True with dropout_p > 0: the dropout mask of a packed "
-                   "batch cannot be returned (pass dropout_p=0 to get softmax_lse, or use "
-                   "flash_attn_func per sequence)")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             _fail(api, f"{name} must be an int32 tensor, got {type(cu).__name__}")
@@ -255,7 +274,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         _fail(api, "max_seqlen_q and max_seqlen_k must be ints")
     varlen = attention.Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     reason = attention.unsupported_reason(q, k, v, dropout_p=dropout_p, is_causal=bool(causal),
-                                          varlen=varlen)
+                                          varlen=varlen,
+                                          return_debug_mask=bool(return_attn_probs) and dropout_p > 0)
     if reason:
         _fail(api, reason)
     ends = _varlen_bounds(api, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_q, max_k)
@@ -266,12 +286,15 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         # touch them, so run on the rows that do (slices: no copy) and pad the
         # output with zeros; autograd gives the cut rows zero gradients.
         q, k, v = q[:ends[0]], k[:ends[1]], v[:ends[1]]
-    out, lse, _ = AttentionFunction.apply(q, k, v, None, softmax_scale, bool(causal),
-                                          "bottom_right", window, dropout_p, varlen, False)
+    debug = bool(return_attn_probs) and dropout_p > 0
+    out, lse, dmask = AttentionFunction.apply(q, k, v, None, softmax_scale, bool(causal),
+                                              "bottom_right", window, dropout_p, varlen, debug)
     if out.shape[0] < total_q:
         out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, total_q - out.shape[0]))
         lse = torch.nn.functional.pad(lse, (0, total_q - lse.shape[1]), value=float("inf"))
-    return (out, lse, None) if return_attn_probs else out
+    if not return_attn_probs:
+        return out
+    return out, lse, _s_dmask(dmask, q, k, softmax_scale, bool(causal), window, varlen)
 
 
 # flash-attn's module also holds the KV-cache entry point.

@@ -18,7 +18,8 @@ from .paths import install_root
 from ._version import ABI_VERSION
 
 __all__ = ["ENV_VAR", "NativeError", "library", "library_path", "Tensor", "Problem", "FwdParams",
-           "BwdParams", "KvcacheParams", "RuntimeOptions", "Runtime", "OK", "UNSUPPORTED", "NEEDS_LAYOUT",
+           "BwdParams", "KvcacheParams", "DropoutUniformParams", "RuntimeOptions", "Runtime", "OK",
+           "UNSUPPORTED", "NEEDS_LAYOUT",
            "BACKEND_AUTO", "BACKEND_HIP", "BACKEND_CUDA", "DTYPES"]
 
 ENV_VAR = "AOTRITON_ROCM_NATIVE_LIB"
@@ -77,6 +78,10 @@ class KvcacheParams(ctypes.Structure):
                 ("window_left", c_int32), ("window_right", c_int32), ("num_splits", c_int32),
                 ("out", Tensor), ("lse", Tensor), ("out_partial", Tensor),
                 ("lse_partial", Tensor)]
+class DropoutUniformParams(ctypes.Structure):
+    _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("stream", c_void_p),
+                ("out", Tensor), ("philox_seed", Tensor), ("philox_offset", Tensor),
+                ("dropout_p", c_float), ("encode_keep", c_int32)]
 
 
 class RuntimeOptions(ctypes.Structure):
@@ -122,6 +127,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_attn_bwd", c_int32, c_void_p, POINTER(BwdParams))
     f("aotr_attn_fwd_kvcache_splits", c_int32, c_void_p, POINTER(KvcacheParams), POINTER(c_int32))
     f("aotr_attn_fwd_kvcache", c_int32, c_void_p, POINTER(KvcacheParams))
+    if hasattr(lib, "aotr_dropout_uniform"):  # absent from older builds
+        f("aotr_dropout_uniform", c_int32, c_void_p, POINTER(DropoutUniformParams))
 
 
 def library() -> ctypes.CDLL:
@@ -246,6 +253,9 @@ class Runtime:
     def fwd_kvcache(self, params: KvcacheParams) -> int:
         params.struct_size = ctypes.sizeof(KvcacheParams)
         return self._lib.aotr_attn_fwd_kvcache(self.handle, ctypes.byref(params))
+    def dropout_uniform(self, params: DropoutUniformParams) -> int:
+        params.struct_size = ctypes.sizeof(DropoutUniformParams)
+        return self._lib.aotr_dropout_uniform(self.handle, ctypes.byref(params))
 
 
 def make_problem(q, k, v, *, scale: float, causal: bool = False, bottom_right: bool = True,

@@ -15,6 +15,7 @@ hand that kernel out, the lower-level op torch's SDPA kernel itself calls
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import threading
@@ -36,6 +37,7 @@ _FA = "aten::_flash_attention_forward"
 _FA_BWD = "aten::_flash_attention_backward"
 _EFF = "aten::_scaled_dot_product_efficient_attention"
 _EFF_BWD = "aten::_scaled_dot_product_efficient_attention_backward"
+_FILL = "aten::_fill_mem_eff_dropout_mask_"
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -161,8 +163,10 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
         seed, offset = _flash_rng_outputs(query.device)
         rng = _rng_inputs(seed, offset)
     if return_debug_mask:
-        b, sq, h, _ = query.shape
-        debug = torch.zeros((b, h, sq, key.size(1)), dtype=query.dtype, device=query.device)
+        # (B, H, Sq, Sk); a variable-length batch (B, H, max_q, max_k), sequence
+        # b at the top left of [b].
+        b, h, _, sq, sk, _ = attention._dims(_bhsd(query, varlen), _bhsd(key, varlen), varlen)
+        debug = torch.zeros((b, h, sq, sk), dtype=query.dtype, device=query.device)
     _, lse = attention.forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
                                is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
                                causal_alignment="bottom_right", window_size=window,
@@ -318,6 +322,59 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     return (*grads, bias_grad)
 
 
+# (seed, offset) of efficient-op calls that torch's kernel served (a call our
+# kernels do not cover): its mask is torch's to regenerate. Newest last.
+_TORCH_PHILOX: "collections.OrderedDict[tuple[int, int], None]" = collections.OrderedDict()
+_TORCH_PHILOX_KEEP = 4096
+
+
+def _note_torch_philox(seed, offset) -> None:
+    """Remember the Philox state torch's efficient kernel returned, where
+    reading it costs nothing: CUDA builds return host scalars outside graph
+    capture (device scalars, as ROCm builds return, are left unread: that
+    would synchronise every such call)."""
+    if not (isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor)):
+        return
+    if seed.device.type != "cpu" or offset.device.type != "cpu" or seed.numel() != 1 \
+            or offset.numel() != 1:
+        return
+    with _warn_lock:
+        _TORCH_PHILOX[(int(seed.item()), int(offset.item()))] = None
+        while len(_TORCH_PHILOX) > _TORCH_PHILOX_KEEP:
+            _TORCH_PHILOX.popitem(last=False)
+
+
+def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
+    """``aten::_fill_mem_eff_dropout_mask_`` as our kernels drew the mask:
+    torch's tests regenerate the efficient op's dropout mask with it from the
+    ``philox_seed/offset`` the op returned (as ints). Writes the draws u in
+    (0, 1] of the kept-iff-``u > dropout_p`` rule (what torch's CUDA kernel
+    writes: its tests read ``u > dropout_p``), or on ROCm builds of torch
+    0.5 where kept and -0.5 where dropped (torch's ROCm encoding: its tests
+    read ``> 0``). Raises :class:`Unsupported` where torch's kernel must
+    serve the call (a tensor torch's own checks refuse; no kernel image for
+    the device: then the efficient op ran torch's kernels too; or the seed
+    and offset torch's efficient kernel returned when our override fell back
+    to it, as far as they can be read without a device synchronisation: CUDA
+    builds outside graph capture)."""
+    from . import backends, dropout_masks, native
+
+    if mask.dtype != torch.float32 or mask.dim() != 4 or not mask.is_contiguous():
+        raise Unsupported("the mask is not a contiguous float32 4-D tensor")
+    if (int(seed), int(offset)) in _TORCH_PHILOX:
+        raise Unsupported("torch's kernel drew this mask (the efficient op fell back to it)")
+    backend = backends.backend_for(mask)
+    if backend is None or getattr(backend, "problem", None):
+        raise Unsupported(getattr(backend, "problem", None) or f"no backend for {mask.device}")
+    try:
+        return dropout_masks.fill_dropout_uniform(mask, seed, offset, dropout_p=dropout_p,
+                                                  encode_keep=bool(torch.version.hip))
+    except native.NativeError as exc:
+        raise RuntimeError(
+            f"aotriton-rocm: cannot regenerate the dropout mask our kernels drew ({exc}); "
+            "install the kernel image that matches this aotriton-rocm") from None
+
+
 def _cpu_reason(query, key, value, dropout_p, attn_mask) -> str | None:
     if dropout_p:
         # The CPU op returns no RNG state for its backward to regenerate the mask from.
@@ -394,6 +451,7 @@ class _Overrides:
     def __init__(self, cpu: bool, native: bool = False):
         self._lib = torch.library.Library("aten", "IMPL")
         self._orig = {}
+        self._fill_orig: dict = {}
         self._native = None
         cuda = self.cuda_kernels()
         if native:
@@ -404,6 +462,10 @@ class _Overrides:
         if cpu:
             self._register(_CPU_FLASH, "CPU", self._cpu_fwd)
             self._register(_CPU_FLASH_BWD, "CPU", self._cpu_bwd)
+        # torch's regeneration of the efficient op's dropout mask, in Python
+        # on every route (the six ops may be served by the C++ extension).
+        for key in ("CUDA", "CPU") if cpu else ("CUDA",):
+            self._register_fill(key)
 
     def cuda_kernels(self) -> dict:
         """The six CUDA-key overrides by op (also the native route's Python route)."""
@@ -437,6 +499,41 @@ class _Overrides:
             warnings.filterwarnings("ignore",
                                     message="(?s).*Overriding a previously registered kernel")
             self._lib.impl(op.split("::")[1], fn, key, with_keyset=True)
+
+    def _register_fill(self, key: str) -> None:
+        """Our ``_fill_mem_eff_dropout_mask_`` on ``key``, also where torch
+        cannot hand out its kernel (torch < 2.9) or has none (CPU): the op
+        only serves tests, and a call we cannot serve raises then."""
+        if not hasattr(torch.ops.aten, _FILL.split("::")[1]):
+            return  # a torch without the op
+        fallback = None
+        if hasattr(torch.library, "get_kernel"):
+            try:
+                fallback = torch.library.get_kernel(_FILL, key).call_boxed
+            except RuntimeError:
+                pass  # no kernel of torch's there
+        self._fill_orig[key] = fallback
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore",
+                                    message="(?s).*Overriding a previously registered kernel")
+            self._lib.impl(_FILL.split("::")[1], self._fill, key, with_keyset=True)
+
+    def _fill(self, keyset, mask, dropout_p, seed, offset):
+        try:
+            return fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset)
+        except Unsupported as exc:
+            key = "CPU" if mask.device.type == "cpu" else "CUDA"
+            original = self._fill_orig.get(key)
+            if original is None:
+                why = ("torch has no kernel of its own for this device" if key == "CPU" or
+                       hasattr(torch.library, "get_kernel") else
+                       f"torch {torch.__version__} cannot hand its own kernel back "
+                       "(torch.library.get_kernel arrived in torch 2.9)")
+                raise RuntimeError(
+                    f"aotriton-rocm: _fill_mem_eff_dropout_mask_ is not ours to serve here "
+                    f"({exc}), and {why}: call aotriton_rocm.disable() around it") from None
+            _warn_fallback("_fill_mem_eff_dropout_mask_", str(exc))
+            return original(keyset, mask, dropout_p, seed, offset)
 
     def remove(self) -> None:
         if self._native is not None:
@@ -502,7 +599,13 @@ class _Overrides:
     # 2.13 adds block_table and num_splits to it.
     _fa_fwd = _routed(_FA, flash_attention_forward)
     _fa_bwd = _routed(_FA_BWD, flash_attention_backward)
-    _eff_fwd = _routed(_EFF, efficient_attention_forward)
+    def _eff_fwd(self, keyset, *args, **kwargs):
+        try:
+            return efficient_attention_forward(*args, **kwargs)
+        except Unsupported as exc:
+            result = self._fallback(_EFF, keyset, str(exc), *args, **kwargs)
+            _note_torch_philox(result[2], result[3])
+            return result
     _eff_bwd = _routed(_EFF_BWD, efficient_attention_backward)
 
     # aten::_scaled_dot_product_flash_attention_for_cpu

@@ -204,7 +204,9 @@ typedef struct aotr_attn_fwd_params {
     aotr_tensor out;          /* like q */
     aotr_tensor lse;          /* fp32 (B, Hq, >= Sq), varlen (Hq, total_q): natural log */
     /* Optional (B, Hq, Sq, Sk) contiguous, q's dtype: unnormalised
-     * probabilities, negated where dropout dropped them. */
+     * probabilities, negated where dropout dropped them. Variable length:
+     * (B, Hq, max_seqlen_q, max_seqlen_k), sequence b at the top left of [b]
+     * (the rest untouched). */
     aotr_tensor debug_mask;
 } aotr_attn_fwd_params;
 
@@ -316,6 +318,32 @@ AOTR_API aotr_status aotr_attn_fwd_kvcache_splits(aotr_runtime *runtime,
  * AOTR_UNSUPPORTED / AOTR_NEEDS_LAYOUT / AOTR_INVALID_ARGUMENT launch nothing. */
 AOTR_API aotr_status aotr_attn_fwd_kvcache(aotr_runtime *runtime,
                                            const aotr_attn_kvcache_params *params);
+/* ------------------------------------------------------------ dropout draws */
+
+/* The draws behind the attention kernels' dropout, for callers that
+ * regenerate the mask a forward used (torch's aten::_fill_mem_eff_dropout_mask_).
+ * Score e = ((z * H + h) * Sq + i) * Sk + j of a (B, H, Sq, Sk) problem
+ * is kept iff u > dropout_p, u in (0, 1] being (the top 24 bits of the first
+ * word of Philox-4x32-10 keyed by the seed, at counter offset + e, plus one)
+ * times 2**-24. */
+typedef struct aotr_dropout_uniform_params {
+    uint32_t struct_size;
+    int32_t device;
+    void *stream;
+    /* Contiguous fp32 (B, H, Sq, Sk), 16-byte aligned: receives u per element. */
+    aotr_tensor out;
+    /* The forward's Philox seed and offset (int64 device scalars). */
+    aotr_tensor philox_seed, philox_offset;
+    float dropout_p;     /* in [0, 1]; only read with encode_keep */
+    /* 0: write u; 1: write 0.5 where kept (u > dropout_p), -0.5 where
+     * dropped (torch's ROCm encoding of the mask). */
+    int32_t encode_keep;
+} aotr_dropout_uniform_params;
+
+/* Launch the draws on `stream` (asynchronous). AOTR_UNSUPPORTED when the
+ * device's archive has no dropout_uniform kernel (an older image). */
+AOTR_API aotr_status aotr_dropout_uniform(aotr_runtime *runtime,
+                                          const aotr_dropout_uniform_params *params);
 
 #ifdef __cplusplus
 }
