@@ -299,12 +299,10 @@ class InterpreterBackend(Backend):
     name = "interpreter:cpu"
 
     def __init__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-
         from . import kernel_spec
 
         spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
-        self._functions = {name: InterpretedFunction(kernel_spec.jit_function(ks).fn)
+        self._functions = {name: kernel_spec.interpreted_function(ks)
                            for name, ks in spec.kernels.items()}
         self._variants: dict[tuple, object] = {}
         self._reasons: dict[tuple, str | None] = {}
