@@ -246,7 +246,7 @@ class AOTBackend(Backend):
         return _raw_stream(self.device_index)
 
     def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, bottom_right,
-                window, scale, dropout_p) -> None:
+                window, scale, dropout_p, softcap=0.0, alibi_slopes=None) -> None:
         """Launch the forward on tensors the kernels can read in place: q/k/v/out
         (B, H, S, D), or packed (total, H, D) with ``varlen``."""
         from . import native
@@ -259,10 +259,13 @@ class AOTBackend(Backend):
         params.out, params.lse = native.tensor_view(out), native.tensor_view(lse)
         if debug_mask is not None:
             params.debug_mask = native.tensor_view(debug_mask)
+        params.alibi_slopes = native.tensor_view(alibi_slopes)
+        params.softcap = softcap
         native.check(self.runtime.fwd(params))
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
-                 varlen, bottom_right, window, scale, dropout_p) -> None:
+                 varlen, bottom_right, window, scale, dropout_p, softcap=0.0,
+                 alibi_slopes=None) -> None:
         from . import native
 
         params = native.BwdParams()
@@ -272,9 +275,10 @@ class AOTBackend(Backend):
                                          scale, dropout_p)
         for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out), ("delta", delta),
                         ("grad_q", grads[0]), ("grad_k", grads[1]), ("grad_v", grads[2]),
-                        ("grad_bias", bias_grad)):
+                        ("grad_bias", bias_grad), ("alibi_slopes", alibi_slopes)):
             if t is not None:
                 setattr(params, name, native.tensor_view(t))
+        params.softcap = softcap
         native.check(self.runtime.bwd(params))
 
 
