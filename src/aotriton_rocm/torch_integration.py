@@ -119,7 +119,7 @@ def _bhsd(t: torch.Tensor, varlen) -> torch.Tensor:
 
 
 def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
-               **unsupported_kwargs) -> str | None:
+               alibi_slopes=None, **unsupported_kwargs) -> str | None:
     for name, val in unsupported_kwargs.items():
         if val is not None:
             return f"{name} is not supported yet"
@@ -127,7 +127,7 @@ def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
         return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
     return attention.unsupported_reason(
         _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), dropout_p=dropout_p,
-        return_debug_mask=return_debug_mask, varlen=varlen)
+        return_debug_mask=return_debug_mask, varlen=varlen, alibi_slopes=alibi_slopes)
 
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
@@ -136,12 +136,16 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                             alibi_slopes=None, block_table=None, num_splits=None):
     """``aten::_flash_attention_forward`` on our kernels: (B, S, H, D) tensors
     or packed (total, H, D) ones with ``cum_seq_q/k`` (variable-length
-    batches), bottom-right causal, flash-attn's sliding window, dropout.
-    Outputs are shaped as torch's meta kernel shapes them. Raises
-    :class:`Unsupported`."""
+    batches), bottom-right causal, flash-attn's sliding window, dropout,
+    ALiBi (``alibi_slopes``: fp32 (H,) or (B, H)). Outputs are shaped as
+    torch's meta kernel shapes them. Raises :class:`Unsupported`.
+
+    torch's ``_flash_attention_backward`` takes no slopes (torch's own kernel
+    computes that gradient without ALiBi, whatever the forward had): ours
+    computes the same."""
     varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
     reason = _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask,
-                        seqused_k=seqused_k, alibi_slopes=alibi_slopes,
+                        alibi_slopes=alibi_slopes, seqused_k=seqused_k,
                         block_table=block_table, num_splits=num_splits)
     if reason:
         raise Unsupported(reason)
@@ -160,7 +164,8 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                                is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
                                causal_alignment="bottom_right", window_size=window,
                                dropout_p=dropout_p, rng=rng,
-                               debug_mask=debug if return_debug_mask else None, varlen=varlen)
+                               debug_mask=debug if return_debug_mask else None, varlen=varlen,
+                               alibi_slopes=alibi_slopes)
     return out, lse, seed, offset, debug
 
 
