@@ -785,6 +785,11 @@ def attn_bwd_dq(
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 p = tl.where(keep, p, 0.0)
+            if not HAS_BIAS:
+                if softcap > 0.0:
+                    # dS is linear in P: fold the tanh derivative in now, so
+                    # that the capped scores are not kept across the dP dot.
+                    p = softcap_grad(p, capped, cap2)
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
             if ENABLE_DROPOUT:
                 # The forward's Philox draw of each element (see attn_fwd).
@@ -813,8 +818,9 @@ def attn_bwd_dq(
                     tl.store(db_blk + (offs_m0[:, None] * stride_dbm + cols[None, :]),
                              ds.to(DBIAS.dtype.element_ty),
                              mask=m_valid[:, None] & (cols < seqlen_k)[None, :])
-            if softcap > 0.0:
-                ds = softcap_grad(ds, capped, cap2)
+                if softcap > 0.0:
+                    # after dBias, which is the gradient of the capped scores
+                    ds = softcap_grad(ds, capped, cap2)
             ds_lp = ds.to(K.dtype.element_ty)
             if UPCAST_DOT:
                 ds_lp = ds_lp.to(tl.float32)

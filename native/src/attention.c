@@ -584,7 +584,7 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
     aotr_status st = begin(rt, params, params ? params->struct_size : 0,
-                           offsetof(aotr_attn_fwd_params, alibi_slopes), p, &d, "aotr_attn_fwd");
+                           offsetof(aotr_attn_fwd_params, softcap), p, &d, "aotr_attn_fwd");
     if (st != AOTR_OK)
         return st;
     if ((st = like(&params->out, &p->q, "out", "q")) != AOTR_OK)
@@ -644,7 +644,7 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
     aotr_status st = begin(rt, params, params ? params->struct_size : 0,
-                           offsetof(aotr_attn_bwd_params, alibi_slopes), p, &d, "aotr_attn_bwd");
+                           offsetof(aotr_attn_bwd_params, softcap), p, &d, "aotr_attn_bwd");
     if (st != AOTR_OK)
         return st;
     if ((st = like(&params->out, &p->q, "out", "q")) ||

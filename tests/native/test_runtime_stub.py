@@ -305,22 +305,22 @@ def test_alibi_and_softcap_arguments_by_name(plain_rt, form):
 
 
 def test_softcap_alone_and_short_structs(plain_rt):
-    """A caller compiled against the 0.1.0 params (struct_size up to
+    """A caller compiled against the params without them (struct_size up to
     debug_mask / delta) gets neither, whatever the bytes after its struct."""
     rt, lib = plain_rt
     got, q = _score_mod_launches(rt, lib, None, 7.0)
     assert all(a == {"ALIBI": q.data_ptr(), "stride_az": 0, "stride_ah": 0, "has_alibi": 0,
                      "softcap": 7.0} for a in got.values())
     lib.aotr_stub_reset()
-    old_size = lambda cls: cls.alibi_slopes.offset  # noqa: E731
+    old_size = lambda cls: cls.softcap.offset  # noqa: E731
     got, q = _score_mod_launches(rt, lib, torch.rand(4), 7.0, struct_size=old_size)
     assert all(a == {"ALIBI": q.data_ptr(), "stride_az": 0, "stride_ah": 0, "has_alibi": 0,
                      "softcap": 0.0} for a in got.values())
     lib.aotr_stub_reset()
-    # Up to the slopes, without the softcap.
+    # Up to the softcap, without the slopes.
     got, _ = _score_mod_launches(rt, lib, torch.rand(4), 7.0,
-                                 struct_size=lambda cls: cls.softcap.offset)
-    assert all(a["has_alibi"] == 1 and a["softcap"] == 0.0 for a in got.values())
+                                 struct_size=lambda cls: cls.alibi_slopes.offset)
+    assert all(a["has_alibi"] == 0 and a["softcap"] == 7.0 for a in got.values())
 
 
 @pytest.mark.parametrize("slopes,softcap,match", [
