@@ -7,11 +7,14 @@ no global scratch, fits in shared memory/LDS and, on HIP, does not spill.
 No GPU is needed; the two compiles take a few seconds.
 """
 
+import importlib
 import importlib.util
 import inspect
 import os
 import pathlib
 import re
+import sys
+import types
 
 import pytest
 
@@ -30,11 +33,15 @@ def _spec():
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "aotriton_rocm_kernels_flash_attention_compile_test", KERNEL_DIR / "flash_attention.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """kernels/flash_attention.py of this checkout, as a module of a package
+    (it imports its helpers relatively)."""
+    name = "aotriton_rocm_kernels_compile_test"
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [str(KERNEL_DIR)]
+    pkg.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+    pkg.__spec__.submodule_search_locations = [str(KERNEL_DIR)]
+    sys.modules[name] = pkg
+    return importlib.import_module(f"{name}.flash_attention")
 
 
 SPEC = _spec()
