@@ -87,6 +87,16 @@ Conventions shared by all kernels:
   regeneration. Philox is written out in each kernel (see below why no helper);
   with ``store_dmask`` the forward writes the unnormalised probability to
   DMASK, negated where dropped;
+* softcap and ALiBi (runtime arguments, uniform branches: no compiled
+  variants): with ``softcap > 0`` the scaled scores become ``softcap *
+  tanh(s / softcap)``; with ``has_alibi != 0`` ALiBi then adds ``-slope *
+  |i + seqlen_k - seqlen_q - j|`` (per sequence, bottom-right aligned
+  whatever ``bottom_right`` says, as flash-attn), the slope read at ``ALIBI +
+  z * stride_az + h * stride_ah`` (fp32; ``stride_az = 0`` for per-head
+  slopes), before the additive bias and the masks, so LSE is the
+  logsumexp of the modified scores. The backward recomputes them and
+  multiplies dS by ``1 - tanh^2`` (the slopes get no gradient; dBias is dS
+  before that factor). The helpers live in ``score_mod``;
 * ``UPCAST_DOT=True`` (CPU interpreter only) converts every dot operand to
   fp32 after that rounding, because the interpreter stores bf16 as raw
   uint16 and cannot multiply it (the interpreter's fp32 dot is exact fp32;
@@ -97,20 +107,25 @@ is written once and specialised at compile time) into blocks that need no
 masking along the sequence at all and the few blocks on the causal diagonal or
 at the ragged end of the sequence, which are masked.
 
-The kernels deliberately call no other ``@triton.jit`` function (neither local
-helpers nor ``triton.language.standard`` ones such as ``tl.zeros``, ``tl.cdiv``,
-``tl.max`` or ``tl.sum``): the CPU path wraps only the kernel itself in
-``triton.runtime.interpreter.InterpretedFunction`` (without TRITON_INTERPRET=1
-at import time), and a nested JIT function cannot be called there. Row
-reductions therefore use ``tl.reduce`` with the standard library's combine
-functions, which the interpreter recognises and evaluates with numpy, and which
-is exactly what ``tl.max``/``tl.sum`` lower to for fp32 inputs. Integer
-divisions are only applied to non-negative values (compiled code truncates,
-the interpreter floors).
+The kernels call no ``triton.language.standard`` function (``tl.zeros``,
+``tl.cdiv``, ``tl.max``, ``tl.sum``, ...): the CPU path runs the kernel sources
+in Triton's interpreter without TRITON_INTERPRET=1 at process start, so those
+library functions are plain JIT functions there, which the interpreter cannot
+call. Row reductions therefore use ``tl.reduce`` with the standard library's
+combine functions, which the interpreter recognises and evaluates with numpy,
+and which is exactly what ``tl.max``/``tl.sum`` lower to for fp32 inputs. Our
+own helpers (``score_mod``) are fine: the interpreter backend imports this
+package's modules with ``triton.knobs.runtime.interpret`` set, which makes
+every ``@triton.jit`` function in them callable as a nested call (see
+``aotriton_rocm.kernel_spec.interpreted_function``). Philox stays written out
+in each kernel (it predates that). Integer divisions are only applied to
+non-negative values (compiled code truncates, the interpreter floors).
 """
 
 import triton
 import triton.language as tl
+
+from .score_mod import alibi_scores, alibi_slope, softcap_grad, softcap_scores
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
@@ -135,6 +150,7 @@ def attn_fwd(
     stride_lz, stride_lh,
     batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, head_dim,
     bottom_right, window_left, window_right, sm_scale, dropout_p, store_dmask,
+    ALIBI, stride_az, stride_ah, has_alibi, softcap,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -162,6 +178,7 @@ def attn_fwd(
     seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
                         max_seqlen_k)
     causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    alibi_shift = seqlen_k - seqlen_q  # ALiBi is bottom-right aligned, whatever the mask's alignment
     # A program past the batch (the grid is rounded up) or past its
     # sequence's rows sees no key: its loops are empty and its stores masked.
     live = (off_z32 < batch) & (start_m < seqlen_q)
@@ -212,6 +229,9 @@ def attn_fwd(
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
+    # Softcap and ALiBi slope in the scores' log2 units (see score_mod).
+    cap2 = softcap * LOG2E
+    slope2 = alibi_slope(ALIBI, stride_az, stride_ah, z_last, off_h32, has_alibi) * LOG2E
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
@@ -261,6 +281,8 @@ def attn_fwd(
             if UPCAST_DOT:
                 k = k.to(tl.float32)
             qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            if softcap > 0.0:
+                qk = softcap_scores(qk, cap2)
             if HAS_BIAS:
                 b_mask = m_valid[:, None]
                 if phase == 1:
@@ -268,6 +290,8 @@ def attn_fwd(
                 bias = tl.load(b_blk + (offs_m0[:, None] * stride_bm + cols[None, :]), mask=b_mask,
                                other=0.0)
                 qk = qk + bias.to(tl.float32) * LOG2E
+            if has_alibi != 0:
+                qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
             if phase == 1:
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
@@ -393,6 +417,7 @@ def attn_bwd_dkdv(
     stride_lz, stride_lh,
     batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, head_dim,
     bottom_right, window_left, window_right, sm_scale, dropout_p,
+    ALIBI, stride_az, stride_ah, has_alibi, softcap,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -420,6 +445,7 @@ def attn_bwd_dkdv(
     seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
                         max_seqlen_k)
     causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    alibi_shift = seqlen_k - seqlen_q
     # Past the batch or past this sequence's keys: empty loops, masked stores.
     seqlen_k = tl.where(off_z32 < batch, seqlen_k, 0)
     seqlen_q = tl.where(start_n < seqlen_k, seqlen_q, 0)
@@ -462,6 +488,7 @@ def attn_bwd_dkdv(
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
+    cap2 = softcap * LOG2E
     dk = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
     dv = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
 
@@ -491,6 +518,7 @@ def attn_bwd_dkdv(
             + q_start64 * stride_dom64
         lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
         delta_base = Delta + off_z * stride_lz + off_h * stride_lh + q_start
+        slope2 = alibi_slope(ALIBI, stride_az, stride_ah, z_last, off_h, has_alibi) * LOG2E
         if HAS_BIAS:
             b_base = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
                 + q_start64 * stride_bm.to(tl.int64) + start_n
@@ -540,10 +568,15 @@ def attn_bwd_dkdv(
                     do = do.to(tl.float32)
                 # Transposed scores: (BLOCK_N, BLOCK_M).
                 qkT = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
+                if softcap > 0.0:
+                    qkT = softcap_scores(qkT, cap2)
+                cappedT = qkT
                 if HAS_BIAS:
                     bT = tl.load(b_base + (rows[None, :] * stride_bm + offs_n0[:, None]),
                                  mask=(rows < seqlen_q)[None, :] & n_valid[:, None], other=0.0)
                     qkT = qkT + bT.to(tl.float32) * LOG2E
+                if has_alibi != 0:
+                    qkT = alibi_scores(qkT, slope2, rows[None, :], offs_n[:, None], alibi_shift)
                 pT = tl.math.exp2(qkT - (lse * LOG2E)[None, :])
                 if phase == 1:
                     pT = tl.where(((rows + hi_shift)[None, :] >= offs_n[:, None])
@@ -577,6 +610,8 @@ def attn_bwd_dkdv(
                     pT_lp = pT_lp.to(tl.float32)
                 dv = tl.dot(pT_lp, do, dv, input_precision="ieee")
                 dsT = pT * (dpT - delta[None, :])
+                if softcap > 0.0:
+                    dsT = softcap_grad(dsT, cappedT, cap2)
                 dsT_lp = dsT.to(Q.dtype.element_ty)
                 if UPCAST_DOT:
                     dsT_lp = dsT_lp.to(tl.float32)
@@ -602,6 +637,7 @@ def attn_bwd_dq(
     stride_lz, stride_lh,
     batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, head_dim,
     bottom_right, window_left, window_right, sm_scale, dropout_p, store_dbias,
+    ALIBI, stride_az, stride_ah, has_alibi, softcap,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -627,6 +663,7 @@ def attn_bwd_dq(
     seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
                         max_seqlen_k)
     causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    alibi_shift = seqlen_k - seqlen_q
     live = (off_z32 < batch) & (start_m < seqlen_q)
     seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
     seqlen_k = tl.where(live, seqlen_k, 0)
@@ -680,6 +717,8 @@ def attn_bwd_dq(
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
+    cap2 = softcap * LOG2E
+    slope2 = alibi_slope(ALIBI, stride_az, stride_ah, z_last, off_h32, has_alibi) * LOG2E
     dq = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
     # Masking the padded key columns matters here: with K = 0 there, P =
@@ -734,16 +773,26 @@ def attn_bwd_dq(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            if softcap > 0.0:
+                qk = softcap_scores(qk, cap2)
+            capped = qk
             if HAS_BIAS:
                 b_mask = m_valid[:, None] & (cols < seqlen_k)[None, :]
                 bias = tl.load(b_blk + (offs_m0[:, None] * stride_bm + cols[None, :]), mask=b_mask,
                                other=0.0)
                 qk = qk + bias.to(tl.float32) * LOG2E
+            if has_alibi != 0:
+                qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
             p = tl.math.exp2(qk - lse2[:, None])
             if phase == 1:
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 p = tl.where(keep, p, 0.0)
+            if not HAS_BIAS:
+                if softcap > 0.0:
+                    # dS is linear in P: fold the tanh derivative in now, so
+                    # that the capped scores are not kept across the dP dot.
+                    p = softcap_grad(p, capped, cap2)
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
             if ENABLE_DROPOUT:
                 # The forward's Philox draw of each element (see attn_fwd).
@@ -772,6 +821,9 @@ def attn_bwd_dq(
                     tl.store(db_blk + (offs_m0[:, None] * stride_dbm + cols[None, :]),
                              ds.to(DBIAS.dtype.element_ty),
                              mask=m_valid[:, None] & (cols < seqlen_k)[None, :])
+                if softcap > 0.0:
+                    # after dBias, which is the gradient of the capped scores
+                    ds = softcap_grad(ds, capped, cap2)
             ds_lp = ds.to(K.dtype.element_ty)
             if UPCAST_DOT:
                 ds_lp = ds_lp.to(tl.float32)

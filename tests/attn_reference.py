@@ -30,18 +30,33 @@ def visible(sq: int, sk: int, causal: bool, window=(-1, -1), alignment="bottom_r
     return vis
 
 
+def alibi_bias(slopes, b, h, sq, sk):
+    """flash-attn's ALiBi as an explicit (B, H, Sq, Sk) float64 bias:
+    ``-slope * |i + sk - sq - j|``; ``slopes`` (H,) or (B, H)."""
+    slopes = slopes.detach().double().cpu().expand(b, h)
+    i = torch.arange(sq, dtype=torch.float64)[:, None]
+    j = torch.arange(sk, dtype=torch.float64)[None, :]
+    return -slopes[:, :, None, None] * (i + sk - sq - j).abs()
+
+
 def attention(q, k, v, grad_out=None, *, scale=None, causal=False, window=(-1, -1),
               alignment="bottom_right", dtype=torch.float32, bias=None, keep=None,
-              dropout_p=0.0):
+              dropout_p=0.0, softcap=0.0, alibi_slopes=None):
     """out, lse and (with grad_out) dq, dk, dv (and dbias) computed in `dtype`;
     rows that see no key: output 0, lse +inf. ``bias``: additive (B, H, Sq, Sk)
     broadcastable; ``keep``: the dropout mask (kept entries scaled by 1 / (1 -
-    dropout_p))."""
+    dropout_p)); ``softcap`` > 0: scores -> softcap * tanh(scores / softcap)
+    (torch.tanh, differentiated by autograd); ``alibi_slopes``: an explicit
+    :func:`alibi_bias` added after it (no gradient)."""
     q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
     group = q.shape[1] // k.shape[1]
     kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = torch.matmul(q, kr.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s + alibi_bias(alibi_slopes, *s.shape).to(dtype).to(s.device)
     if bias is not None:
         bias = bias.detach().to(dtype).requires_grad_(True)
         s = s + bias

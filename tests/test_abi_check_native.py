@@ -54,9 +54,11 @@ def insert_field(src: Path) -> None:
           "    int32_t device;           /* device index */\n    int32_t flags;")
 
 
+FWD_TAIL = "    aotr_tensor alibi_slopes;\n} aotr_attn_fwd_params;"
+
+
 def compatible(src: Path) -> None:
-    _edit(src / HDR, "    aotr_tensor debug_mask;\n} aotr_attn_fwd_params;",
-          "    aotr_tensor debug_mask;\n    int32_t extra_flags;\n} aotr_attn_fwd_params;")
+    _edit(src / HDR, FWD_TAIL, FWD_TAIL.replace("\n}", "\n    int32_t extra_flags;\n}"))
     _edit(src / HDR, "AOTR_API const char *aotr_abi_line(void);\n",
           "AOTR_API const char *aotr_abi_line(void);\nAOTR_API int aotr_new_feature(void);\n")
     with open(src / "src/error.c", "a") as f:
@@ -125,7 +127,7 @@ BREAKS = {
                    r" header: struct aotr_tensor: field sizes offset changed: 16 -> 24"],
     "inserted": [r" header: struct aotr_attn_fwd_params: field stream offset changed: 8 -> 16",
                  r" header: struct aotr_attn_fwd_params: field flags \(int32_t\) inserted at offset 8, "
-                 r"inside the old 928 bytes"],
+                 r"inside the old 1016 bytes"],
 }
 ABIGAIL_BREAKS = {
     "removed": r"\(libabigail\): function aotr_abi_line removed",
@@ -157,7 +159,7 @@ def test_compatible_point_release_is_accepted(libs, capsys, mode):
     assert "compatible addition: C library header: new function aotr_new_feature: int ()" in out
     assert "compatible addition: C library: new exported symbol aotr_new_feature@AOTR_0.1" in out
     assert ("compatible addition: C library header: struct aotr_attn_fwd_params: new field extra_flags "
-            "(int32_t) appended at offset 928") in out
+            "(int32_t) appended at offset 1016") in out
     if mode == "libabigail":
         assert "C library (libabigail): struct aotr_attn_fwd_params: new field extra_flags" in out
     assert "OK: 0.1.1 is ABI compatible with 0.1.0" in out
@@ -214,3 +216,30 @@ def test_layout_rules_match_the_compiler():
 def test_header_parser_is_strict():
     with pytest.raises(NA.NativeAbiError, match="unsupported declaration"):
         NA.parse_header("AOTR_API int (*aotr_callback)(int);\n")
+
+
+def _strip_score_mod(header: Path) -> None:
+    """The params structs as they were before softcap and ALiBi were appended."""
+    import re
+
+    text = header.read_text()
+    for struct in ("aotr_attn_fwd_params", "aotr_attn_bwd_params"):
+        text, n = re.subn(r"    /\* ---- appended in 0\.1 .*?(\} " + struct + ";)", r"\1", text,
+                          count=1, flags=re.S)
+        assert n == 1, struct
+    header.write_text(text)
+
+
+def test_appending_softcap_and_alibi_is_a_compatible_point_release(tmp_path, capsys, mode):
+    """This line's own change: softcap and alibi_slopes appended to the
+    params structs (headers compared; libabigail through stand-ins)."""
+    old = build(tmp_path, "before", "0.1.0", debug=False)
+    _strip_score_mod(old / HDR)
+    new = build(tmp_path, "after", "0.1.1", debug=False)
+    rc, out = _abi_check(capsys, old, new)
+    assert rc == 0, out
+    assert "breaking" not in out
+    for struct in ("aotr_attn_fwd_params", "aotr_attn_bwd_params"):
+        assert (f"struct {struct}: new field softcap (float) appended at offset") in out, out
+        assert (f"struct {struct}: new field alibi_slopes (aotr_tensor) appended at offset") in out
+    assert "OK: 0.1.1 is ABI compatible with 0.1.0" in out

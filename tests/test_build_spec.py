@@ -214,7 +214,9 @@ def test_real_variant_contents(targets, spec):
                             "HAS_BIAS": False, "ENABLE_DROPOUT": False, "UPCAST_DOT": False}
     assert v.options == {"num_warps": 8, "num_stages": 3}
     assert v.args[0] == ("Q", "*fp16") and v.args[5] == ("LSE", "*fp32")
-    assert v.args[-3:] == (("sm_scale", "fp32"), ("dropout_p", "fp32"), ("store_dmask", "i32"))
+    assert v.args[-8:] == (("sm_scale", "fp32"), ("dropout_p", "fp32"), ("store_dmask", "i32"),
+                           ("ALIBI", "*fp32"), ("stride_az", "i32"), ("stride_ah", "i32"),
+                           ("has_alibi", "i32"), ("softcap", "fp32"))
     assert v.grid == ("cdiv(max_seqlen_q, BLOCK_M)", "min(batch * num_heads, 65535)",
                       "cdiv(batch * num_heads, 65535)")
     assert "stride_qm" in v.divisible_16

@@ -97,7 +97,8 @@ def test_flash_attention_op_window_as_flash_attn_normalises():
     (dict(block_table=torch.zeros(1, 1, dtype=torch.int32)), "multiple of 16"),
     (dict(num_splits=2, dropout_p=0.5), "dropout"),
     (dict(seqused_k=torch.tensor([8], dtype=torch.int64)), "seqused_k must be a 1-D int32"),
-    (dict(alibi_slopes=torch.zeros(1, 1)), "alibi_slopes"),
+    (dict(alibi_slopes=torch.zeros(1, 1, dtype=torch.float16)), "alibi_slopes must be float32"),
+    (dict(alibi_slopes=torch.zeros(2)), r"alibi_slopes must have shape"),
 ])
 def test_flash_attention_op_falls_back_with_reason(kwargs, reason):
     q = torch.randn(1, 8, 1, 16, dtype=torch.float16)
@@ -188,3 +189,37 @@ def test_flash_attention_op_dropout_state_and_debug_mask():
         ref.check(name, value, golden[name], lp[name], torch.float16)
     again = ti.flash_attention_forward(q, k, v, None, None, 24, 24, 0.3, False, False)[0]
     assert not torch.equal(again, out)
+
+
+@pytest.mark.parametrize("form,causal,packed", [("h", False, False), ("bh", True, False),
+                                                ("bh", True, True), ("h", False, True)])
+def test_flash_attention_op_alibi_slopes(form, causal, packed):
+    """``alibi_slopes`` of torch's op runs on our kernels: flash-attn's ALiBi
+    (bottom-right, per sequence when packed), outputs shaped as torch's meta
+    kernel shapes them."""
+    gen = torch.Generator().manual_seed(7)
+    b, sq, sk, h, hk, d = 2, 19, 27, 4, 2, 64
+    q, g = (_bshd(b, sq, h, d, torch.float16, gen) for _ in range(2))
+    k, v = (_bshd(b, sk, hk, d, torch.float16, gen) for _ in range(2))
+    slopes = torch.rand((h,) if form == "h" else (b, h), generator=gen) * 0.5
+    backends.reset_launch_counts()
+    if packed:
+        cu_q = torch.tensor([0, sq, 2 * sq], dtype=torch.int32)
+        cu_k = torch.tensor([0, sk, 2 * sk], dtype=torch.int32)
+        out, lse, *_ = ti.flash_attention_forward(
+            q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_q, cu_k, sq, sk, 0.0, causal,
+            False, scale=0.3, alibi_slopes=slopes)
+        out = out.unflatten(0, (b, sq))
+        lse = lse.unflatten(1, (b, sq)).transpose(0, 1)
+    else:
+        out, lse, *rest = ti.flash_attention_forward(q, k, v, None, None, sq, sk, 0.0, causal,
+                                                     False, scale=0.3, alibi_slopes=slopes)
+        m_out = FA(*map(_meta, (q, k, v)), None, None, sq, sk, 0.0, causal, False, scale=0.3,
+                   alibi_slopes=_meta(slopes))
+        for mine, meta in zip((out, lse, *rest), m_out):
+            assert (mine.shape, mine.stride(), mine.dtype) == (meta.shape, meta.stride(),
+                                                               meta.dtype)
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd")] == 1
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    ref.check_all({"out": t(out), "lse": lse}, t(q), t(k), t(v), scale=0.3, causal=causal,
+                  alibi_slopes=slopes)

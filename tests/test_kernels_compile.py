@@ -7,11 +7,14 @@ no global scratch, fits in shared memory/LDS and, on HIP, does not spill.
 No GPU is needed; the two compiles take a few seconds.
 """
 
+import importlib
 import importlib.util
 import inspect
 import os
 import pathlib
 import re
+import sys
+import types
 
 import pytest
 
@@ -29,12 +32,17 @@ def _spec():
         return tomllib.load(f)
 
 
-def _module(name="flash_attention"):
-    spec = importlib.util.spec_from_file_location(
-        f"aotriton_rocm_kernels_{name}_compile_test", KERNEL_DIR / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _module(module="flash_attention"):
+    """A kernels/ module of this checkout, as a module of a package (the
+    kernel sources import their helpers relatively)."""
+    name = "aotriton_rocm_kernels_compile_test"
+    if name not in sys.modules:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [str(KERNEL_DIR)]
+        pkg.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        pkg.__spec__.submodule_search_locations = [str(KERNEL_DIR)]
+        sys.modules[name] = pkg
+    return importlib.import_module(f"{name}.{module}")
 
 
 SPEC = _spec()

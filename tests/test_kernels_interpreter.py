@@ -1,7 +1,8 @@
 """Numerical tests of kernels/flash_attention.py on the CPU (Triton interpreter).
 
-Each kernel is run through ``triton.runtime.interpreter.InterpretedFunction``
-with ``UPCAST_DOT=True`` and the block sizes of the 'cuda' config in
+Each kernel is run by Triton's interpreter (the sources imported as a package
+with the interpret knob set, as the CPU backend does, so the kernels' helper
+calls work) with ``UPCAST_DOT=True`` and the block sizes of the 'cuda' config in
 kernels/variants.toml, and compared with an independent float32 torch reference
 (explicit softmax(Q K^T * scale) V, autograd for the gradients).
 
@@ -28,24 +29,34 @@ Shapes are kept small (the interpreter is slow); seqlens are not multiples of
 the block sizes, and most cases use (B, S, H, D)-strided views.
 """
 
+import importlib
 import importlib.util
 import math
 import pathlib
+import sys
+import types
 
 import attn_reference
 import pytest
 import torch
-from triton.runtime.interpreter import InterpretedFunction
+import triton
 
 KERNEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "kernels"
 
 
 def _load_module():
-    spec = importlib.util.spec_from_file_location(
-        "aotriton_rocm_kernels_flash_attention_under_test", KERNEL_DIR / "flash_attention.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """kernels/flash_attention.py of this checkout, imported as a module of a
+    package (it imports its helpers relatively) with the interpret knob set:
+    every @triton.jit function is then an InterpretedFunction."""
+    name = "aotriton_rocm_kernels_under_test"
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [str(KERNEL_DIR)]
+    pkg.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+    pkg.__spec__.submodule_search_locations = [str(KERNEL_DIR)]
+    sys.modules[name] = pkg
+    with triton.knobs.runtime.scope():
+        triton.knobs.runtime.interpret = True
+        return importlib.import_module(f"{name}.flash_attention")
 
 
 def _load_spec():
@@ -71,10 +82,7 @@ def _blocks(kernel, head_dim):
 
 FA = _load_module()
 SPEC = _load_spec()
-FWD = InterpretedFunction(FA.attn_fwd.fn)
-PRE = InterpretedFunction(FA.attn_bwd_preprocess.fn)
-DKDV = InterpretedFunction(FA.attn_bwd_dkdv.fn)
-DQ = InterpretedFunction(FA.attn_bwd_dq.fn)
+FWD, PRE, DKDV, DQ = FA.attn_fwd, FA.attn_bwd_preprocess, FA.attn_bwd_dkdv, FA.attn_bwd_dq
 
 GUARD = 8.0
 
@@ -106,6 +114,8 @@ def _mask(causal, window=(-1, -1)):
 # Pointers a dense launch without bias, dropout or debug mask never reads.
 _UNUSED = {"values": torch.zeros(16), "cu": torch.zeros(2, dtype=torch.int32),
            "rng": torch.zeros(2, dtype=torch.int64)}
+# ALIBI, stride_az, stride_ah, has_alibi, softcap: neither ALiBi nor softcap.
+_NO_SCORE_MOD = (torch.zeros(2), 0, 0, 0, 0.0)
 _NO_FEATURES = {"HAS_BIAS": False, "ENABLE_DROPOUT": False}
 
 
@@ -132,7 +142,7 @@ def kernel_forward(q, k, v, sm_scale, causal, window=(-1, -1)):
     FWD[(_cdiv(Sq, bm), B * H, 1)](
         q, k, v, u["values"], o, lse, u["values"], u["cu"], u["cu"], u["rng"], u["rng"],
         *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(o), H * Sq, Sq,
-        B, H, H // Hk, Sq, Sk, 0, D, *_mask(causal, window), sm_scale, 0.0, 0,
+        B, H, H // Hk, Sq, Sk, 0, D, *_mask(causal, window), sm_scale, 0.0, 0, *_NO_SCORE_MOD,
         BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
     return o, lse
 
@@ -152,13 +162,13 @@ def kernel_backward(q, k, v, o, lse, do, sm_scale, causal, window=(-1, -1)):
     bm, bn = _blocks("attn_bwd_dkdv", D)
     DKDV[(_cdiv(Sk, bn), B * Hk, 1)](
         q, k, v, u["values"], do, lse, delta, dk, dv, *rng,
-        *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(do), *_s3(dk), *_s3(dv), *tail,
+        *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(do), *_s3(dk), *_s3(dv), *tail, *_NO_SCORE_MOD,
         BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
     bm, bn = _blocks("attn_bwd_dq", D)
     DQ[(_cdiv(Sq, bm), B * H, 1)](
         q, k, v, u["values"], do, lse, delta, dq, u["values"], *rng,
         *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(do), *_s3(dq), 0, 0, 0, *tail, 0,
-        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
+        *_NO_SCORE_MOD, BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
     return delta, dq, dk, dv
 
 

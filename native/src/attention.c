@@ -1,6 +1,7 @@
 /* FlashAttention forward and backward: request checks, the kernels'
  * argument values by name, grids, and the launches. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,6 +24,8 @@ enum {
     A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_STORE_DMASK, A_STORE_DBIAS,
     A_SM_SCALE, A_DROPOUT_P,
     A_R, A_ENCODE_KEEP, /* dropout_uniform */
+    /* softcap and ALiBi (appended; optional in a kernel's argument list) */
+    A_ALIBI, A_SAZ, A_SAH, A_HAS_ALIBI, A_SOFTCAP,
     A_COUNT
 };
 _Static_assert(A_COUNT <= AOTR_KV_FIRST_SLOT, "AOTR_KV_FIRST_SLOT is too small");
@@ -40,6 +43,7 @@ static const char *const slot_names[A_COUNT] = {
     "bottom_right", "window_left", "window_right", "store_dmask", "store_dbias",
     "sm_scale", "dropout_p",
     "R", "encode_keep",
+    "ALIBI", "stride_az", "stride_ah", "has_alibi", "softcap",
 };
 
 int aotr_arg_slot(const char *name)
@@ -61,9 +65,10 @@ aotr_arg_kind aotr_arg_slot_kind(int slot)
 {
     if (slot >= AOTR_KV_FIRST_SLOT)
         return aotr_kv_arg_slot_kind(slot);
-    if (slot <= A_DBIAS || slot == A_R)
+    if (slot <= A_DBIAS || slot == A_R || slot == A_ALIBI)
         return AOTR_ARG_POINTER;
-    return slot == A_SM_SCALE || slot == A_DROPOUT_P ? AOTR_ARG_FP32 : AOTR_ARG_I32;
+    return slot == A_SM_SCALE || slot == A_DROPOUT_P || slot == A_SOFTCAP ? AOTR_ARG_FP32
+                                                                          : AOTR_ARG_I32;
 }
 
 static const int fwd_slots[] = {
@@ -471,6 +476,72 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
     return AOTR_OK;
 }
 
+/* softcap and ALiBi: the fields appended to the params structs, read only
+ * when the caller's struct_size covers them. */
+typedef struct score_mod {
+    const aotr_tensor *alibi; /* NULL: absent */
+    float softcap;
+} score_mod;
+
+static score_mod score_mod_of(uint32_t struct_size, size_t alibi_at, size_t softcap_at,
+                              const aotr_tensor *alibi, float softcap)
+{
+    score_mod m = {NULL, 0.0f};
+    if (struct_size >= alibi_at + sizeof(aotr_tensor) && present(alibi))
+        m.alibi = alibi;
+    if (struct_size >= softcap_at + sizeof(float))
+        m.softcap = softcap;
+    return m;
+}
+
+static aotr_status score_mod_values(const score_mod *m, const dims *d, const void *spare,
+                                    aotr_arg_value *v)
+{
+    if (!(isfinite(m->softcap) && m->softcap >= 0.0f))
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "softcap=%g: must be finite and >= 0 (0: off)",
+                         (double)m->softcap);
+    v[A_SOFTCAP].f32 = m->softcap;
+    v[A_ALIBI].p = (void *)spare;
+    v[A_SAZ].i32 = v[A_SAH].i32 = v[A_HAS_ALIBI].i32 = 0;
+    const aotr_tensor *a = m->alibi;
+    if (!a)
+        return AOTR_OK;
+    aotr_status st = check_tensor(a, "alibi_slopes");
+    if (st != AOTR_OK)
+        return st;
+    if (a->dtype != AOTR_FP32)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes must be fp32, not %s",
+                         dtype_text(a->dtype));
+    int per_head = a->rank == 1 && a->sizes[0] == d->h;
+    int per_batch = a->rank == 2 && a->sizes[0] == d->b && a->sizes[1] == d->h;
+    if (!per_head && !per_batch)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes must be (heads,) = (%lld,) or "
+                         "(batch, heads) = (%lld, %lld)", (long long)d->h, (long long)d->b,
+                         (long long)d->h);
+    if ((uintptr_t)a->data & 3u)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes: the address is not 4-byte "
+                         "aligned");
+    int64_t s[2] = {per_head ? 0 : a->strides[0], a->strides[a->rank - 1]};
+    if ((st = set_strides(v, A_SAZ, s, 2)) != AOTR_OK)
+        return st;
+    v[A_ALIBI].p = a->data;
+    v[A_HAS_ALIBI].i32 = 1;
+    return AOTR_OK;
+}
+
+/* A kernel of an image built before softcap/ALiBi cannot apply them: refuse
+ * rather than ignore them. */
+static aotr_status score_mod_declared(const aotr_launchable *k, const aotr_arg_value *v)
+{
+    if (v[A_HAS_ALIBI].i32 && !aotr_launchable_declares(k, A_ALIBI))
+        return aotr_fail(AOTR_UNSUPPORTED, "the installed kernel image predates ALiBi: "
+                         "install matching aotriton-rocm kernel images");
+    if (v[A_SOFTCAP].f32 > 0.0f && !aotr_launchable_declares(k, A_SOFTCAP))
+        return aotr_fail(AOTR_UNSUPPORTED, "the installed kernel image predates softcap: "
+                         "install matching aotriton-rocm kernel images");
+    return AOTR_OK;
+}
+
 static uint64_t cdiv(int64_t a, int64_t b) { return (uint64_t)((a + b - 1) / b); }
 
 static aotr_status make_grid(uint64_t blocks, int64_t programs, uint32_t grid[3])
@@ -523,8 +594,8 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
-    aotr_status st = begin(rt, params, params ? params->struct_size : 0, sizeof *params, p, &d,
-                           "aotr_attn_fwd");
+    aotr_status st = begin(rt, params, params ? params->struct_size : 0,
+                           offsetof(aotr_attn_fwd_params, softcap), p, &d, "aotr_attn_fwd");
     if (st != AOTR_OK)
         return st;
     if ((st = like(&params->out, &p->q, "out", "q")) != AOTR_OK)
@@ -552,6 +623,11 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
     int dropout = p->dropout_p > 0.0f || store_dmask;
     if ((st = common_values(p, &d, dropout, v)) != AOTR_OK)
         return st;
+    score_mod mod = score_mod_of(params->struct_size, offsetof(aotr_attn_fwd_params, alibi_slopes),
+                                 offsetof(aotr_attn_fwd_params, softcap), &params->alibi_slopes,
+                                 params->softcap);
+    if ((st = score_mod_values(&mod, &d, p->q.data, v)) != AOTR_OK)
+        return st;
     v[A_O].p = params->out.data;
     v[A_LSE].p = params->lse.data;
     v[A_DMASK].p = store_dmask ? dm->data : p->q.data;
@@ -567,6 +643,8 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
                                                 d.sq, d.sk);
     if (!k)
         return AOTR_UNSUPPORTED;
+    if ((st = score_mod_declared(k, v)) != AOTR_OK)
+        return st;
     return launch(rt, dev, k, cdiv(d.sq, aotr_launchable_block_m(k)), d.b * d.h,
                   params->stream, v);
 }
@@ -575,8 +653,8 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
-    aotr_status st = begin(rt, params, params ? params->struct_size : 0, sizeof *params, p, &d,
-                           "aotr_attn_bwd");
+    aotr_status st = begin(rt, params, params ? params->struct_size : 0,
+                           offsetof(aotr_attn_bwd_params, softcap), p, &d, "aotr_attn_bwd");
     if (st != AOTR_OK)
         return st;
     if ((st = like(&params->out, &p->q, "out", "q")) ||
@@ -613,6 +691,11 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
     int dropout = p->dropout_p > 0.0f;
     if ((st = common_values(p, &d, dropout, v)) != AOTR_OK)
         return st;
+    score_mod mod = score_mod_of(params->struct_size, offsetof(aotr_attn_bwd_params, alibi_slopes),
+                                 offsetof(aotr_attn_bwd_params, softcap), &params->alibi_slopes,
+                                 params->softcap);
+    if ((st = score_mod_values(&mod, &d, p->q.data, v)) != AOTR_OK)
+        return st;
     v[A_O].p = params->out.data;
     v[A_DO].p = params->grad_out.data;
     v[A_LSE].p = params->lse.data;
@@ -648,7 +731,8 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
         return AOTR_UNSUPPORTED;
     /* Check all three before the first launch, so a refusal launches nothing. */
     if ((st = aotr_launchable_check(pre, v)) || (st = aotr_launchable_check(dkdv, v)) ||
-        (st = aotr_launchable_check(dq, v)))
+        (st = aotr_launchable_check(dq, v)) || (st = score_mod_declared(dkdv, v)) ||
+        (st = score_mod_declared(dq, v)))
         return st;
     if ((st = launch(rt, dev, pre, cdiv(d.sq, aotr_launchable_block_m(pre)), d.b * d.h,
                      params->stream, v)) != AOTR_OK)

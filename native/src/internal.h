@@ -196,6 +196,9 @@ AOTR_HIDDEN const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel
 /* The device's compute units (CUs / SMs), 0 when the driver cannot say. */
 AOTR_HIDDEN int32_t aotr_device_compute_units(aotr_device *dev);
 AOTR_HIDDEN int32_t aotr_launchable_block_m(const aotr_launchable *k);
+/* 1 if kernel `k` declares the argument of `slot` (kernels of older images
+ * may lack arguments added since). */
+AOTR_HIDDEN int aotr_launchable_declares(const aotr_launchable *k, int slot);
 AOTR_HIDDEN int32_t aotr_launchable_block_n(const aotr_launchable *k);
 /* Check the divisibility assumptions of `k` against `values`
  * (AOTR_NEEDS_LAYOUT naming the argument). */

@@ -16,21 +16,19 @@
 
 /* -- argument names ------------------------------------------------------- */
 
-/* The names only these kernels have: pointers, then int32s, then fp32. */
+/* The names only these kernels have: pointers, then int32s (softcap and
+ * ALiBi are the attention kernels' names, see resolve_slots). */
 enum {
     K_O_PART = AOTR_KV_FIRST_SLOT, K_LSE_PART, K_K_START, K_K_END, K_CACHE_BATCH_IDX,
-    K_BLOCK_TABLE, K_ALIBI,
-    K_STRIDE_BTZ, K_STRIDE_AZ, K_PAGED, K_PAGE_SIZE, K_HAS_BATCH_IDX, K_HAS_K_START,
-    K_HAS_ALIBI, K_NUM_SPLITS,
-    K_SOFTCAP,
+    K_BLOCK_TABLE,
+    K_STRIDE_BTZ, K_PAGED, K_PAGE_SIZE, K_HAS_BATCH_IDX, K_HAS_K_START, K_NUM_SPLITS,
     K_END
 };
 _Static_assert(K_END <= AOTR_ARG_SLOTS, "AOTR_ARG_SLOTS is too small");
 
 static const char *const kv_names[K_END - AOTR_KV_FIRST_SLOT] = {
-    "O_PART", "LSE_PART", "K_START", "K_END", "CACHE_BATCH_IDX", "BLOCK_TABLE", "ALIBI",
-    "stride_btz", "stride_az", "paged", "page_size", "has_batch_idx", "has_k_start",
-    "has_alibi", "num_splits", "softcap",
+    "O_PART", "LSE_PART", "K_START", "K_END", "CACHE_BATCH_IDX", "BLOCK_TABLE",
+    "stride_btz", "paged", "page_size", "has_batch_idx", "has_k_start", "num_splits",
 };
 
 int aotr_kv_arg_slot(const char *name)
@@ -48,9 +46,7 @@ const char *aotr_kv_arg_slot_name(int slot)
 
 aotr_arg_kind aotr_kv_arg_slot_kind(int slot)
 {
-    if (slot <= K_ALIBI)
-        return AOTR_ARG_POINTER;
-    return slot == K_SOFTCAP ? AOTR_ARG_FP32 : AOTR_ARG_I32;
+    return slot <= K_BLOCK_TABLE ? AOTR_ARG_POINTER : AOTR_ARG_I32;
 }
 
 /* The slots of the names these kernels share with the attention kernels,
@@ -59,7 +55,7 @@ static struct {
     int q, k, v, o, lse, cu_q;
     int sq[3], sk[3], sv[3], so[3], sl[2];
     int batch, num_heads, gqa_group, max_seqlen_q, varlen, head_dim, window_left, window_right,
-        sm_scale;
+        sm_scale, alibi, stride_az, has_alibi, softcap;
     int main_required[64], combine_required[32];
 } S;
 static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
@@ -96,11 +92,16 @@ static void resolve_slots(void)
     S.window_left = aotr_arg_slot("window_left");
     S.window_right = aotr_arg_slot("window_right");
     S.sm_scale = aotr_arg_slot("sm_scale");
+    S.alibi = aotr_arg_slot("ALIBI");
+    S.stride_az = aotr_arg_slot("stride_az");
+    S.has_alibi = aotr_arg_slot("has_alibi");
+    S.softcap = aotr_arg_slot("softcap");
 
     int n = 0;
     const int shared_main[] = {S.q, S.k, S.v, S.o, S.lse, S.cu_q, S.sl[0], S.sl[1], S.batch,
                                S.num_heads, S.gqa_group, S.max_seqlen_q, S.varlen, S.head_dim,
-                               S.window_left, S.window_right, S.sm_scale};
+                               S.window_left, S.window_right, S.sm_scale, S.alibi,
+                               S.stride_az, S.has_alibi, S.softcap};
     for (size_t i = 0; i < sizeof shared_main / sizeof *shared_main; i++)
         S.main_required[n++] = shared_main[i];
     for (int i = 0; i < 3; i++) {
@@ -435,7 +436,7 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[K_K_END].p = p->k_end.data;
     v[K_CACHE_BATCH_IDX].p = present(&p->cache_batch_idx) ? p->cache_batch_idx.data : spare;
     v[K_BLOCK_TABLE].p = d->paged ? p->block_table.data : spare;
-    v[K_ALIBI].p = present(&p->alibi_slopes) ? p->alibi_slopes.data : spare;
+    v[S.alibi].p = present(&p->alibi_slopes) ? p->alibi_slopes.data : spare;
     bshd(&p->q, d->varlen, S.sq, v);
     bshd(&p->out, d->varlen, S.so, v);
     /* caches: (block or cache row, head, row) */
@@ -449,7 +450,7 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[S.sl[0]].i32 = (int32_t)c->lse_strides[0];
     v[S.sl[1]].i32 = (int32_t)c->lse_strides[1];
     v[K_STRIDE_BTZ].i32 = d->paged ? (int32_t)p->block_table.strides[0] : 0;
-    v[K_STRIDE_AZ].i32 = present(&p->alibi_slopes) && p->alibi_slopes.rank == 2
+    v[S.stride_az].i32 = present(&p->alibi_slopes) && p->alibi_slopes.rank == 2
                              ? (int32_t)p->alibi_slopes.strides[0] : 0;
     v[S.batch].i32 = (int32_t)d->b;
     v[S.num_heads].i32 = (int32_t)d->h;
@@ -461,7 +462,7 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[K_PAGE_SIZE].i32 = d->paged ? (int32_t)d->page : 1;
     v[K_HAS_BATCH_IDX].i32 = present(&p->cache_batch_idx);
     v[K_HAS_K_START].i32 = present(&p->k_start);
-    v[K_HAS_ALIBI].i32 = present(&p->alibi_slopes);
+    v[S.has_alibi].i32 = present(&p->alibi_slopes);
     /* the window, clamped to seqlen_q + capacity (the same mask) so that no
      * bound overflows int32; causal is right = 0 */
     int64_t cap = d->sq + d->capacity;
@@ -469,7 +470,7 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[S.window_left].i32 = (int32_t)(left < 0 ? -1 : left < cap ? left : cap);
     v[S.window_right].i32 = (int32_t)(right < 0 ? -1 : right < cap ? right : cap);
     v[S.sm_scale].f32 = p->scale;
-    v[K_SOFTCAP].f32 = p->softcap;
+    v[S.softcap].f32 = p->softcap;
     v[K_NUM_SPLITS].i32 = c->splits;
 }
 

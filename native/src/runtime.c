@@ -596,6 +596,14 @@ int32_t aotr_device_compute_units(aotr_device *dev)
 int32_t aotr_launchable_block_m(const aotr_launchable *k) { return k->record->block_m; }
 int32_t aotr_launchable_block_n(const aotr_launchable *k) { return k->record->block_n; }
 
+int aotr_launchable_declares(const aotr_launchable *k, int slot)
+{
+    for (size_t i = 0; i < k->num_args; i++)
+        if (k->slots[i] == slot)
+            return 1;
+    return 0;
+}
+
 aotr_status aotr_launchable_check(const aotr_launchable *k, const aotr_arg_value *values)
 {
     if (k->bind_error)

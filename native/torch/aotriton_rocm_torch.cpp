@@ -404,6 +404,14 @@ struct Args {
         }
         return out;
     }
+    // Argument i None (or absent from this torch's schema)?
+    bool none_at(size_t i) const
+    {
+        if (i >= n)
+            return true;
+        char k = kinds[i];
+        return k == 'T' ? !defined(tensor(i)) : (k == 't' || k == 'o') ? is_none(i) : false;
+    }
     // Arguments past `known` (added by a later torch) left at None?
     bool rest_none(size_t known) const
     {
@@ -723,11 +731,24 @@ bool varlen(const State &s, AtenTensorHandle cu_q, AtenTensorHandle cu_k, int64_
     return max_q >= 0 && max_k >= 0 && max_q <= INT32_MAX && max_k <= INT32_MAX;
 }
 
-// aten::_flash_attention_forward: (B, S, H, D), or packed (total, H, D)
+// flash-attn's ALiBi slopes (fp32 (H,) or (B, H) on q's device) into the
+// params; libaotriton_rocm checks their shape. False: not usable here.
+bool alibi_view(const State &s, AtenTensorHandle h, const Info &q, aotr_tensor *out)
+{
+    Info a = info(h);
+    return a.dtype == s.dt.f32 && a.device_type == q.device_type &&
+           a.device_index == q.device_index && view(s, a, nullptr, out);
+}
+
+// aten::_flash_attention_forward: (B, S, H, D), or packed (total, H, D).
+// Arguments past scale and the window: seqused_k (13) must be None,
+// alibi_slopes (14, where this torch has it) runs on the kernels, later ones
+// (block_table, num_splits) must be None.
 bool fa_fwd(const State &s, const Args &a)
 {
-    if (a.f64(7) != 0.0 || a.boolean(9) || !a.rest_none(13))
+    if (a.f64(7) != 0.0 || a.boolean(9) || !a.none_at(13) || !a.rest_none(15))
         return false;
+    AtenTensorHandle alibi = a.n > 14 ? a.opt_tensor(14) : nullptr;
     Info q = info(a.tensor(0)), k = info(a.tensor(1)), v = info(a.tensor(2));
     AtenTensorHandle cu_q = a.opt_tensor(3), cu_k = a.opt_tensor(4);
     bool packed = cu_q || cu_k;
@@ -757,6 +778,8 @@ bool fa_fwd(const State &s, const Args &a)
     p.problem = pr.p;
     Info oi = info(out.get());
     if (!view(s, oi, perm, &p.out) || !view(s, info(lse.get()), nullptr, &p.lse))
+        return false;
+    if (alibi && !alibi_view(s, alibi, q, &p.alibi_slopes))
         return false;
     std::vector<Slot> slots;
     slots.push_back({&p.problem.q, q, perm, false, {}});

@@ -26,7 +26,10 @@ except ImportError:  # the build tooling runs without torch; the runtime cannot
     pass
 else:
     from .backends import launch_counts, reset_launch_counts
-    from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+    from .flash_attn_interface import (flash_attn_func, flash_attn_kvpacked_func,
+                                       flash_attn_qkvpacked_func, flash_attn_varlen_func,
+                                       flash_attn_varlen_kvpacked_func,
+                                       flash_attn_varlen_qkvpacked_func)
     from .kvcache_api import flash_attn_with_kvcache
     from .function_mode import AttentionMode
     from .torch_integration import IMPL_NAME, disable, enable, is_enabled, register
@@ -34,6 +37,8 @@ else:
     register()
 
 __all__ = ["ABI_VERSION", "AttentionMode", "IMPL_NAME", "__version__", "disable", "enable",
-           "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "is_enabled",
+           "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache", "is_enabled",
            "launch_counts",
            "reset_launch_counts"]

@@ -12,7 +12,8 @@ packed (total, H, D) tensors whose sequences start at ``cu_seqlens``.
 Features: causal (either alignment), sliding window, GQA/MQA, an additive
 attention bias broadcast over batch/heads/rows (with its gradient), dropout
 (Philox, regenerated in the backward from the same seed/offset tensors), the
-dropout debug mask.
+dropout debug mask, flash-attn's softcap and ALiBi (runtime arguments of
+the same kernels).
 """
 
 from __future__ import annotations
@@ -77,11 +78,14 @@ def _dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None):
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        dropout_p: float = 0.0, is_causal: bool = False,
                        attn_mask=None, return_debug_mask: bool = False,
-                       varlen: Varlen | None = None) -> str | None:
+                       varlen: Varlen | None = None, softcap: float = 0.0,
+                       alibi_slopes: torch.Tensor | None = None) -> str | None:
     """Why our kernels cannot compute this attention, or None if they can.
 
     ``attn_mask`` is an additive float mask of q's dtype (or a boolean mask)
-    broadcastable to (B, H, Sq, Sk).
+    broadcastable to (B, H, Sq, Sk). ``softcap``: 0 (off) or a positive
+    float; ``alibi_slopes``: fp32 (H,) or (B, H) on q's device (see
+    :func:`forward`).
     """
     rank = 4 if varlen is None else 3
     layout = "(batch, heads, seqlen, head_dim)" if varlen is None else "(total, heads, head_dim)"
@@ -123,6 +127,9 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             torch.broadcast_shapes(attn_mask.shape, (b, h, sq, sk))
         except RuntimeError:
             return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(b, h, sq, sk)}"
+    reason = score_mod_reason(softcap, alibi_slopes, q, b, h)
+    if reason:
+        return reason
     if sk == 0 and sq > 0 and b * h > 0:
         return "seqlen_k = 0 (no keys)"
     for t in (q, k, v):
@@ -138,6 +145,46 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                                       bias=attn_mask is not None,
                                       dropout=bool(dropout_p) or return_debug_mask,
                                       work=b * h * sq * sk * d)
+
+
+def score_mod_reason(softcap, alibi_slopes, q: torch.Tensor, batch: int,
+                     heads: int) -> str | None:
+    """Why ``softcap`` / ``alibi_slopes`` are not usable as given, or None."""
+    try:
+        cap = float(softcap)
+    except (TypeError, ValueError):
+        return f"softcap must be a float (0: off), got {softcap!r}"
+    if not (math.isfinite(cap) and cap >= 0.0):
+        return f"softcap must be a finite float >= 0 (0: off), got {softcap!r}"
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        return f"alibi_slopes must be a tensor, got {type(alibi_slopes).__name__}"
+    if alibi_slopes.dtype != torch.float32:
+        return (f"alibi_slopes must be float32 (flash-attn's convention), got "
+                f"{alibi_slopes.dtype}: pass alibi_slopes.float()")
+    shape = tuple(alibi_slopes.shape)
+    if shape not in ((heads,), (batch, heads)):
+        return (f"alibi_slopes must have shape (nheads,) = ({heads},) or (batch, nheads) = "
+                f"({batch}, {heads}), got {shape}")
+    if alibi_slopes.device != q.device:
+        return (f"alibi_slopes must be on the query's device ({q.device}), not "
+                f"{alibi_slopes.device}")
+    if max(alibi_slopes.stride(), default=0) > INT32_MAX:
+        return "alibi_slopes strides too large for the kernels' 32-bit stride arguments"
+    return None
+
+
+def alibi_args(alibi_slopes: torch.Tensor | None, spare: torch.Tensor
+               ) -> tuple[torch.Tensor, int, int, int]:
+    """The kernels' ``(ALIBI, stride_az, stride_ah, has_alibi)`` for (H,) or
+    (B, H) slopes (``stride_az = 0`` for (H,)); ``spare`` (fp32) stands in
+    when there are none (never read)."""
+    if alibi_slopes is None:
+        return spare, 0, 0, 0
+    if alibi_slopes.dim() == 1:
+        return alibi_slopes, 0, alibi_slopes.stride(0), 1
+    return alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1), 1
 
 
 def _varlen_reason(varlen: Varlen, q: torch.Tensor, k: torch.Tensor) -> str | None:
@@ -224,7 +271,8 @@ def _placeholders(device: torch.device, dtype: torch.dtype) -> dict[str, torch.T
     not use), with the element type the kernel declares."""
     return {"values": torch.zeros(16, dtype=dtype, device=device),
             "cu": torch.zeros(16, dtype=torch.int32, device=device),
-            "rng": torch.zeros(16, dtype=torch.int64, device=device)}
+            "rng": torch.zeros(16, dtype=torch.int64, device=device),
+            "f32": torch.zeros(16, dtype=torch.float32, device=device)}
 
 
 def new_rng_state(device: torch.device) -> torch.Tensor:
@@ -290,7 +338,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
             window_size: tuple[int, int] = (-1, -1), bias: torch.Tensor | None = None,
             dropout_p: float = 0.0, rng: tuple[torch.Tensor, torch.Tensor] | None = None,
             debug_mask: torch.Tensor | None = None, varlen: Varlen | None = None,
-            lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            lse: torch.Tensor | None = None, softcap: float = 0.0,
+            alibi_slopes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output (like ``out`` or ``empty_like(q)``) and the fp32 logsumexp.
 
     k and v may have fewer heads than q (GQA/MQA: query head h reads key/value
@@ -308,6 +357,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     Sq, Sk) tensor of q's dtype, receives each score's unnormalised
     probability, negated where dropout dropped it. The logsumexp is (B, H, Sq)
     (or the given ``lse``, (B, H, >= Sq)); with ``varlen`` it is (H, total_q).
+
+    flash-attn's score modifications: ``softcap > 0`` replaces each scaled
+    score s by ``softcap * tanh(s / softcap)``; ``alibi_slopes`` (fp32, (H,)
+    or (B, H), no gradient) then adds ``-slope * |i + Sk - Sq - j|`` (per
+    sequence with ``varlen``; bottom-right aligned whatever
+    ``causal_alignment`` says), before ``bias`` and the masks; the
+    logsumexp is that of the modified scores. The backward must get the
+    same ``softcap`` and ``alibi_slopes``.
     The caller has checked :func:`unsupported_reason`.
     """
     backend: Backend = backend_for(q)
@@ -330,18 +387,19 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
         backend.forward(*(_unview4(t, varlen) for t in (q4, k4, v4, o)), lse, bias=bias4,
                         debug_mask=debug_mask, rng=rng, varlen=varlen,
                         bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
-                        dropout_p=float(dropout_p))
+                        dropout_p=float(dropout_p), softcap=float(softcap),
+                        alibi_slopes=alibi_slopes)
     else:
         _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen,
                              (b, h, hk, sq, sk, d), (bottom_right, left, right), sm_scale,
-                             dropout_p)
+                             dropout_p, (float(softcap), alibi_slopes))
     if o is not o4:
         o4.copy_(o)
     return out, lse
 
 
 def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen, dims,
-                         mask, sm_scale, dropout_p) -> None:
+                         mask, sm_scale, dropout_p, score_mod=(0.0, None)) -> None:
     """The forward's launch on a backend that takes positional arguments (the
     CPU interpreter)."""
     b, h, hk, sq, sk, d = dims
@@ -361,11 +419,12 @@ def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, va
         *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
         *_strides(o, varlen), *_lse_args(lse, varlen),
         b, h, h // hk, sq, sk, int(varlen is not None), d, bottom_right, left, right, sm_scale,
-        float(dropout_p), int(debug_mask is not None)))
+        float(dropout_p), int(debug_mask is not None),
+        *alibi_args(score_mod[1], spare["f32"]), score_mod[0]))
 
 
 def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4, bias_grad, rng,
-                          varlen, dims, mask, sm_scale, dropout_p) -> None:
+                          varlen, dims, mask, sm_scale, dropout_p, score_mod=(0.0, None)) -> None:
     """The backward's three launches on a backend that takes positional
     arguments (the CPU interpreter)."""
     b, h, hk, sq, sk, d = dims
@@ -396,14 +455,16 @@ def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4
                *_strides(do4, varlen))
     sizes = (b, h, h // hk, sq, sk, is_varlen, d, bottom_right, left, right, sm_scale,
              float(dropout_p))
+    mods = (*alibi_args(score_mod[1], spare["f32"]), score_mod[0])
     dkdv = backend.kernel("attn_bwd_dkdv", **features)
     dkdv.launch(_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q4.device, (
         *inputs, dk, dv, cu_q, cu_k, seed, offset, *strides,
-        *_strides(dk, varlen), *_strides(dv, varlen), *lse_strides, *sizes))
+        *_strides(dk, varlen), *_strides(dv, varlen), *lse_strides, *sizes, *mods))
     dqk = backend.kernel("attn_bwd_dq", **features)
     dqk.launch(_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q4.device, (
         *inputs, dq, db, cu_q, cu_k, seed, offset, *strides,
-        *_strides(dq, varlen), *db_strides, *lse_strides, *sizes, int(bias_grad is not None)))
+        *_strides(dq, varlen), *db_strides, *lse_strides, *sizes, int(bias_grad is not None),
+        *mods))
 
 
 def new_bias_grad(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -421,12 +482,14 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
              window_size: tuple[int, int] = (-1, -1), bias: torch.Tensor | None = None,
              bias_grad: torch.Tensor | None = None, dropout_p: float = 0.0,
              rng: tuple[torch.Tensor, torch.Tensor] | None = None,
-             varlen: Varlen | None = None
+             varlen: Varlen | None = None, softcap: float = 0.0,
+             alibi_slopes: torch.Tensor | None = None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (written into ``grads`` if given, else like q, k, v).
 
     ``bias_grad`` (a (B, H, Sq, Sk) view, e.g. :func:`new_bias_grad`)
-    receives the gradient of the bias; ``rng`` must be the forward's.
+    receives the gradient of the bias; ``rng``, ``softcap`` and
+    ``alibi_slopes`` must be the forward's.
     Deterministic: with GQA each dK/dV block is summed over its query heads by
     one program, without atomics.
     """
@@ -454,11 +517,13 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                          tuple(_unview4(t, varlen) for t in (dq, dk, dv)), bias=bias4,
                          bias_grad=bias_grad, rng=rng, varlen=varlen,
                          bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
-                         dropout_p=float(dropout_p))
+                         dropout_p=float(dropout_p), softcap=float(softcap),
+                         alibi_slopes=alibi_slopes)
     else:
         _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, (dq, dk, dv), bias4,
                               bias_grad, rng, varlen, (b, h, hk, sq, sk, d),
-                              (bottom_right, left, right), sm_scale, dropout_p)
+                              (bottom_right, left, right), sm_scale, dropout_p,
+                              (float(softcap), alibi_slopes))
 
     for written, wanted in zip((dq, dk, dv), g4):
         if written is not wanted:

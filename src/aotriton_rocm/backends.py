@@ -285,7 +285,7 @@ class AOTBackend(Backend):
         return _raw_stream(self.device_index)
 
     def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, bottom_right,
-                window, scale, dropout_p) -> None:
+                window, scale, dropout_p, softcap=0.0, alibi_slopes=None) -> None:
         """Launch the forward on tensors the kernels can read in place: q/k/v/out
         (B, H, S, D), or packed (total, H, D) with ``varlen``."""
         from . import native
@@ -298,6 +298,8 @@ class AOTBackend(Backend):
         params.out, params.lse = native.tensor_view(out), native.tensor_view(lse)
         if debug_mask is not None:
             params.debug_mask = native.tensor_view(debug_mask)
+        params.alibi_slopes = native.tensor_view(alibi_slopes)
+        params.softcap = softcap
         native.check(self.runtime.fwd(params))
 
     def forward_kvcache(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
@@ -334,7 +336,8 @@ class AOTBackend(Backend):
         return out, lse, splits
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
-                 varlen, bottom_right, window, scale, dropout_p) -> None:
+                 varlen, bottom_right, window, scale, dropout_p, softcap=0.0,
+                 alibi_slopes=None) -> None:
         from . import native
 
         params = native.BwdParams()
@@ -344,9 +347,10 @@ class AOTBackend(Backend):
                                          scale, dropout_p)
         for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out), ("delta", delta),
                         ("grad_q", grads[0]), ("grad_k", grads[1]), ("grad_v", grads[2]),
-                        ("grad_bias", bias_grad)):
+                        ("grad_bias", bias_grad), ("alibi_slopes", alibi_slopes)):
             if t is not None:
                 setattr(params, name, native.tensor_view(t))
+        params.softcap = softcap
         native.check(self.runtime.bwd(params))
 
 
@@ -392,12 +396,10 @@ class InterpreterBackend(Backend):
     name = "interpreter:cpu"
 
     def __init__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-
         from . import kernel_spec
 
         spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
-        self._functions = {name: InterpretedFunction(kernel_spec.jit_function(ks).fn)
+        self._functions = {name: kernel_spec.interpreted_function(ks)
                            for name, ks in spec.kernels.items()}
         self._variants: dict[tuple, object] = {}
         self._reasons: dict[tuple, str | None] = {}

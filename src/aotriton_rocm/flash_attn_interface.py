@@ -1,12 +1,16 @@
-"""Direct API for code that does not go through SDPA: flash-attn's
-``flash_attn_func`` and ``flash_attn_varlen_func`` on our kernels.
+"""Direct API for code that does not go through SDPA: flash-attn 2.8's
+``flash_attn_func``, ``flash_attn_varlen_func`` and their packed variants
+(``flash_attn_qkvpacked_func``, ``flash_attn_kvpacked_func``,
+``flash_attn_varlen_qkvpacked_func``, ``flash_attn_varlen_kvpacked_func``) on
+our kernels, with flash-attn's signatures and positional order.
 
 ``flash_attn_func(q, k, v, ...)`` takes flash-attn's (batch, seqlen, heads,
 head_dim) layout; ``flash_attn_varlen_func`` packed (total, heads, head_dim)
 batches whose sequences start at ``cu_seqlens``. Both cover fp16/bf16/fp32,
 GQA/MQA (key/value heads dividing the query heads), a softmax scale, causal
 (bottom-right aligned when seqlen_q != seqlen_k, as flash-attn; per sequence
-for packed batches), a sliding window and dropout, and are differentiable.
+for packed batches), a sliding window, softcap, ALiBi and dropout, and are
+differentiable.
 CUDA/ROCm tensors run the precompiled kernels; CPU tensors run the same kernel
 sources in Triton's interpreter (slow: for testing). Anything our kernels
 don't cover raises :class:`ValueError` naming the reason and what is
@@ -25,14 +29,16 @@ import torch
 
 from . import attention, dropout_masks
 
-__all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_kvpacked_func",
+           "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func"]
 
 _DTYPES = "fp16/bf16/fp32"
 SUPPORTED = (f"{_DTYPES} tensors, head dims that are multiples of 8 up to "
              f"{attention.MAX_HEAD_DIM} (fp32: 256), nheads a multiple of nheads_k (GQA/MQA), "
-             "softmax_scale, causal, window_size, 0 <= dropout_p < 1, return_attn_probs; "
-             "block_table (paged k/v, forward only, no dropout) in flash_attn_varlen_func; "
-             "no softcap or alibi_slopes")
+             "softmax_scale, causal, window_size, softcap >= 0, alibi_slopes (float32, "
+             "(nheads,) or (batch, nheads)), 0 <= dropout_p < 1, return_attn_probs; "
+             "block_table (paged k/v, forward only, no dropout) in flash_attn_varlen_func")
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -41,8 +47,9 @@ class AttentionFunction(torch.autograd.Function):
     :mod:`aotriton_rocm.attention`.
 
     ``apply(q, k, v, bias, scale, is_causal, causal_alignment, window_size,
-    dropout_p=0.0, varlen=None, return_debug_mask=False)`` returns ``(out,
-    lse, debug_mask)``; only ``out`` is differentiable. ``bias`` (None, an
+    dropout_p=0.0, varlen=None, return_debug_mask=False, softcap=0.0,
+    alibi_slopes=None)`` returns ``(out, lse, debug_mask)``; only ``out`` is
+    differentiable (the ALiBi slopes get no gradient, as in flash-attn). ``bias`` (None, an
     additive mask of q's dtype or a boolean mask, True = attend) broadcasts
     to (B, H, Sq, Sk); a float bias that requires grad gets its gradient,
     summed to its own shape. With dropout the forward draws a fresh Philox
@@ -58,7 +65,8 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bias, scale, is_causal, causal_alignment, window_size,
-                dropout_p=0.0, varlen=None, return_debug_mask=False):
+                dropout_p=0.0, varlen=None, return_debug_mask=False, softcap=0.0,
+                alibi_slopes=None):
         state = None
         if dropout_p:
             state = attention.new_rng_state(q.device)
@@ -75,16 +83,18 @@ class AttentionFunction(torch.autograd.Function):
         out, lse = attention.forward(q, k, v, is_causal=is_causal, scale=scale,
                                      causal_alignment=causal_alignment, window_size=window_size,
                                      bias=bias, dropout_p=dropout_p, rng=rng, debug_mask=debug,
-                                     varlen=varlen)
-        ctx.save_for_backward(q, k, v, out, lse, bias, state if dropout_p else None)
-        ctx.options = (scale, is_causal, causal_alignment, window_size, dropout_p, varlen)
+                                     varlen=varlen, softcap=softcap, alibi_slopes=alibi_slopes)
+        ctx.save_for_backward(q, k, v, out, lse, bias, state if dropout_p else None,
+                              alibi_slopes)
+        ctx.options = (scale, is_causal, causal_alignment, window_size, dropout_p, varlen,
+                       softcap)
         ctx.mark_non_differentiable(*(t for t in (lse, debug) if t is not None))
         return out, lse, debug
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse=None, _grad_debug=None):
-        q, k, v, out, lse, bias, state = ctx.saved_tensors
-        scale, is_causal, causal_alignment, window_size, dropout_p, varlen = ctx.options
+        q, k, v, out, lse, bias, state, alibi_slopes = ctx.saved_tensors
+        scale, is_causal, causal_alignment, window_size, dropout_p, varlen, softcap = ctx.options
         want_bias_grad = (bias is not None and bias.dtype != torch.bool
                           and ctx.needs_input_grad[3])
         bias_grad = None
@@ -95,24 +105,25 @@ class AttentionFunction(torch.autograd.Function):
             grad_out, q, k, v, out, lse, is_causal=is_causal, scale=scale,
             causal_alignment=causal_alignment, window_size=window_size, bias=bias,
             bias_grad=bias_grad, dropout_p=dropout_p,
-            rng=None if state is None else (state[0], state[1]), varlen=varlen)
+            rng=None if state is None else (state[0], state[1]), varlen=varlen,
+            softcap=softcap, alibi_slopes=alibi_slopes)
         # The kernels write the (B, H, Sq, Sk) gradient; a broadcast bias gets its sum.
         dbias = None if bias_grad is None else bias_grad.sum_to_size(bias.shape)
-        return dq, dk, dv, dbias, None, None, None, None, None, None, None
+        return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, None
 
 
 def _fail(api: str, reason: str):
     raise ValueError(f"aotriton_rocm.{api}: {reason} (supported: {SUPPORTED})")
 
 
-def _check_common(api, q, k, v, dropout_p, window_size, softcap, alibi_slopes):
+def _check_common(api, q, k, v, dropout_p, window_size, softcap):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             _fail(api, f"{name} must be a tensor, got {type(t).__name__}")
-    if softcap:
-        _fail(api, f"softcap={softcap} is not supported")
-    if alibi_slopes is not None:
-        _fail(api, "alibi_slopes is not supported")
+    try:
+        softcap = float(softcap)
+    except (TypeError, ValueError):
+        _fail(api, f"softcap must be a float (0: off), got {softcap!r}")
     try:
         # operator.index: 1.5 is an error, not a silently truncated 1
         left, right = (operator.index(w) for w in window_size)
@@ -122,21 +133,26 @@ def _check_common(api, q, k, v, dropout_p, window_size, softcap, alibi_slopes):
         dropout_p = float(dropout_p)
     except (TypeError, ValueError):
         _fail(api, f"dropout_p must be a float, got {dropout_p!r}")
-    return dropout_p, (left, right)
+    return dropout_p, (left, right), softcap
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                     softmax_scale: float | None = None, causal: bool = False,
-                    window_size: tuple[int, int] = (-1, -1), deterministic: bool = True,
-                    return_attn_probs: bool = False, *, softcap: float = 0.0,
-                    alibi_slopes: torch.Tensor | None = None):
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                    return_attn_probs: bool = False):
     """flash-attn's ``flash_attn_func`` on our kernels.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k,
     headdim) with nheads_k dividing nheads. Key j is visible from query i iff
     ``i + seqlen_k - seqlen_q - window_size[0] <= j <= i + seqlen_k - seqlen_q
     + window_size[1]`` (-1: unbounded; causal sets ``window_size[1] = 0``);
-    rows that see no key give 0 (and logsumexp +inf). ``dropout_p`` drops
+    rows that see no key give 0 (and logsumexp +inf). ``softcap > 0``
+    replaces each scaled score s by ``softcap * tanh(s / softcap)`` (Gemma-2
+    style); ``alibi_slopes`` (float32, (nheads,) or (batch, nheads)) then adds
+    ``-slope * |i + seqlen_k - seqlen_q - j|`` to the score of query i and key
+    j (also with causal: the logsumexp is that of the biased scores; the
+    slopes get no gradient). ``dropout_p`` drops
     attention probabilities (kept ones scaled by ``1 / (1 - dropout_p)``)
     with a Philox stream seeded from torch's generator on q's device
     (``torch.manual_seed`` reproduces it); the backward drops the same ones.
@@ -160,27 +176,50 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     costs batch * nheads * seqlen_q * seqlen_k elements.
     """
     api = "flash_attn_func"
-    dropout_p, window = _check_common(api, q, k, v, dropout_p, window_size, softcap,
-                                      alibi_slopes)
+    dropout_p, window, softcap = _check_common(api, q, k, v, dropout_p, window_size, softcap)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         _fail(api, "q, k, v must be 4-D (batch, seqlen, heads, head_dim); packed batches go "
                    "to flash_attn_varlen_func")
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     debug = bool(return_attn_probs) and dropout_p > 0
     reason = attention.unsupported_reason(qt, kt, vt, dropout_p=dropout_p,
-                                          is_causal=bool(causal), return_debug_mask=debug)
+                                          is_causal=bool(causal), return_debug_mask=debug,
+                                          softcap=softcap, alibi_slopes=alibi_slopes)
     if reason:
         _fail(api, reason)
     window = attention.flash_attn_window(*window, k.size(1))
     out, lse, dmask = AttentionFunction.apply(qt, kt, vt, None, softmax_scale, bool(causal),
-                                              "bottom_right", window, dropout_p, None, debug)
+                                              "bottom_right", window, dropout_p, None, debug,
+                                              softcap, alibi_slopes)
     out = out.transpose(1, 2)
     if not return_attn_probs:
         return out
-    return out, lse, _s_dmask(dmask, qt, kt, softmax_scale, bool(causal), window, None)
+    return out, lse, _s_dmask(dmask, qt, kt, softmax_scale, bool(causal), window, None, softcap,
+                              alibi_slopes)
 
 
-def _s_dmask(kernel_mask, q, k, softmax_scale, causal, window, varlen):
+def _score_mod(softcap: float, alibi_slopes):
+    """The kernels' score modifiers on (B, H, Sq, Sk) fp32 scaled scores, for
+    the host-composed S_dmask (None without any)."""
+    if not softcap and alibi_slopes is None:
+        return None
+
+    def modify(scores, rows, cols, seqlen_q, seqlen_k):
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.float()
+            slopes = slopes if slopes.dim() == 2 else slopes[None, :]
+            shift = (seqlen_k - seqlen_q).to(scores.device)[:, None, None, None]
+            distance = (rows[None, None, :, None] + shift - cols[None, None, None, :]).abs()
+            scores = scores - slopes[:, :, None, None] * distance
+        return scores
+
+    return modify
+
+
+def _s_dmask(kernel_mask, q, k, softmax_scale, causal, window, varlen, softcap=0.0,
+             alibi_slopes=None):
     """flash-attn's S_dmask from the kernel's debug mask (see
     :mod:`aotriton_rocm.dropout_masks`); without dropout flash-attn returns
     an empty (0,) tensor of q's dtype."""
@@ -191,7 +230,8 @@ def _s_dmask(kernel_mask, q, k, softmax_scale, causal, window, varlen):
     mask = attention.mask_args(causal, sq, sk, "bottom_right", window)
     with torch.no_grad():
         return dropout_masks.flash_attn_s_dmask(kernel_mask, q.detach(), k.detach(),
-                                                scale=scale, mask=mask, varlen=varlen)
+                                                scale=scale, mask=mask, varlen=varlen,
+                                                score_mod=_score_mod(softcap, alibi_slopes))
 
 
 def _varlen_bounds(api, cu_q, cu_k, total_q, total_k, max_q, max_k) -> tuple[int, int] | None:
@@ -222,9 +262,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                            softmax_scale: float | None = None, causal: bool = False,
-                           window_size: tuple[int, int] = (-1, -1), deterministic: bool = True,
-                           return_attn_probs: bool = False, *, softcap: float = 0.0,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: torch.Tensor | None = None,
+                           deterministic: bool = False, return_attn_probs: bool = False,
                            block_table: torch.Tensor | None = None):
     """flash-attn's ``flash_attn_varlen_func`` on our kernels.
 
@@ -233,7 +273,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     of q (and likewise of k, v); ``cu_seqlens_q/k`` are int32 (batch + 1)
     offsets starting at 0 and ``max_seqlen_q/k`` bound the sequence lengths.
     Masks (causal: bottom-right aligned, window_size, as in
-    :func:`flash_attn_func`) apply per sequence. Packed rows past the last
+    :func:`flash_attn_func`) and ALiBi (``alibi_slopes`` (nheads,) or
+    (batch, nheads), ``i`` and ``j`` counted within the sequence) apply per
+    sequence; ``softcap`` as in :func:`flash_attn_func`. Packed rows past the last
     offset are not attention rows: their output (and gradient) is 0.
     Differentiable, dropout included.
 
@@ -252,16 +294,18 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     :func:`aotriton_rocm.flash_attn_with_kvcache`).
     """
     api = "flash_attn_varlen_func"
-    dropout_p, window = _check_common(api, q, k, v, dropout_p, window_size, softcap,
-                                      alibi_slopes)
+    dropout_p, window, softcap = _check_common(api, q, k, v, dropout_p, window_size, softcap)
     if block_table is not None:
         from .kvcache_api import varlen_paged_forward
         if dropout_p:
             _fail(api, "dropout with block_table (a paged KV cache) is not covered")
         out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, block_table, softmax_scale, bool(causal),
-                                        window, lambda reason: _fail(api, reason))
-        return (out, lse, None) if return_attn_probs else out
+                                        window, lambda reason: _fail(api, reason),
+                                        softcap=softcap, alibi_slopes=alibi_slopes)
+        if not return_attn_probs:
+            return out
+        return out, lse, torch.empty(0, dtype=q.dtype, device=q.device)
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         _fail(api, "q, k, v must be 3-D packed (total, heads, head_dim); (batch, seqlen, heads, "
                    "head_dim) tensors go to flash_attn_func")
@@ -274,7 +318,8 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         _fail(api, "max_seqlen_q and max_seqlen_k must be ints")
     varlen = attention.Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     reason = attention.unsupported_reason(q, k, v, dropout_p=dropout_p, is_causal=bool(causal),
-                                          varlen=varlen,
+                                          varlen=varlen, softcap=softcap,
+                                          alibi_slopes=alibi_slopes,
                                           return_debug_mask=bool(return_attn_probs) and dropout_p > 0)
     if reason:
         _fail(api, reason)
@@ -288,13 +333,15 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         q, k, v = q[:ends[0]], k[:ends[1]], v[:ends[1]]
     debug = bool(return_attn_probs) and dropout_p > 0
     out, lse, dmask = AttentionFunction.apply(q, k, v, None, softmax_scale, bool(causal),
-                                              "bottom_right", window, dropout_p, varlen, debug)
+                                              "bottom_right", window, dropout_p, varlen, debug,
+                                              softcap, alibi_slopes)
     if out.shape[0] < total_q:
         out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, total_q - out.shape[0]))
         lse = torch.nn.functional.pad(lse, (0, total_q - lse.shape[1]), value=float("inf"))
     if not return_attn_probs:
         return out
-    return out, lse, _s_dmask(dmask, q, k, softmax_scale, bool(causal), window, varlen)
+    return out, lse, _s_dmask(dmask, q, k, softmax_scale, bool(causal), window, varlen, softcap,
+                              alibi_slopes)
 
 
 # flash-attn's module also holds the KV-cache entry point.

@@ -16,6 +16,9 @@ except ImportError:  # Python < 3.11
 from dataclasses import dataclass, field
 from pathlib import Path
 import importlib
+import importlib.util
+import sys
+import types
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .codeobject import RESOURCE_KINDS
@@ -30,6 +33,7 @@ __all__ = [
     "KernelSpec",
     "Variant",
     "VariantSpec",
+    "interpreted_function",
     "jit_function",
     "kernels_dir",
     "load_variants",
@@ -418,4 +422,43 @@ def kernels_dir() -> Path:
 def jit_function(kernel: KernelSpec):
     """The installed ``@triton.jit`` function of a kernel (imports triton)."""
     module = importlib.import_module(f"aotriton_rocm._kernels.{kernel.module}")
+    return getattr(module, kernel.function)
+
+
+# The kernel sources once more, as Triton's interpreter runs them (see
+# interpreted_function); never the package the compilers import.
+_INTERPRETED_PACKAGE = "_aotriton_rocm_interpreted_kernels"
+
+
+def _interpreted_package() -> str:
+    name = _INTERPRETED_PACKAGE
+    if name not in sys.modules:
+        kd = str(kernels_dir())
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [kd]  # type: ignore[attr-defined]
+        pkg.__package__ = name
+        pkg.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        pkg.__spec__.submodule_search_locations = [kd]
+        sys.modules[name] = pkg
+    return name
+
+
+def interpreted_function(kernel: KernelSpec):
+    """A kernel as Triton's interpreter runs it (imports triton).
+
+    The installed kernel sources are imported a second time, into a private
+    package, with ``triton.knobs.runtime.interpret`` set (what
+    ``TRITON_INTERPRET=1`` does at import time): every ``@triton.jit``
+    function there, the kernel and the helpers it calls alike, is then an
+    ``InterpretedFunction``, so nested calls work. The installed package
+    (:func:`jit_function`, the compilers) keeps its JIT functions.
+    """
+    import triton
+
+    name = f"{_interpreted_package()}.{kernel.module}"
+    module = sys.modules.get(name)
+    if module is None:
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = True
+            module = importlib.import_module(name)
     return getattr(module, kernel.function)

@@ -234,7 +234,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, block_table, softmax_scale, causal, window_size, fail):
+                         max_seqlen_k, block_table, softmax_scale, causal, window_size, fail,
+                         softcap=0.0, alibi_slopes=None):
     """flash_attn_varlen_func with ``block_table``: packed queries (total_q,
     H, D) against paged caches; sequence b's keys are the first
     ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages.
@@ -253,12 +254,13 @@ def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_se
         fail("block_table must be an int32 (batch, max_num_blocks) tensor")
     k_end = cu_seqlens_k.diff()
     reason = kvcache.unsupported_reason(q, k_cache, v_cache, k_end=k_end, block_table=block_table,
-                                        cu_seqlens_q=cu_seqlens_q)
+                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q)
     if reason:
         fail(reason)
     capacity = block_table.shape[1] * k_cache.shape[1]
     window = attention.flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
     out, lse, _ = kvcache.forward(q, k_cache, v_cache, k_end, block_table=block_table,
                                   scale=softmax_scale, causal=causal, window_size=window,
+                                  softcap=softcap, alibi_slopes=alibi_slopes,
                                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q))
     return out, lse

@@ -58,14 +58,18 @@ class Problem(ctypes.Structure):
 
 class FwdParams(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("stream", c_void_p),
-                ("problem", Problem), ("out", Tensor), ("lse", Tensor), ("debug_mask", Tensor)]
+                ("problem", Problem), ("out", Tensor), ("lse", Tensor), ("debug_mask", Tensor),
+                # appended in 0.1: flash-attn's softcap and ALiBi slopes
+                ("softcap", c_float), ("alibi_slopes", Tensor)]
 
 
 class BwdParams(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("stream", c_void_p),
                 ("problem", Problem), ("out", Tensor), ("lse", Tensor), ("grad_out", Tensor),
                 ("grad_q", Tensor), ("grad_k", Tensor), ("grad_v", Tensor),
-                ("grad_bias", Tensor), ("delta", Tensor)]
+                ("grad_bias", Tensor), ("delta", Tensor),
+                # appended in 0.1: the forward's softcap and ALiBi slopes
+                ("softcap", c_float), ("alibi_slopes", Tensor)]
 
 
 class KvcacheParams(ctypes.Structure):

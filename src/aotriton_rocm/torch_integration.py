@@ -121,7 +121,7 @@ def _bhsd(t: torch.Tensor, varlen) -> torch.Tensor:
 
 
 def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
-               **unsupported_kwargs) -> str | None:
+               alibi_slopes=None, **unsupported_kwargs) -> str | None:
     for name, val in unsupported_kwargs.items():
         if val is not None:
             return f"{name} is not supported yet"
@@ -129,7 +129,7 @@ def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
         return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
     return attention.unsupported_reason(
         _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), dropout_p=dropout_p,
-        return_debug_mask=return_debug_mask, varlen=varlen)
+        return_debug_mask=return_debug_mask, varlen=varlen, alibi_slopes=alibi_slopes)
 
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
@@ -138,11 +138,15 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                             alibi_slopes=None, block_table=None, num_splits=None):
     """``aten::_flash_attention_forward`` on our kernels: (B, S, H, D) tensors
     or packed (total, H, D) ones with ``cum_seq_q/k`` (variable-length
-    batches), bottom-right causal, flash-attn's sliding window, dropout;
-    ``seqused_k``, a paged key/value with ``block_table`` and ``num_splits >
-    1`` on the KV-cache kernels (fp16/bf16, head dim <= 256, no dropout).
-    Outputs are shaped as torch's meta kernel shapes them. Raises
-    :class:`Unsupported`."""
+    batches), bottom-right causal, flash-attn's sliding window, dropout,
+    ALiBi (``alibi_slopes``: fp32 (H,) or (B, H)); ``seqused_k``, a paged
+    key/value with ``block_table`` and ``num_splits > 1`` on the KV-cache
+    kernels (fp16/bf16, head dim <= 256, no dropout). Outputs are shaped as
+    torch's meta kernel shapes them. Raises :class:`Unsupported`.
+
+    torch's ``_flash_attention_backward`` takes no slopes (torch's own kernel
+    computes that gradient without ALiBi, whatever the forward had): ours
+    computes the same."""
     varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
     if seqused_k is not None or block_table is not None or (num_splits or 0) > 1:
         return _fa_kvcache_forward(query, key, value, varlen, int(max_k), dropout_p, is_causal,
@@ -171,7 +175,8 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                                is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
                                causal_alignment="bottom_right", window_size=window,
                                dropout_p=dropout_p, rng=rng,
-                               debug_mask=debug if return_debug_mask else None, varlen=varlen)
+                               debug_mask=debug if return_debug_mask else None, varlen=varlen,
+                               alibi_slopes=alibi_slopes)
     return out, lse, seed, offset, debug
 
 

@@ -7,6 +7,7 @@ buckets of the build's tuning runs, and the statuses of refused calls."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import struct
 
 import pytest
@@ -113,7 +114,9 @@ def test_arguments_by_name(plain, shape, causal):
               **{n.replace("stride_km", "stride_kn"): x for n, x in _zhm(k, "stride_k").items()},
               **{n.replace("stride_vm", "stride_vn"): x for n, x in _zhm(v, "stride_v").items()},
               "CU_Q": q.data_ptr(), "CU_K": q.data_ptr(), "BIAS": q.data_ptr(),
-              "RNG_SEED": q.data_ptr(), "RNG_OFFSET": q.data_ptr()}
+              "RNG_SEED": q.data_ptr(), "RNG_OFFSET": q.data_ptr(),
+              "ALIBI": q.data_ptr(), "stride_az": 0, "stride_ah": 0, "has_alibi": 0,
+              "softcap": 0.0}
     per_kernel = {
         "attn_fwd": {"O": out.data_ptr(), "DMASK": q.data_ptr(), "store_dmask": 0,
                      **_zhm(out, "stride_o")},
@@ -236,3 +239,136 @@ def test_the_python_gpu_route_is_the_native_one(stub, tmp_path, monkeypatch):
     kernels = [{r.symbol: r for r in recs}[s].kernel for s, *_ in launches]
     assert kernels == ["attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
     assert all(stream == 0x77 for _, _, _, stream, _ in launches)
+
+
+def _score_mod_launches(rt, lib, slopes, softcap, *, struct_size=None):
+    """Forward + backward with ALiBi slopes / softcap on (B, H, S, D) = (2,
+    4, 33, 64) fp16 views; the decoded arguments of the three kernels that
+    take them, by kernel."""
+    b, h, sq, sk, d = 2, 4, 33, 47, 64
+    q, out, do, dq = (_padded(b, h, sq, d) for _ in range(4))
+    k, v, dk, dv = (_padded(b, 2, sk, d) for _ in range(4))
+    lse, delta = torch.empty(b, h, sq), torch.empty(b, h, sq)
+    fp = native.FwdParams()
+    fp.problem = native.make_problem(q, k, v, scale=0.5)
+    fp.out, fp.lse = native.tensor_view(out), native.tensor_view(lse)
+    bp = native.BwdParams()
+    bp.problem = fp.problem
+    for name, t in (("out", out), ("lse", lse), ("grad_out", do), ("grad_q", dq),
+                    ("grad_k", dk), ("grad_v", dv), ("delta", delta)):
+        setattr(bp, name, native.tensor_view(t))
+    for p in (fp, bp):
+        p.alibi_slopes = native.tensor_view(slopes)
+        p.softcap = softcap
+    if struct_size is None:
+        assert rt.fwd(fp) == native.OK and rt.bwd(bp) == native.OK
+    else:
+        lib_ = native.library()
+        fp.struct_size, bp.struct_size = struct_size(native.FwdParams), struct_size(native.BwdParams)
+        assert lib_.aotr_attn_fwd(rt.handle, ctypes.byref(fp)) == native.OK
+        assert lib_.aotr_attn_bwd(rt.handle, ctypes.byref(bp)) == native.OK
+    records_ = rt._records
+    got = {}
+    for sym, *_rest, raw in _launches(lib):
+        rec = records_[sym]
+        if rec.kernel != "attn_bwd_preprocess":
+            args = _decode(rec.args, raw)
+            got[rec.kernel] = {n: args[n] for n in ("ALIBI", "stride_az", "stride_ah",
+                                                    "has_alibi", "softcap")}
+    assert set(got) == {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"}
+    return got, q
+
+
+@pytest.fixture
+def plain_rt(plain):
+    rt, lib, records = plain
+    rt._records = records
+    return rt, lib
+
+
+@pytest.mark.parametrize("form", ["h", "bh", "bh-strided"])
+def test_alibi_and_softcap_arguments_by_name(plain_rt, form):
+    rt, lib = plain_rt
+    if form == "h":
+        slopes = torch.rand(4)
+        want_z, want_h = 0, 1
+    elif form == "bh":
+        slopes = torch.rand(2, 4)
+        want_z, want_h = 4, 1
+    else:  # a column view of a (4, 2) tensor: strides (1, 2)
+        slopes = torch.rand(4, 2).t()
+        want_z, want_h = 1, 2
+    got, _ = _score_mod_launches(rt, lib, slopes, 2.5)
+    for kernel, args in got.items():
+        assert args == {"ALIBI": slopes.data_ptr(), "stride_az": want_z, "stride_ah": want_h,
+                        "has_alibi": 1, "softcap": 2.5}, kernel
+
+
+def test_softcap_alone_and_short_structs(plain_rt):
+    """A caller compiled against the params without them (struct_size up to
+    debug_mask / delta) gets neither, whatever the bytes after its struct."""
+    rt, lib = plain_rt
+    got, q = _score_mod_launches(rt, lib, None, 7.0)
+    assert all(a == {"ALIBI": q.data_ptr(), "stride_az": 0, "stride_ah": 0, "has_alibi": 0,
+                     "softcap": 7.0} for a in got.values())
+    lib.aotr_stub_reset()
+    old_size = lambda cls: cls.softcap.offset  # noqa: E731
+    got, q = _score_mod_launches(rt, lib, torch.rand(4), 7.0, struct_size=old_size)
+    assert all(a == {"ALIBI": q.data_ptr(), "stride_az": 0, "stride_ah": 0, "has_alibi": 0,
+                     "softcap": 0.0} for a in got.values())
+    lib.aotr_stub_reset()
+    # Up to the softcap, without the slopes.
+    got, _ = _score_mod_launches(rt, lib, torch.rand(4), 7.0,
+                                 struct_size=lambda cls: cls.alibi_slopes.offset)
+    assert all(a["has_alibi"] == 0 and a["softcap"] == 7.0 for a in got.values())
+
+
+@pytest.mark.parametrize("slopes,softcap,match", [
+    (torch.rand(4, dtype=torch.float64), 0.0, "alibi_slopes must be fp32, not an unknown dtype"),
+    (torch.rand(4).half(), 0.0, "alibi_slopes must be fp32, not fp16"),
+    (torch.rand(3), 0.0, r"alibi_slopes must be \(heads,\) = \(4,\) or \(batch, heads\) = \(2, 4\)"),
+    (torch.rand(4, 2), 0.0, r"\(batch, heads\) = \(2, 4\)"),
+    (torch.rand(2, 4, 1), 0.0, r"\(heads,\)"),
+    (None, -1.0, "softcap=-1: must be finite and >= 0"),
+    (None, float("nan"), "softcap=nan"),
+])
+def test_bad_slopes_and_softcaps_are_refused(plain_rt, slopes, softcap, match):
+    import re
+
+    rt, lib = plain_rt
+    q = _padded(2, 4, 16, 64)
+    k = _padded(2, 2, 16, 64)
+    p = native.FwdParams()
+    p.problem = native.make_problem(q, k, k, scale=0.5)
+    p.out, p.lse = native.tensor_view(_padded(2, 4, 16, 64)), native.tensor_view(torch.empty(2, 4, 16))
+    p.alibi_slopes = native.tensor_view(slopes)
+    p.softcap = softcap
+    assert rt.fwd(p) == native.INVALID_ARGUMENT
+    assert re.search(match, native.library().aotr_last_error().decode())
+    assert lib.aotr_stub_launch_count() == 0
+
+
+def test_images_without_softcap_and_alibi_arguments(stub, tmp_path):
+    """Kernels of an image built before softcap/ALiBi (no such arguments)
+    still run plain requests; softcap or ALiBi requests are refused, not
+    silently ignored."""
+    stub_path, lib = stub
+    new = ("ALIBI", "stride_az", "stride_ah", "has_alibi", "softcap")
+    recs = []
+    for i, v in enumerate(_variants()):
+        r = _record(v, f"k{i}")
+        recs.append(dataclasses.replace(r, args=tuple(a for a in r.args if a[0] not in new)))
+    archive = tmp_path / "sm_90.aotr"
+    write_archive(archive, MANIFEST, [(r, _image(r.symbol)) for r in recs])
+    rt = _runtime(stub_path, archive)
+    q, out = _padded(1, 2, 16, 64), _padded(1, 2, 16, 64)
+    lse = torch.empty(1, 2, 16)
+    assert _fwd(rt, q, q, q, out, lse, scale=1.0) == native.OK
+    for slopes, cap, what in ((torch.rand(2), 0.0, "ALiBi"), (None, 3.0, "softcap")):
+        p = native.FwdParams()
+        p.problem = native.make_problem(q, q, q, scale=1.0)
+        p.out, p.lse = native.tensor_view(out), native.tensor_view(lse)
+        p.alibi_slopes, p.softcap = native.tensor_view(slopes), cap
+        assert rt.fwd(p) == native.UNSUPPORTED
+        assert f"predates {what}" in native.library().aotr_last_error().decode()
+    assert lib.aotr_stub_launch_count() == 1

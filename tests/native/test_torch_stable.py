@@ -293,6 +293,37 @@ def test_flash_attention_forward_bshd_launches_what_the_python_route_launches(cp
     assert_same_launches(_take(stub), native_l, records)
 
 
+@pytest.mark.parametrize("form", ["h", "bh"])
+def test_flash_attention_forward_alibi_launches_what_the_python_route_launches(cpu_route, form):
+    """``alibi_slopes`` of torch's op runs in C++ on our kernels (same
+    launches, slopes and strides included, as the Python route); slopes it
+    cannot take (not fp32) go on to the Python route."""
+    stub, records = cpu_route
+    b, h, hk, sq, sk, d = 2, 4, 2, 64, 96, 64
+    q, k, v = _qkv(b, h, hk, sq, sk, d, bshd=True)
+    slopes = torch.rand(h) if form == "h" else torch.rand(b, h)
+    outs = torch.ops.aten._flash_attention_forward(
+        q, k, v, None, None, sq, sk, 0.0, True, False, scale=0.25, alibi_slopes=slopes)
+    _same_layout(outs, torch.ops.aten._flash_attention_forward(
+        _meta(q), _meta(k), _meta(v), None, None, sq, sk, 0.0, True, False, scale=0.25,
+        alibi_slopes=_meta(slopes)))
+    native_l = _take(stub)
+    assert len(native_l) == 1 and torch_native.fallback_count() == 0
+    out, lse = outs[0], outs[1]
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    attention.forward(t(q), t(k), t(v), is_causal=True, scale=0.25, out=t(out), lse=lse,
+                      alibi_slopes=slopes)
+    assert_same_launches(_take(stub), native_l, records)
+    # fp16 slopes: the Python route, which refuses them (and on the CPU key
+    # has no torch kernel to fall back to).
+    with pytest.raises(RuntimeError, match="py__flash_attention_forward"):
+        torch.ops.aten._flash_attention_forward(
+            q, k, v, None, None, sq, sk, 0.0, True, False, scale=0.25,
+            alibi_slopes=slopes.half())
+    assert torch_native.fallback_calls["_flash_attention_forward"] == 1
+    assert _take(stub) == []
+
+
 @pytest.mark.parametrize("bias_shape", [(2, 4, 64, 96), (1, 4, 1, 96), (96,)])
 def test_efficient_ops_with_a_bias_launch_what_the_python_route_launches(cpu_route, bias_shape):
     stub, records = cpu_route

@@ -208,6 +208,18 @@ typedef struct aotr_attn_fwd_params {
      * (B, Hq, max_seqlen_q, max_seqlen_k), sequence b at the top left of [b]
      * (the rest untouched). */
     aotr_tensor debug_mask;
+    /* ---- appended in 0.1 (absent when struct_size does not cover them;
+     * softcap first, so that the struct has no tail padding for a later
+     * field to fall into) */
+    /* flash-attn's softcap: > 0 replaces each scaled score s by
+     * softcap * tanh(s / softcap); 0 (or absent): off. */
+    float softcap;
+    /* flash-attn's ALiBi: fp32 slopes (Hq,) or (B, Hq) in device memory, or
+     * absent. Adds -slope * |i + seqlen_k - seqlen_q - j| to the score of
+     * query i and key j (per sequence with cu_seqlens; bottom-right aligned
+     * whatever causal_alignment says), after the softcap, before the bias
+     * and the masks; the lse is that of the biased scores. */
+    aotr_tensor alibi_slopes;
 } aotr_attn_fwd_params;
 
 typedef struct aotr_attn_bwd_params {
@@ -220,6 +232,9 @@ typedef struct aotr_attn_bwd_params {
     aotr_tensor grad_q, grad_k, grad_v; /* like q, k, v */
     aotr_tensor grad_bias;     /* optional, like the bias view, zeroed by the caller */
     aotr_tensor delta;         /* workspace: fp32, shaped and strided like lse */
+    /* ---- appended in 0.1 (absent when struct_size does not cover them) */
+    float softcap;             /* the forward's (see aotr_attn_fwd_params) */
+    aotr_tensor alibi_slopes;  /* the forward's; the slopes get no gradient */
 } aotr_attn_bwd_params;
 
 /* The device-independent half of aotr_attn_supported: ranks, dtypes,
