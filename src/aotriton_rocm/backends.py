@@ -8,9 +8,7 @@ every launch, so a caller can prove that our kernels ran rather than torch's.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
-import threading
 from typing import Iterable
 
 import torch
@@ -426,34 +424,10 @@ class InterpreterBackend(Backend):
         counter_key = (self.name, kernel)
 
         def launch(grid, device, args):
-            with _interpreted_helpers(fn.fn):
-                fn[grid](*args, **constexprs)
+            fn[grid](*args, **constexprs)
             _LAUNCHES[counter_key] += 1
 
         return KernelHandle(variant.config, launch)
-
-
-_helpers_lock = threading.RLock()
-
-
-@contextlib.contextmanager
-def _interpreted_helpers(kernel_fn):
-    """While a kernel runs in the interpreter, the ``@triton.jit`` helpers it
-    calls (module globals of its source) are replaced by interpreted copies:
-    a compiled JITFunction cannot be called from interpreted code."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    module = kernel_fn.__globals__
-    with _helpers_lock:
-        saved = {name: obj for name, obj in module.items()
-                 if isinstance(obj, JITFunction) and obj.fn is not kernel_fn}
-        try:
-            for name, obj in saved.items():
-                module[name] = InterpretedFunction(obj.fn)
-            yield
-        finally:
-            module.update(saved)
 
 
 @functools.lru_cache(maxsize=None)

@@ -344,6 +344,82 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               alibi_slopes)
 
 
+def _unpack(api: str, packed, name: str, dim: int, count: int, rank: int, layout: str):
+    """The ``count`` tensors packed along ``dim`` of ``packed`` (views: their
+    gradients flow back into ``packed``)."""
+    if not isinstance(packed, torch.Tensor):
+        _fail(api, f"{name} must be a tensor, got {type(packed).__name__}")
+    if packed.dim() != rank or packed.shape[dim] != count:
+        _fail(api, f"{name} must be {layout}, got shape {tuple(packed.shape)}")
+    return packed.unbind(dim)
+
+
+def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0,
+                              softmax_scale: float | None = None, causal: bool = False,
+                              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: torch.Tensor | None = None,
+                              deterministic: bool = False, return_attn_probs: bool = False):
+    """flash-attn's ``flash_attn_qkvpacked_func``: :func:`flash_attn_func` on
+    ``qkv`` (batch, seqlen, 3, nheads, headdim) (q, k, v along dim 2); the
+    gradient is ``qkv``'s, of its packed shape."""
+    q, k, v = _unpack("flash_attn_qkvpacked_func", qkv, "qkv", 2, 3, 5,
+                      "(batch, seqlen, 3, nheads, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0,
+                             softmax_scale: float | None = None, causal: bool = False,
+                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: torch.Tensor | None = None,
+                             deterministic: bool = False, return_attn_probs: bool = False):
+    """flash-attn's ``flash_attn_kvpacked_func``: :func:`flash_attn_func` on
+    q (batch, seqlen_q, nheads, headdim) and ``kv`` (batch, seqlen_k, 2,
+    nheads_k, headdim) (k, v along dim 2; GQA when nheads_k < nheads)."""
+    k, v = _unpack("flash_attn_kvpacked_func", kv, "kv", 2, 2, 5,
+                   "(batch, seqlen_k, 2, nheads_k, headdim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor,
+                                     max_seqlen: int, dropout_p: float = 0.0,
+                                     softmax_scale: float | None = None, causal: bool = False,
+                                     window_size: tuple[int, int] = (-1, -1),
+                                     softcap: float = 0.0,
+                                     alibi_slopes: torch.Tensor | None = None,
+                                     deterministic: bool = False,
+                                     return_attn_probs: bool = False):
+    """flash-attn's ``flash_attn_varlen_qkvpacked_func``:
+    :func:`flash_attn_varlen_func` on ``qkv`` (total, 3, nheads, headdim),
+    one ``cu_seqlens`` / ``max_seqlen`` for queries and keys."""
+    q, k, v = _unpack("flash_attn_varlen_qkvpacked_func", qkv, "qkv", 1, 3, 4,
+                      "(total, 3, nheads, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
+                                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int,
+                                    dropout_p: float = 0.0, softmax_scale: float | None = None,
+                                    causal: bool = False,
+                                    window_size: tuple[int, int] = (-1, -1),
+                                    softcap: float = 0.0,
+                                    alibi_slopes: torch.Tensor | None = None,
+                                    deterministic: bool = False,
+                                    return_attn_probs: bool = False):
+    """flash-attn's ``flash_attn_varlen_kvpacked_func``:
+    :func:`flash_attn_varlen_func` on q (total_q, nheads, headdim) and ``kv``
+    (total_k, 2, nheads_k, headdim)."""
+    k, v = _unpack("flash_attn_varlen_kvpacked_func", kv, "kv", 1, 2, 4,
+                   "(total_k, 2, nheads_k, headdim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
 # flash-attn's module also holds the KV-cache entry point.
 from .kvcache_api import flash_attn_with_kvcache  # noqa: E402
 
