@@ -51,7 +51,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 from .. import _version
 from ..archive import (ARCHIVE_SUFFIX, Archive, ArchiveError, KernelRecord, manifest_path_for,
                        write_archive, write_manifest_sidecar)
-from ..codeobject import ArchLimits, validate_kernel
+from .codeobject import ArchLimits, validate_kernel
 from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
 from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
                       shared_memory_finding, validate_output, worker_init)

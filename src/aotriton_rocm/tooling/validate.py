@@ -1,5 +1,5 @@
 """``aotriton-rocm validate ARCHIVE...``: statically validate every AMD code
-object of built kernel archives (see :mod:`aotriton_rocm.codeobject`).
+object of built kernel archives (see :mod:`aotriton_rocm.tooling.codeobject`).
 
 Limits per arch (LDS, register file, e_flags value) and the expected code
 object version come from the archive's manifest (``arch_limits``,
@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from .._version import ABI_VERSION
 from ..archive import Archive, ArchiveError, identity_problems
-from ..codeobject import ArchLimits, validate_kernel
+from .codeobject import ArchLimits, validate_kernel
 
 __all__ = ["ArchReport", "validate_archives", "format_table", "format_kernel_table", "draw_chart",
            "add_validate_arguments", "run_validate_command"]
