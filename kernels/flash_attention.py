@@ -84,11 +84,13 @@ Conventions shared by all kernels:
   read from device memory, so a CUDA graph replays with whatever the
   captured RNG op wrote there. The backward kernels regenerate the same
   draws, and ``dropout_uniform`` writes them out for torch's mask
-  regeneration. Philox is written out in each kernel (see below why no helper);
+  regeneration (``philox.philox_uniform``);
   with ``store_dmask`` the forward writes the unnormalised probability to
   DMASK, negated where dropped;
 * softcap and ALiBi (runtime arguments, uniform branches: no compiled
-  variants): with ``softcap > 0`` the scaled scores become ``softcap *
+  variants of their own; only the ``PAD_HEAD`` variants, the general ones,
+  carry them, so the unmasked fast paths pay no registers for them and the
+  runtime sends score-modified calls to the masked variant): with ``softcap > 0`` the scaled scores become ``softcap *
   tanh(s / softcap)``; with ``has_alibi != 0`` ALiBi then adds ``-slope *
   |i + seqlen_k - seqlen_q - j|`` (per sequence, bottom-right aligned
   whatever ``bottom_right`` says, as flash-attn), the slope read at ``ALIBI +
@@ -117,26 +119,19 @@ and which is exactly what ``tl.max``/``tl.sum`` lower to for fp32 inputs. Our
 own helpers (``score_mod``) are fine: the interpreter backend imports this
 package's modules with ``triton.knobs.runtime.interpret`` set, which makes
 every ``@triton.jit`` function in them callable as a nested call (see
-``aotriton_rocm.kernel_spec.interpreted_function``). Philox stays written out
-in each kernel (it predates that). Integer divisions are only applied to
+``aotriton_rocm.kernel_spec.interpreted_function``): ``philox`` and
+``score_mod`` hold the device functions the kernels share. Integer divisions are only applied to
 non-negative values (compiled code truncates, the interpreter floors).
 """
 
 import triton
 import triton.language as tl
 
+from .philox import philox_uniform
 from .score_mod import alibi_scores, alibi_slope, softcap_grad, softcap_scores
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
-# Philox-4x32-10 constants (Salmon et al., "Parallel random numbers: as easy
-# as 1, 2, 3", SC 2011).
-PHILOX_M0 = tl.constexpr(0xD2511F53)
-PHILOX_M1 = tl.constexpr(0xCD9E8D57)
-PHILOX_W0 = tl.constexpr(0x9E3779B9)
-PHILOX_W1 = tl.constexpr(0xBB67AE85)
-PHILOX_ROUNDS = tl.constexpr(10)
-INV_2_24 = tl.constexpr(1.0 / 16777216.0)
 
 
 @triton.jit
@@ -281,8 +276,9 @@ def attn_fwd(
             if UPCAST_DOT:
                 k = k.to(tl.float32)
             qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-            if softcap > 0.0:
-                qk = softcap_scores(qk, cap2)
+            if PAD_HEAD:
+                if softcap > 0.0:
+                    qk = softcap_scores(qk, cap2)
             if HAS_BIAS:
                 b_mask = m_valid[:, None]
                 if phase == 1:
@@ -290,8 +286,9 @@ def attn_fwd(
                 bias = tl.load(b_blk + (offs_m0[:, None] * stride_bm + cols[None, :]), mask=b_mask,
                                other=0.0)
                 qk = qk + bias.to(tl.float32) * LOG2E
-            if has_alibi != 0:
-                qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
+            if PAD_HEAD:
+                if has_alibi != 0:
+                    qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
             if phase == 1:
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
@@ -317,27 +314,10 @@ def attn_fwd(
             else:
                 v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
             if ENABLE_DROPOUT:
-                # Philox-4x32-10 on the element's 64-bit counter; the top 24
-                # bits of the first word, plus one, are a uniform draw u in
-                # (0, 1] (units of 2**-24); the element is kept iff u > dropout_p.
+                # the element's draw at its counter (philox.py)
                 inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
                 cnt = rng_row + inner
-                c0 = cnt.to(tl.uint32)
-                c1 = (cnt >> 32).to(tl.uint32)
-                c2 = c0 * 0
-                c3 = c2
-                k0 = seed.to(tl.uint32)
-                k1 = (seed >> 32).to(tl.uint32)
-                for _ in tl.static_range(PHILOX_ROUNDS):
-                    a0 = c0
-                    a2 = c2
-                    c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
-                    c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
-                    c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
-                    c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
-                    k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
-                    k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
-                kept = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24 > dropout_p
+                kept = philox_uniform(seed, cnt) > dropout_p
                 if store_dmask != 0:
                     # The debug mask: the unnormalised probability, negated where dropped.
                     tl.store(DMASK + elem_row + inner, tl.where(kept, p, -p).to(
@@ -568,15 +548,17 @@ def attn_bwd_dkdv(
                     do = do.to(tl.float32)
                 # Transposed scores: (BLOCK_N, BLOCK_M).
                 qkT = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
-                if softcap > 0.0:
-                    qkT = softcap_scores(qkT, cap2)
+                if PAD_HEAD:
+                    if softcap > 0.0:
+                        qkT = softcap_scores(qkT, cap2)
                 cappedT = qkT
                 if HAS_BIAS:
                     bT = tl.load(b_base + (rows[None, :] * stride_bm + offs_n0[:, None]),
                                  mask=(rows < seqlen_q)[None, :] & n_valid[:, None], other=0.0)
                     qkT = qkT + bT.to(tl.float32) * LOG2E
-                if has_alibi != 0:
-                    qkT = alibi_scores(qkT, slope2, rows[None, :], offs_n[:, None], alibi_shift)
+                if PAD_HEAD:
+                    if has_alibi != 0:
+                        qkT = alibi_scores(qkT, slope2, rows[None, :], offs_n[:, None], alibi_shift)
                 pT = tl.math.exp2(qkT - (lse * LOG2E)[None, :])
                 if phase == 1:
                     pT = tl.where(((rows + hi_shift)[None, :] >= offs_n[:, None])
@@ -586,22 +568,7 @@ def attn_bwd_dkdv(
                     # The forward's Philox draw of each element (see attn_fwd).
                     cnt = rng_head + m_off64 * max_seqlen_k + (offs_m0[None, :] * max_seqlen_k
                                                                  + offs_n0[:, None])
-                    c0 = cnt.to(tl.uint32)
-                    c1 = (cnt >> 32).to(tl.uint32)
-                    c2 = c0 * 0
-                    c3 = c2
-                    k0 = seed.to(tl.uint32)
-                    k1 = (seed >> 32).to(tl.uint32)
-                    for _ in tl.static_range(PHILOX_ROUNDS):
-                        a0 = c0
-                        a2 = c2
-                        c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
-                        c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
-                        c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
-                        c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
-                        k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
-                        k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
-                    kept = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24 > dropout_p
+                    kept = philox_uniform(seed, cnt) > dropout_p
                     pT_lp = (tl.where(kept, pT, 0.0) * drop_scale).to(DO.dtype.element_ty)
                     dpT = tl.where(kept, dpT * drop_scale, 0.0)
                 else:
@@ -610,8 +577,9 @@ def attn_bwd_dkdv(
                     pT_lp = pT_lp.to(tl.float32)
                 dv = tl.dot(pT_lp, do, dv, input_precision="ieee")
                 dsT = pT * (dpT - delta[None, :])
-                if softcap > 0.0:
-                    dsT = softcap_grad(dsT, cappedT, cap2)
+                if PAD_HEAD:
+                    if softcap > 0.0:
+                        dsT = softcap_grad(dsT, cappedT, cap2)
                 dsT_lp = dsT.to(Q.dtype.element_ty)
                 if UPCAST_DOT:
                     dsT_lp = dsT_lp.to(tl.float32)
@@ -773,46 +741,34 @@ def attn_bwd_dq(
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
             qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-            if softcap > 0.0:
-                qk = softcap_scores(qk, cap2)
+            if PAD_HEAD:
+                if softcap > 0.0:
+                    qk = softcap_scores(qk, cap2)
             capped = qk
             if HAS_BIAS:
                 b_mask = m_valid[:, None] & (cols < seqlen_k)[None, :]
                 bias = tl.load(b_blk + (offs_m0[:, None] * stride_bm + cols[None, :]), mask=b_mask,
                                other=0.0)
                 qk = qk + bias.to(tl.float32) * LOG2E
-            if has_alibi != 0:
-                qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
+            if PAD_HEAD:
+                if has_alibi != 0:
+                    qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
             p = tl.math.exp2(qk - lse2[:, None])
             if phase == 1:
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 p = tl.where(keep, p, 0.0)
             if not HAS_BIAS:
-                if softcap > 0.0:
-                    # dS is linear in P: fold the tanh derivative in now, so
-                    # that the capped scores are not kept across the dP dot.
-                    p = softcap_grad(p, capped, cap2)
+                if PAD_HEAD:
+                    if softcap > 0.0:
+                        # dS is linear in P: fold the tanh derivative in now, so
+                        # that the capped scores are not kept across the dP dot.
+                        p = softcap_grad(p, capped, cap2)
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
             if ENABLE_DROPOUT:
                 # The forward's Philox draw of each element (see attn_fwd).
                 cnt = rng_row + (offs_m0[:, None] * max_seqlen_k + cols[None, :])
-                c0 = cnt.to(tl.uint32)
-                c1 = (cnt >> 32).to(tl.uint32)
-                c2 = c0 * 0
-                c3 = c2
-                k0 = seed.to(tl.uint32)
-                k1 = (seed >> 32).to(tl.uint32)
-                for _ in tl.static_range(PHILOX_ROUNDS):
-                    a0 = c0
-                    a2 = c2
-                    c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
-                    c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
-                    c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
-                    c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
-                    k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
-                    k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
-                kept = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24 > dropout_p
+                kept = philox_uniform(seed, cnt) > dropout_p
                 dp = tl.where(kept, dp * drop_scale, 0.0)
             ds = p * (dp - delta[:, None])
             if HAS_BIAS:
@@ -821,9 +777,10 @@ def attn_bwd_dq(
                     tl.store(db_blk + (offs_m0[:, None] * stride_dbm + cols[None, :]),
                              ds.to(DBIAS.dtype.element_ty),
                              mask=m_valid[:, None] & (cols < seqlen_k)[None, :])
-                if softcap > 0.0:
-                    # after dBias, which is the gradient of the capped scores
-                    ds = softcap_grad(ds, capped, cap2)
+                if PAD_HEAD:
+                    if softcap > 0.0:
+                        # after dBias, which is the gradient of the capped scores
+                        ds = softcap_grad(ds, capped, cap2)
             ds_lp = ds.to(K.dtype.element_ty)
             if UPCAST_DOT:
                 ds_lp = ds_lp.to(tl.float32)
@@ -861,22 +818,7 @@ def dropout_uniform(
         cols = start_n + offs_n
         inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
         cnt = rng_row + inner
-        c0 = cnt.to(tl.uint32)
-        c1 = (cnt >> 32).to(tl.uint32)
-        c2 = c0 * 0
-        c3 = c2
-        k0 = seed.to(tl.uint32)
-        k1 = (seed >> 32).to(tl.uint32)
-        for _ in tl.static_range(PHILOX_ROUNDS):
-            a0 = c0
-            a2 = c2
-            c0 = tl.math.umulhi(tl.cast(PHILOX_M1, tl.uint32), a2) ^ c1 ^ k0
-            c2 = tl.math.umulhi(tl.cast(PHILOX_M0, tl.uint32), a0) ^ c3 ^ k1
-            c1 = a2 * tl.cast(PHILOX_M1, tl.uint32)
-            c3 = a0 * tl.cast(PHILOX_M0, tl.uint32)
-            k0 = k0 + tl.cast(PHILOX_W0, tl.uint32)
-            k1 = k1 + tl.cast(PHILOX_W1, tl.uint32)
-        u = ((c0 >> 8) + 1).to(tl.int32).to(tl.float32) * INV_2_24
+        u = philox_uniform(seed, cnt)
         if encode_keep != 0:
             u = tl.where(u > dropout_p, 0.5, -0.5)
         tl.store(R + elem_row + inner, u, mask=row_ok[:, None] & (cols < max_seqlen_k)[None, :])

@@ -63,6 +63,8 @@ helpers while the kernel runs).
 import triton
 import triton.language as tl
 
+from .score_mod import softcap_scores
+
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
 
@@ -70,14 +72,12 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
 @triton.jit
 def kvcache_score(qk, sm_scale, softcap, has_alibi, slope, dist):
     """Scores in natural-log units from the raw dot products ``qk``: scaled,
-    soft-capped (``softcap > 0``: ``softcap * tanh(s / softcap)``) and, with
+    soft-capped (``score_mod.softcap_scores``) and, with
     ``has_alibi``, lowered by ``slope * dist`` (``dist = |i + L - Sq - j|``,
     ``slope`` per row)."""
     s = qk * sm_scale
     if softcap > 0.0:
-        # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both tails (exp2 -> 0 or inf).
-        x = s / softcap
-        s = softcap * (1.0 - 2.0 / (tl.math.exp2(x * (2.0 * LOG2E)) + 1.0))
+        s = softcap_scores(s, softcap)
     if has_alibi != 0:
         s = s - slope[:, None] * dist
     return s

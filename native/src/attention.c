@@ -323,6 +323,19 @@ static uint32_t kernels_needed(uint32_t needs, int kernels[AOTR_KERNEL_COUNT])
     return n;
 }
 
+/* softcap and ALiBi: the fields appended to the params structs, read only
+ * when the caller's struct_size covers them. */
+typedef struct score_mod {
+    const aotr_tensor *alibi; /* NULL: absent */
+    float softcap;
+} score_mod;
+
+static unsigned pick_features(int bias, int dropout, const score_mod *mod)
+{
+    return (bias ? AOTR_PICK_BIAS : 0u) | (dropout ? AOTR_PICK_DROPOUT : 0u) |
+           (mod && (mod->alibi || mod->softcap > 0.0f) ? AOTR_PICK_SCORE_MODS : 0u);
+}
+
 aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_attn_problem *p,
                                 uint32_t needs)
 {
@@ -341,7 +354,7 @@ aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_att
     uint32_t n = kernels_needed(needs, kernels);
     for (uint32_t i = 0; i < n; i++)
         if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype, (int32_t)d.d,
-                              present(&p->bias), dropout, d.sq, d.sk))
+                              pick_features(present(&p->bias), dropout, NULL), d.sq, d.sk))
             return AOTR_UNSUPPORTED;
     return AOTR_OK;
 }
@@ -475,13 +488,6 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
     v[A_DROPOUT_P].f32 = p->dropout_p;
     return AOTR_OK;
 }
-
-/* softcap and ALiBi: the fields appended to the params structs, read only
- * when the caller's struct_size covers them. */
-typedef struct score_mod {
-    const aotr_tensor *alibi; /* NULL: absent */
-    float softcap;
-} score_mod;
 
 static score_mod score_mod_of(uint32_t struct_size, size_t alibi_at, size_t softcap_at,
                               const aotr_tensor *alibi, float softcap)
@@ -639,7 +645,8 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
     const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_FWD, (aotr_dtype)p->q.dtype,
-                                                (int32_t)d.d, present(&p->bias), dropout,
+                                                (int32_t)d.d,
+                                                pick_features(present(&p->bias), dropout, &mod),
                                                 d.sq, d.sk);
     if (!k)
         return AOTR_UNSUPPORTED;
@@ -719,14 +726,15 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
         return st;
     aotr_dtype dtype = (aotr_dtype)p->q.dtype;
     int bias = present(&p->bias);
+    unsigned features = pick_features(bias, dropout, &mod);
     const aotr_launchable *pre = aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d.d,
-                                                  0, 0, d.sq, d.sk);
+                                                  0, d.sq, d.sk);
     const aotr_launchable *dkdv = pre ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype,
-                                                         (int32_t)d.d, bias, dropout, d.sq,
-                                                         d.sk) : NULL;
+                                                         (int32_t)d.d, features, d.sq, d.sk)
+                                      : NULL;
     const aotr_launchable *dq = dkdv ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ, dtype,
-                                                        (int32_t)d.d, bias, dropout, d.sq,
-                                                        d.sk) : NULL;
+                                                        (int32_t)d.d, features, d.sq, d.sk)
+                                     : NULL;
     if (!dq)
         return AOTR_UNSUPPORTED;
     /* Check all three before the first launch, so a refusal launches nothing. */
@@ -817,7 +825,7 @@ aotr_status aotr_dropout_uniform(aotr_runtime *rt, const aotr_dropout_uniform_pa
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
     const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_DROPOUT_UNIFORM, AOTR_FP32, 16,
-                                                0, 0, n[2], n[3]);
+                                                0, n[2], n[3]);
     if (!k)
         return AOTR_UNSUPPORTED;
     return launch(rt, dev, k, cdiv(n[2], aotr_launchable_block_m(k)), n[0] * n[1],

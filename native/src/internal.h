@@ -187,12 +187,20 @@ typedef struct aotr_launchable aotr_launchable;
  * first use; the status of a failed initialisation is kept and returned
  * again with its message. */
 AOTR_HIDDEN aotr_status aotr_runtime_device(aotr_runtime *rt, int32_t device, aotr_device **out);
+/* What a call needs of a kernel variant beyond dtype and head dim. */
+enum {
+    AOTR_PICK_BIAS = 1,
+    AOTR_PICK_DROPOUT = 2,
+    /* softcap / ALiBi: only the masked-head-dim (general) variants have them */
+    AOTR_PICK_SCORE_MODS = 4,
+};
 /* The kernel for a call (functional key + seqlen bucket), or NULL with an
- * AOTR_UNSUPPORTED message naming what the archive lacks. */
+ * AOTR_UNSUPPORTED message naming what the archive lacks. `features`: a
+ * combination of AOTR_PICK_*. */
 AOTR_HIDDEN const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id,
                                                     aotr_dtype dtype, int32_t head_dim,
-                                                    int bias, int dropout,
-                                                    int64_t seqlen_q, int64_t seqlen_k);
+                                                    unsigned features, int64_t seqlen_q,
+                                                    int64_t seqlen_k);
 /* The device's compute units (CUs / SMs), 0 when the driver cannot say. */
 AOTR_HIDDEN int32_t aotr_device_compute_units(aotr_device *dev);
 AOTR_HIDDEN int32_t aotr_launchable_block_m(const aotr_launchable *k);

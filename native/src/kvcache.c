@@ -365,12 +365,12 @@ static aotr_status prepare(aotr_runtime *rt, const aotr_attn_kvcache_params *p, 
     if ((st = aotr_runtime_device(rt, p->device, &c->dev)) != AOTR_OK)
         return st;
     aotr_dtype dtype = (aotr_dtype)p->q.dtype;
-    c->main = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE, dtype, (int32_t)c->d.d, 0, 0,
+    c->main = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE, dtype, (int32_t)c->d.d, 0,
                                c->d.sq, c->d.capacity);
     if (!c->main)
         return AOTR_UNSUPPORTED;
     c->combine = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE_COMBINE, dtype, (int32_t)c->d.d, 0,
-                                  0, c->d.sq, c->d.capacity);
+                                  c->d.sq, c->d.capacity);
     if (!c->combine)
         return AOTR_UNSUPPORTED;
     c->splits = p->num_splits;

@@ -545,12 +545,13 @@ static const char *dtype_name(aotr_dtype t)
 }
 
 const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dtype dtype,
-                                        int32_t head_dim, int bias, int dropout,
-                                        int64_t seqlen_q, int64_t seqlen_k)
+                                        int32_t head_dim, unsigned features, int64_t seqlen_q,
+                                        int64_t seqlen_k)
 {
     int32_t block_d = 16;
     while (block_d < head_dim)
         block_d *= 2;
+    int bias = !!(features & AOTR_PICK_BIAS), dropout = !!(features & AOTR_PICK_DROPOUT);
     int slots[2], n = 0;
     if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM) {
         /* Element-wise: one fp32 variant, head_dim a fixed label (variants.toml). */
@@ -560,7 +561,7 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
         /* always masked along the head dim; no bias or dropout axis */
         slots[n++] = group_slot(kernel_id, dtype, block_d, -1, -1, -1);
     } else {
-        if (block_d == head_dim)
+        if (block_d == head_dim && !(features & AOTR_PICK_SCORE_MODS))
             slots[n++] = group_slot(kernel_id, dtype, block_d, 0, bias, dropout);
         slots[n++] = group_slot(kernel_id, dtype, block_d, 1, bias, dropout);
     }

@@ -398,6 +398,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     return out, lse
 
 
+def _has_score_mods(score_mod) -> bool:
+    """(softcap, alibi_slopes): does the call modify the scores?"""
+    return bool(score_mod[0]) or score_mod[1] is not None
+
+
 def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen, dims,
                          mask, sm_scale, dropout_p, score_mod=(0.0, None)) -> None:
     """The forward's launch on a backend that takes positional arguments (the
@@ -412,7 +417,8 @@ def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, va
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
                   else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
     kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q4.dtype], head_dim=d,
-                            bias=bias4 is not None, dropout=dropout, seqlen_q=sq, seqlen_k=sk)
+                            bias=bias4 is not None, dropout=dropout, seqlen_q=sq, seqlen_k=sk,
+                            score_mods=_has_score_mods(score_mod))
     kernel.launch(_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, (
         q4, k4, v4, bias_arg, o, lse, spare["values"] if debug_mask is None else debug_mask,
         cu_q, cu_k, seed, offset,
@@ -443,7 +449,7 @@ def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4
     lse_strides = _lse_args(lse, varlen)
     dtype = DTYPE_NAMES[q4.dtype]
     features = dict(dtype=dtype, head_dim=d, bias=has_bias, dropout=bool(dropout_p),
-                    seqlen_q=sq, seqlen_k=sk)
+                    seqlen_q=sq, seqlen_k=sk, score_mods=_has_score_mods(score_mod))
 
     pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
     pre.launch(_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q4.device, (

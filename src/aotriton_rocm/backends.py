@@ -84,20 +84,24 @@ def _functional_key(kernel: str, functional: dict) -> tuple:
             flag("has_bias"), flag("enable_dropout"))
 
 
-def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout: bool) -> tuple:
+def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout: bool,
+                    score_mods: bool = False) -> tuple:
     """Functional keys that can run `head_dim`, best first: the unmasked fast
-    path where head_dim is the tile width, else the masked variant."""
+    path where head_dim is the tile width, else the masked variant (the only
+    one with softcap and ALiBi: ``score_mods``)."""
     b = block_d(head_dim)
     if kernel in ("attn_bwd_preprocess", DROPOUT_UNIFORM) or kernel in KVCACHE_KERNELS:
         return ((kernel, dtype, b, None, None, None),)
     masked = (kernel, dtype, b, True, bias, dropout)
-    return ((kernel, dtype, b, False, bias, dropout), masked) if b == head_dim else (masked,)
+    if b == head_dim and not score_mods:
+        return ((kernel, dtype, b, False, bias, dropout), masked)
+    return (masked,)
 
 
 def _pick(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool = False,
-          dropout: bool = False):
-    return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim, bias, dropout)
-                 if k in table), None)
+          dropout: bool = False, score_mods: bool = False):
+    return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim, bias, dropout,
+                                                   score_mods) if k in table), None)
 
 
 def _missing(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool,
@@ -144,9 +148,11 @@ class Backend:
         raise NotImplementedError
 
     def kernel(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
-               dropout: bool = False, seqlen_q: int = 0, seqlen_k: int = 0) -> KernelHandle:
+               dropout: bool = False, seqlen_q: int = 0, seqlen_k: int = 0,
+               score_mods: bool = False) -> KernelHandle:
         """The variant for a real head dim (the padded tile width and the
-        masked/unmasked choice are the backend's business)."""
+        masked/unmasked choice are the backend's business; softcap and
+        ALiBi, ``score_mods``, need the masked one)."""
         raise NotImplementedError
 
 
@@ -415,8 +421,8 @@ class InterpreterBackend(Backend):
         return None
 
     def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
-               seqlen_k=0):
-        variant = _pick(self._variants, kernel, dtype, head_dim, bias, dropout)
+               seqlen_k=0, score_mods=False):
+        variant = _pick(self._variants, kernel, dtype, head_dim, bias, dropout, score_mods)
         constexprs = dict(variant.constexprs)
         if "UPCAST_DOT" in constexprs:
             constexprs["UPCAST_DOT"] = True

@@ -268,15 +268,28 @@ def _score_mod_launches(rt, lib, slopes, softcap, *, struct_size=None):
         assert lib_.aotr_attn_fwd(rt.handle, ctypes.byref(fp)) == native.OK
         assert lib_.aotr_attn_bwd(rt.handle, ctypes.byref(bp)) == native.OK
     records_ = rt._records
-    got = {}
+    got, pads = {}, {}
     for sym, *_rest, raw in _launches(lib):
         rec = records_[sym]
         if rec.kernel != "attn_bwd_preprocess":
             args = _decode(rec.args, raw)
             got[rec.kernel] = {n: args[n] for n in ("ALIBI", "stride_az", "stride_ah",
                                                     "has_alibi", "softcap")}
+            pads[rec.kernel] = rec.functional["pad_head"]
     assert set(got) == {"attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq"}
-    return got, q
+    return got, q, pads
+
+
+def test_score_mods_run_the_masked_variant(plain_rt):
+    """Only the masked-head-dim variants carry softcap/ALiBi: a call that
+    modifies the scores runs them where a plain call takes the fast path
+    (head dim 64 = the tile width)."""
+    rt, lib = plain_rt
+    *_, plain = _score_mod_launches(rt, lib, None, 0.0)
+    assert plain == dict.fromkeys(plain, False)
+    for slopes, cap in ((None, 2.5), (torch.rand(4), 0.0), (torch.rand(4), 2.5)):
+        *_, modified = _score_mod_launches(rt, lib, slopes, cap)
+        assert modified == dict.fromkeys(modified, True)
 
 
 @pytest.fixture
@@ -298,7 +311,7 @@ def test_alibi_and_softcap_arguments_by_name(plain_rt, form):
     else:  # a column view of a (4, 2) tensor: strides (1, 2)
         slopes = torch.rand(4, 2).t()
         want_z, want_h = 1, 2
-    got, _ = _score_mod_launches(rt, lib, slopes, 2.5)
+    got, _, _ = _score_mod_launches(rt, lib, slopes, 2.5)
     for kernel, args in got.items():
         assert args == {"ALIBI": slopes.data_ptr(), "stride_az": want_z, "stride_ah": want_h,
                         "has_alibi": 1, "softcap": 2.5}, kernel
@@ -308,17 +321,17 @@ def test_softcap_alone_and_short_structs(plain_rt):
     """A caller compiled against the params without them (struct_size up to
     debug_mask / delta) gets neither, whatever the bytes after its struct."""
     rt, lib = plain_rt
-    got, q = _score_mod_launches(rt, lib, None, 7.0)
+    got, q, _ = _score_mod_launches(rt, lib, None, 7.0)
     assert all(a == {"ALIBI": q.data_ptr(), "stride_az": 0, "stride_ah": 0, "has_alibi": 0,
                      "softcap": 7.0} for a in got.values())
     lib.aotr_stub_reset()
     old_size = lambda cls: cls.softcap.offset  # noqa: E731
-    got, q = _score_mod_launches(rt, lib, torch.rand(4), 7.0, struct_size=old_size)
+    got, q, _ = _score_mod_launches(rt, lib, torch.rand(4), 7.0, struct_size=old_size)
     assert all(a == {"ALIBI": q.data_ptr(), "stride_az": 0, "stride_ah": 0, "has_alibi": 0,
                      "softcap": 0.0} for a in got.values())
     lib.aotr_stub_reset()
     # Up to the softcap, without the slopes.
-    got, _ = _score_mod_launches(rt, lib, torch.rand(4), 7.0,
+    got, _, _ = _score_mod_launches(rt, lib, torch.rand(4), 7.0,
                                  struct_size=lambda cls: cls.alibi_slopes.offset)
     assert all(a["has_alibi"] == 0 and a["softcap"] == 7.0 for a in got.values())
 
