@@ -85,7 +85,7 @@ def bench_case(b: int, sk: int) -> list[dict]:
         return aotriton_rocm.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens,
                                                      block_table=table)
     add(f"aotriton-rocm paged {PAGE}", _median_us(paged), paged())
-    del kp, vp
+    kp = vp = None  # free the paged copy before the peers run
 
     # torch on the gathered contiguous cache, (B, H, S, D) views
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
