@@ -351,7 +351,7 @@ def test_flash_attn_varlen_func_paged():
     out, lse, probs = aotriton_rocm.flash_attn_varlen_func(
         q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True, window_size=(3, -1),
         return_attn_probs=True, block_table=table)
-    assert probs is None and lse.shape == (h, q.shape[0])
+    assert probs.numel() == 0 and lse.shape == (h, q.shape[0])  # no dropout: empty, as flash-attn
     for bb in range(2):
         rows = slice(int(cu_q[bb]), int(cu_q[bb + 1]))
         want, want_lse = ref.attention(q[rows][None], dense_k[bb:bb + 1], dense_v[bb:bb + 1],

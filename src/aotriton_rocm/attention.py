@@ -403,74 +403,96 @@ def _has_score_mods(score_mod) -> bool:
     return bool(score_mod[0]) or score_mod[1] is not None
 
 
+def _named_strides(prefix: str, t: torch.Tensor, varlen: Varlen | None = None,
+                   row: str = "m") -> dict[str, int]:
+    """``stride_<prefix>z/h/<row>`` of a (B, H, S, D) view (see :func:`_strides`)."""
+    return dict(zip((f"stride_{prefix}z", f"stride_{prefix}h", f"stride_{prefix}{row}"),
+                    _strides(t, varlen)))
+
+
+def _score_mod_args(score_mod, spare: dict[str, torch.Tensor]) -> dict:
+    softcap, alibi_slopes = score_mod
+    slopes, stride_az, stride_ah, has_alibi = alibi_args(alibi_slopes, spare["f32"])
+    return dict(ALIBI=slopes, stride_az=stride_az, stride_ah=stride_ah, has_alibi=has_alibi,
+                softcap=float(softcap))
+
+
 def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen, dims,
                          mask, sm_scale, dropout_p, score_mod=(0.0, None)) -> None:
-    """The forward's launch on a backend that takes positional arguments (the
-    CPU interpreter)."""
+    """The forward's launch on a backend that runs the kernel sources (the CPU
+    interpreter), its arguments bound by name."""
     b, h, hk, sq, sk, d = dims
     bottom_right, left, right = mask
     spare = _placeholders(q4.device, q4.dtype)
-    bias_arg = spare["values"] if bias4 is None else bias4
-    bias_strides = (0, 0, 0) if bias4 is None else _strides(bias4)
     dropout = bool(dropout_p) or debug_mask is not None
     seed, offset = _rng_args(rng, spare)
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
                   else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
+    lse_z, lse_h = _lse_args(lse, varlen)
     kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q4.dtype], head_dim=d,
                             bias=bias4 is not None, dropout=dropout, seqlen_q=sq, seqlen_k=sk,
                             score_mods=_has_score_mods(score_mod))
-    kernel.launch(_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, (
-        q4, k4, v4, bias_arg, o, lse, spare["values"] if debug_mask is None else debug_mask,
-        cu_q, cu_k, seed, offset,
-        *_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
-        *_strides(o, varlen), *_lse_args(lse, varlen),
-        b, h, h // hk, sq, sk, int(varlen is not None), d, bottom_right, left, right, sm_scale,
-        float(dropout_p), int(debug_mask is not None),
-        *alibi_args(score_mod[1], spare["f32"]), score_mod[0]))
+    args = dict(
+        Q=q4, K=k4, V=v4, BIAS=spare["values"] if bias4 is None else bias4, O=o, LSE=lse,
+        DMASK=spare["values"] if debug_mask is None else debug_mask, CU_Q=cu_q, CU_K=cu_k,
+        RNG_SEED=seed, RNG_OFFSET=offset,
+        **_named_strides("q", q4, varlen), **_named_strides("k", k4, varlen, "n"),
+        **_named_strides("v", v4, varlen, "n"),
+        **(dict(stride_bz=0, stride_bh=0, stride_bm=0) if bias4 is None
+           else _named_strides("b", bias4)),
+        **_named_strides("o", o, varlen), stride_lz=lse_z, stride_lh=lse_h,
+        batch=b, num_heads=h, gqa_group=h // hk, max_seqlen_q=sq, max_seqlen_k=sk,
+        varlen=int(varlen is not None), head_dim=d, bottom_right=bottom_right,
+        window_left=left, window_right=right, sm_scale=sm_scale, dropout_p=float(dropout_p),
+        store_dmask=int(debug_mask is not None), **_score_mod_args(score_mod, spare))
+    kernel.launch(_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, args)
 
 
 def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4, bias_grad, rng,
                           varlen, dims, mask, sm_scale, dropout_p, score_mod=(0.0, None)) -> None:
-    """The backward's three launches on a backend that takes positional
-    arguments (the CPU interpreter)."""
+    """The backward's three launches on a backend that runs the kernel
+    sources (the CPU interpreter), their arguments bound by name."""
     b, h, hk, sq, sk, d = dims
     bottom_right, left, right = mask
     dq, dk, dv = grads
     has_bias = bias4 is not None
     spare = _placeholders(q4.device, q4.dtype)
-    bias_strides = _strides(bias4) if has_bias else (0, 0, 0)
-    bias4 = bias4 if has_bias else spare["values"]
-    db = spare["values"] if bias_grad is None else bias_grad
-    db_strides = (0, 0, 0) if bias_grad is None else _strides(bias_grad)
     seed, offset = _rng_args(rng, spare)
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
                   else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
-    is_varlen = int(varlen is not None)
-    lse_strides = _lse_args(lse, varlen)
+    lse_z, lse_h = _lse_args(lse, varlen)
     dtype = DTYPE_NAMES[q4.dtype]
     features = dict(dtype=dtype, head_dim=d, bias=has_bias, dropout=bool(dropout_p),
                     seqlen_q=sq, seqlen_k=sk, score_mods=_has_score_mods(score_mod))
+    sizes = dict(batch=b, num_heads=h, max_seqlen_q=sq, varlen=int(varlen is not None),
+                 head_dim=d, stride_lz=lse_z, stride_lh=lse_h)
 
     pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
-    pre.launch(_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q4.device, (
-        o4, do4, delta, cu_q, *_strides(o4, varlen), *_strides(do4, varlen), *lse_strides,
-        b, h, sq, is_varlen, d))
+    pre.launch(_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q4.device, dict(
+        O=o4, DO=do4, Delta=delta, CU_Q=cu_q, **_named_strides("o", o4, varlen),
+        **_named_strides("do", do4, varlen), **sizes))
 
-    inputs = (q4, k4, v4, bias4, do4, lse, delta)
-    strides = (*_strides(q4, varlen), *_strides(k4, varlen), *_strides(v4, varlen), *bias_strides,
-               *_strides(do4, varlen))
-    sizes = (b, h, h // hk, sq, sk, is_varlen, d, bottom_right, left, right, sm_scale,
-             float(dropout_p))
-    mods = (*alibi_args(score_mod[1], spare["f32"]), score_mod[0])
+    common = dict(
+        Q=q4, K=k4, V=v4, BIAS=bias4 if has_bias else spare["values"], DO=do4, LSE=lse,
+        Delta=delta, CU_Q=cu_q, CU_K=cu_k, RNG_SEED=seed, RNG_OFFSET=offset,
+        **_named_strides("q", q4, varlen), **_named_strides("k", k4, varlen, "n"),
+        **_named_strides("v", v4, varlen, "n"),
+        **(_named_strides("b", bias4) if has_bias
+           else dict(stride_bz=0, stride_bh=0, stride_bm=0)),
+        **_named_strides("do", do4, varlen), **sizes, gqa_group=h // hk, max_seqlen_k=sk,
+        bottom_right=bottom_right, window_left=left, window_right=right, sm_scale=sm_scale,
+        dropout_p=float(dropout_p), **_score_mod_args(score_mod, spare))
     dkdv = backend.kernel("attn_bwd_dkdv", **features)
-    dkdv.launch(_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q4.device, (
-        *inputs, dk, dv, cu_q, cu_k, seed, offset, *strides,
-        *_strides(dk, varlen), *_strides(dv, varlen), *lse_strides, *sizes, *mods))
+    dkdv.launch(_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q4.device, dict(
+        common, DK=dk, DV=dv, **_named_strides("dk", dk, varlen, "n"),
+        **_named_strides("dv", dv, varlen, "n")))
     dqk = backend.kernel("attn_bwd_dq", **features)
-    dqk.launch(_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q4.device, (
-        *inputs, dq, db, cu_q, cu_k, seed, offset, *strides,
-        *_strides(dq, varlen), *db_strides, *lse_strides, *sizes, int(bias_grad is not None),
-        *mods))
+    dqk.launch(_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q4.device, dict(
+        common, DQ=dq, DBIAS=spare["values"] if bias_grad is None else bias_grad,
+        **_named_strides("dq", dq, varlen),
+        **(dict(stride_dbz=0, stride_dbh=0, stride_dbm=0) if bias_grad is None
+           else _named_strides("db", bias_grad)),
+        store_dbias=int(bias_grad is not None)))
 
 
 def new_bias_grad(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

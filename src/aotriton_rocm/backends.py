@@ -125,7 +125,9 @@ def _memo_missing(memo: dict, table: dict, *key) -> str | None:
 
 
 class KernelHandle:
-    """One selected variant, ready to launch with the arguments in spec order."""
+    """One selected variant, ready to launch with its arguments by name (the
+    kernel's argument list in variants.toml: a missing or unknown name fails
+    the launch)."""
 
     __slots__ = ("config", "_launch")
 
@@ -133,7 +135,7 @@ class KernelHandle:
         self.config = config
         self._launch = launch
 
-    def launch(self, grid: tuple[int, int, int], device: torch.device, args: tuple) -> None:
+    def launch(self, grid: tuple[int, int, int], device: torch.device, args: dict) -> None:
         self._launch(grid, device, args)
 
 
@@ -405,6 +407,8 @@ class InterpreterBackend(Backend):
         spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
         self._functions = {name: kernel_spec.interpreted_function(ks)
                            for name, ks in spec.kernels.items()}
+        self._arg_names = {name: frozenset(n for n, _ in ks.args)
+                           for name, ks in spec.kernels.items()}
         self._variants: dict[tuple, object] = {}
         self._reasons: dict[tuple, str | None] = {}
         for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
@@ -427,10 +431,16 @@ class InterpreterBackend(Backend):
         if "UPCAST_DOT" in constexprs:
             constexprs["UPCAST_DOT"] = True
         fn = self._functions[kernel]
+        names = self._arg_names[kernel]
         counter_key = (self.name, kernel)
 
         def launch(grid, device, args):
-            fn[grid](*args, **constexprs)
+            if args.keys() != names:
+                # (Triton would take an unknown name for a launch option)
+                raise TypeError(f"{kernel}: arguments missing {sorted(names - args.keys())}, "
+                                f"unknown {sorted(args.keys() - names)} (kernels/variants.toml "
+                                "lists the kernel's arguments)")
+            fn[grid](**args, **constexprs)
             _LAUNCHES[counter_key] += 1
 
         return KernelHandle(variant.config, launch)

@@ -175,7 +175,9 @@ def fill_dropout_uniform(out: torch.Tensor, seed, offset, *, dropout_p: float = 
     b, h, sq, sk = out.shape
     kernel = backend.kernel(DROPOUT_UNIFORM, dtype="fp32", head_dim=16)
     kernel.launch(attention._grid(-(-sq // kernel.config["BLOCK_M"]), b * h), out.device,
-                  (out, seed_t, offset_t, b, h, sq, sk, float(dropout_p), int(bool(encode_keep))))
+                  dict(R=out, RNG_SEED=seed_t, RNG_OFFSET=offset_t, batch=b, num_heads=h,
+                       max_seqlen_q=sq, max_seqlen_k=sk, dropout_p=float(dropout_p),
+                       encode_keep=int(bool(encode_keep))))
     return out
 
 

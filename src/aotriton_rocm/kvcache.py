@@ -149,10 +149,13 @@ def unsupported_reason(q, k_cache, v_cache, *, k_end, k_start=None, cache_batch_
     return None
 
 
-def _bshd(t: torch.Tensor) -> tuple[int, int, int]:
-    """(z, h, row) strides of a (B, S, H, D) tensor; packed (total, H, D): no z stride."""
+def _named_bshd(prefix: str, t: torch.Tensor, row: str = "m") -> dict[str, int]:
+    """``stride_<prefix>z/h/<row>`` of a (B, S, H, D) tensor; packed (total,
+    H, D): no z stride."""
     s = t.stride()
-    return (s[0], s[2], s[1]) if t.dim() == 4 else (0, s[1], s[0])
+    strides = (s[0], s[2], s[1]) if t.dim() == 4 else (0, s[1], s[0])
+    return dict(zip((f"stride_{prefix}z", f"stride_{prefix}h", f"stride_{prefix}{row}"),
+                    strides))
 
 
 def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end: torch.Tensor,
@@ -225,23 +228,27 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     alibi = spare["values"].float() if alibi_slopes is None else alibi_slopes
     stride_az = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
     rows = sq * (h // hk)
+    cu_q = cu if not varlen else cu_seqlens_q
     main.launch(attention._grid(_cdiv(rows, main.config["BLOCK_M"]) * num_splits, b * hk),
-                q.device, (
-        q_k, kc, vc, o, lse, part_o, part_lse, cu if not varlen else cu_seqlens_q,
-        cu if k_start is None else k_start, k_end,
-        cu if cache_batch_idx is None else cache_batch_idx,
-        cu if block_table is None else block_table, alibi,
-        *_bshd(q_k), *_bshd(kc), *_bshd(vc), *_bshd(o), *lse_strides,
-        0 if block_table is None else block_table.stride(0), stride_az,
-        b, h, h // hk, sq, int(varlen), d,
-        int(paged), k_cache.shape[1] if paged else 1, int(cache_batch_idx is not None),
-        int(k_start is not None), int(alibi_slopes is not None), left, right, sm_scale,
-        float(softcap), num_splits))
+                q.device, dict(
+        Q=q_k, K=kc, V=vc, O=o, LSE=lse, O_PART=part_o, LSE_PART=part_lse, CU_Q=cu_q,
+        K_START=cu if k_start is None else k_start, K_END=k_end,
+        CACHE_BATCH_IDX=cu if cache_batch_idx is None else cache_batch_idx,
+        BLOCK_TABLE=cu if block_table is None else block_table, ALIBI=alibi,
+        **_named_bshd("q", q_k), **_named_bshd("k", kc, "n"), **_named_bshd("v", vc, "n"),
+        **_named_bshd("o", o), stride_lz=lse_strides[0], stride_lh=lse_strides[1],
+        stride_btz=0 if block_table is None else block_table.stride(0), stride_az=stride_az,
+        batch=b, num_heads=h, gqa_group=h // hk, max_seqlen_q=sq, varlen=int(varlen),
+        head_dim=d, paged=int(paged), page_size=k_cache.shape[1] if paged else 1,
+        has_batch_idx=int(cache_batch_idx is not None), has_k_start=int(k_start is not None),
+        has_alibi=int(alibi_slopes is not None), window_left=left, window_right=right,
+        sm_scale=sm_scale, softcap=float(softcap), num_splits=num_splits))
     if num_splits > 1:
         comb = backend.kernel("attn_fwd_kvcache_combine", dtype=dtype, head_dim=d, seqlen_q=sq)
-        comb.launch(attention._grid(_cdiv(sq, comb.config["BLOCK_M"]), b * h), q.device, (
-            part_o, part_lse, o, lse, cu if not varlen else cu_seqlens_q, *_bshd(o),
-            *lse_strides, b, h, sq, int(varlen), d, num_splits))
+        comb.launch(attention._grid(_cdiv(sq, comb.config["BLOCK_M"]), b * h), q.device, dict(
+            O_PART=part_o, LSE_PART=part_lse, O=o, LSE=lse, CU_Q=cu_q, **_named_bshd("o", o),
+            stride_lz=lse_strides[0], stride_lh=lse_strides[1], batch=b, num_heads=h,
+            max_seqlen_q=sq, varlen=int(varlen), head_dim=d, num_splits=num_splits))
     if o is not out:
         out.copy_(o)
     return out, lse, num_splits
