@@ -18,7 +18,6 @@ from pathlib import Path
 import importlib
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
-from .codeobject import RESOURCE_KINDS
 
 if TYPE_CHECKING:  # any object with .name and .family will do
     from .tooling.targets import ArchSpec
@@ -37,6 +36,7 @@ __all__ = [
     "OPTION_KEYS",
     "SCRATCH_ARGS",
     "WAIVER_KINDS",
+    "RESOURCE_KINDS",
 ]
 
 # Config keys passed to triton.compile as options (everything else in a config
@@ -46,9 +46,11 @@ OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_in
 REQUIRED_OPTIONS = ("num_warps", "num_stages")
 CONFIG_META_KEYS = ("archs", "head_dims", "when", "allow")
 # What a config's ``allow = {KIND = true, reason = "..."}`` may waive in the
-# code-object validator (codeobject.validate_kernel): register spills (and the
-# scratch memory they take), other scratch use (stack, dynamic stack), LDS over
-# the arch's limit.
+# code-object validator (tooling.codeobject.validate_kernel): register spills
+# (and the scratch memory they take), other scratch use (stack, dynamic stack),
+# LDS over the arch's limit. The validator reports its resource findings by
+# these kinds.
+RESOURCE_KINDS = ("spills", "scratch", "lds")
 WAIVER_KINDS = RESOURCE_KINDS
 # functional name -> constexpr name (besides same-name-uppercased).
 # head_dim is the padded tile width along the head dim (the real head dim is a

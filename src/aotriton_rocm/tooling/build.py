@@ -51,7 +51,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO, Tuple
 from .. import _version
 from ..archive import (ARCHIVE_SUFFIX, Archive, ArchiveError, KernelRecord, manifest_path_for,
                        write_archive, write_manifest_sidecar)
-from ..codeobject import ArchLimits, validate_kernel
+from .codeobject import ArchLimits, validate_kernel
 from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
 from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
                       shared_memory_finding, validate_output, worker_init)
@@ -344,7 +344,7 @@ def format_arch_table(report: Dict[str, Any]) -> str:
 
 
 def arch_chart_png(report: Dict[str, Any]) -> bytes:
-    """The per-arch report as a PNG bar chart (chart.py, standard library only)."""
+    """The per-arch report as a PNG of bar plots (chart.py, matplotlib)."""
     from .chart import ORANGE, BLUE, Panel, bar_chart_png
     per = report.get("per_arch") or {}
     archs = list(per)
@@ -355,12 +355,13 @@ def arch_chart_png(report: Dict[str, Any]) -> bytes:
     exc = [len(per[a].get("exceptions") or ()) if per[a].get("exceptions") is not None else None for a in archs]
     colors = [ORANGE if e else BLUE for e in exc]
     panels = [
-        Panel("kernels shipped", col("kernels"), colors,
-              note=f"(upstream AOTriton: ~{UPSTREAM_PER_ARCH:,} per arch)"),
-        Panel("archive size (KiB)", col("archive_bytes", lambda b: b / 1024), colors),
-        Panel("compile time (s, sum of each candidate's compile)", col("compile_seconds_all"), colors),
-        Panel("worst VGPR per lane (AMD)", vgpr, colors),
-        Panel("allowed exceptions (waived spills/scratch/LDS)", exc, colors),
+        Panel("Kernels shipped", col("kernels"), colors, ylabel="code objects", counts=True,
+              note=f"upstream AOTriton: ~{UPSTREAM_PER_ARCH:,} per arch"),
+        Panel("Archive size", col("archive_bytes", lambda b: b / 1024), colors, ylabel="KiB"),
+        Panel("Compile time", col("compile_seconds_all"), colors, ylabel="seconds",
+              note="sum of every candidate's compile"),
+        Panel("Worst VGPR use per lane", vgpr, colors, ylabel="VGPRs (AMD only)"),
+        Panel("Allowed exceptions", exc, colors, ylabel="kernels", counts=True, note="waived spills / scratch / LDS"),
     ]
     notes = [f"ROCm {report.get('profile')}, triton {report.get('compiler_version')}, "
              f"aotriton-rocm {report.get('package_version')}"]

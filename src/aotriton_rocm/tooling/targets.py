@@ -40,7 +40,7 @@ class ArchSpec:
     lds_bytes: Optional[int] = None  # hip: LDS per workgroup
     capability: Optional[int] = None  # cuda: compute capability, e.g. 90
     # hip: ELF e_flags EF_AMDGPU_MACH value and the register budget of the
-    # static occupancy estimate (see ci/targets.toml and codeobject.py).
+    # static occupancy estimate (see ci/targets.toml and tooling/codeobject.py).
     mach: Optional[int] = None
     vgpr_file: Optional[int] = None
     vgpr_mode: Optional[str] = None  # "unified" | "split" | "vgpr"

@@ -1,5 +1,5 @@
 """``aotriton-rocm validate ARCHIVE...``: statically validate every AMD code
-object of built kernel archives (see :mod:`aotriton_rocm.codeobject`).
+object of built kernel archives (see :mod:`aotriton_rocm.tooling.codeobject`).
 
 Limits per arch (LDS, register file, e_flags value) and the expected code
 object version come from the archive's manifest (``arch_limits``,
@@ -19,8 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from .._version import ABI_VERSION
 from ..archive import Archive, ArchiveError, identity_problems
-from ..codeobject import ArchLimits, validate_kernel
 from ..errors import CommandError, UsageError
+from .codeobject import ArchLimits, validate_kernel
 
 __all__ = ["ArchReport", "validate_archives", "format_table", "format_kernel_table", "draw_chart",
            "ValidateOptions", "add_validate_arguments", "run_validate"]
@@ -214,24 +214,26 @@ def format_kernel_table(report: ArchReport) -> str:
 
 
 def draw_chart(reports: Sequence[ArchReport], path: str, build_report: Optional[Dict[str, Any]] = None) -> None:
-    """A PNG bar chart per arch (kernels, worst VGPR, min occupancy, archive
+    """A PNG of per-arch bar plots (kernels, worst VGPR, min occupancy, archive
     KiB, allowed exceptions and, with a build report, compile time), drawn
-    with the standard library (chart.py); written atomically."""
+    with matplotlib (chart.py); written atomically."""
     from ..files import atomic_write_bytes
     from .chart import BLUE, ORANGE, RED, Panel, bar_chart_png
     reps = list(reports)
     archs = [r.arch for r in reps]
     colors = [RED if r.failures else ORANGE if r.allowed else BLUE for r in reps]
-    panels = [Panel("kernels", [r.kernels for r in reps], colors),
-              Panel("worst VGPR per lane", [r.max_vgpr if r.validated else None for r in reps], colors),
-              Panel("min occupancy (waves per SIMD)", [r.min_occupancy if r.validated else None for r in reps],
-                    colors),
-              Panel("archive size (KiB)", [r.archive_bytes / 1024 for r in reps], colors),
-              Panel("allowed exceptions", [len(r.allowed) if r.validated else None for r in reps], colors)]
+    panels = [Panel("Kernels", [r.kernels for r in reps], colors, ylabel="code objects", counts=True),
+              Panel("Worst VGPR use per lane", [r.max_vgpr if r.validated else None for r in reps], colors,
+                    ylabel="VGPRs (AMD only)"),
+              Panel("Minimum occupancy", [r.min_occupancy if r.validated else None for r in reps], colors,
+                    ylabel="waves per SIMD", counts=True),
+              Panel("Archive size", [r.archive_bytes / 1024 for r in reps], colors, ylabel="KiB"),
+              Panel("Allowed exceptions", [len(r.allowed) if r.validated else None for r in reps], colors,
+                    ylabel="kernels", counts=True)]
     if build_report:
         per = build_report.get("per_arch") or {}
-        panels.append(Panel("compile time (s, sum over all candidates)",
-                            [(per.get(a) or {}).get("compile_seconds_all") for a in archs], colors))
+        panels.append(Panel("Compile time", [(per.get(a) or {}).get("compile_seconds_all") for a in archs],
+                            colors, ylabel="seconds", note="sum over all candidates"))
     png = bar_chart_png("aotriton-rocm: per-arch code-object report", archs, panels,
                         legend=[(BLUE, "ok"), (ORANGE, "ok, with allowed exceptions"), (RED, "failed")])
     atomic_write_bytes(path, png)

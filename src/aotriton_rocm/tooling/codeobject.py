@@ -1,32 +1,45 @@
-"""Static validation of AMD GPU code objects (HSACO), read with the standard library.
+"""Static validation of AMD GPU code objects (HSACO).
 
-Runtime-safe module: no triton, no pyelftools, no torch. AMD code objects
-cannot be executed on the machines this project is built on, so every one we
-ship is checked by reading it:
+Build-time only (the ``build`` extra): the ELF is read with pyelftools and
+the AMDGPU metadata with msgpack. AMD code objects cannot be executed on the
+machines this project is built on, so every one we ship is checked by
+reading it:
 
 * the ELF header: ELF64 little-endian, ``e_machine`` EM_AMDGPU (224), OS ABI
   AMDGPU_HSA (64), ``EI_ABIVERSION`` (code object v4 = 2, v5 = 3, v6 = 4) and
   the processor in ``e_flags & EF_AMDGPU_MACH`` (0xff) against the intended arch;
 * the kernel symbol and its kernel descriptor symbol ``<name>.kd``;
 * the AMDGPU metadata note (``NT_AMDGPU_METADATA`` = 32, owner ``"AMDGPU"``), a
-  MessagePack map decoded here: register counts, spills, private segment
-  (scratch), group segment (LDS), wavefront size, kernarg segment size and
-  the ``.args`` list, which must match the recorded argument list;
+  MessagePack map: register counts, spills, private segment (scratch), group
+  segment (LDS), wavefront size, kernarg segment size and the ``.args`` list,
+  which must match the recorded argument list;
 * an occupancy estimate (waves per SIMD), see :func:`estimate_occupancy`.
+
+NVIDIA cubins are not read here: their figures (registers, shared memory)
+come from triton's compile metadata (compile.py).
 
 Entry points: :func:`inspect_code_object` (facts) and :func:`validate_kernel`
 (facts + checks against a :class:`~aotriton_rocm.archive.KernelRecord`).
 """
 from __future__ import annotations
 
-import struct
+import io
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import msgpack
+from elftools.common.exceptions import ELFError
+from elftools.construct import ConstructError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.enums import ENUM_E_MACHINE, ENUM_EI_OSABI
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+from ..kernel_spec import RESOURCE_KINDS
 
 __all__ = [
     "CodeObjectError",
     "MsgpackError",
-    "unpackb",
+    "decode_metadata",
     "EM_AMDGPU",
     "EF_AMDGPU_MACH",
     "CODE_OBJECT_VERSIONS",
@@ -59,129 +72,34 @@ _MACH_NAMES = {v: k for k, v in EF_AMDGPU_MACH.items()}
 CODE_OBJECT_VERSIONS = {0: 2, 1: 3, 2: 4, 3: 5, 4: 6}
 
 
-# Validator findings a variant spec may waive (variants.toml ``allow``).
-RESOURCE_KINDS = ("spills", "scratch", "lds")
-
-
 class CodeObjectError(ValueError):
     """The bytes are not a well-formed AMDGPU code object."""
 
 
 class MsgpackError(CodeObjectError):
-    """Malformed MessagePack data."""
+    """The AMDGPU metadata note is not valid MessagePack."""
 
 
-# -- MessagePack (decode only; the subset the AMDGPU metadata uses, plus the rest
-#    of the format so a foreign producer cannot trip us) -----------------------
+# -- MessagePack ---------------------------------------------------------------
 
-class _Reader:
-    __slots__ = ("buf", "pos", "depth")
-
-    def __init__(self, buf: bytes):
-        self.buf = memoryview(buf)
-        self.pos = 0
-        self.depth = 0
-
-    def take(self, n: int) -> bytes:
-        end = self.pos + n
-        if n < 0 or end > len(self.buf):
-            raise MsgpackError(f"msgpack: truncated at byte {self.pos} (needs {n} more bytes)")
-        b = bytes(self.buf[self.pos:end])
-        self.pos = end
-        return b
-
-    def unpack(self, fmt: str) -> Any:
-        return struct.unpack(">" + fmt, self.take(struct.calcsize(">" + fmt)))[0]
-
-
-_MAX_DEPTH = 64
-
-
-def _decode(r: _Reader) -> Any:
-    t = r.take(1)[0]
-    if t <= 0x7F:
-        return t
-    if t >= 0xE0:
-        return t - 0x100
-    if 0x80 <= t <= 0x8F:
-        return _map(r, t & 0x0F)
-    if 0x90 <= t <= 0x9F:
-        return _array(r, t & 0x0F)
-    if 0xA0 <= t <= 0xBF:
-        return _str(r, t & 0x1F)
-    if t == 0xC0:
-        return None
-    if t == 0xC2:
-        return False
-    if t == 0xC3:
-        return True
-    simple = {0xCC: "B", 0xCD: "H", 0xCE: "I", 0xCF: "Q", 0xD0: "b", 0xD1: "h", 0xD2: "i",
-              0xD3: "q", 0xCA: "f", 0xCB: "d"}
-    if t in simple:
-        return r.unpack(simple[t])
-    if t in (0xD9, 0xDA, 0xDB):
-        return _str(r, r.unpack({0xD9: "B", 0xDA: "H", 0xDB: "I"}[t]))
-    if t in (0xC4, 0xC5, 0xC6):
-        return r.take(r.unpack({0xC4: "B", 0xC5: "H", 0xC6: "I"}[t]))
-    if t in (0xDC, 0xDD):
-        return _array(r, r.unpack("H" if t == 0xDC else "I"))
-    if t in (0xDE, 0xDF):
-        return _map(r, r.unpack("H" if t == 0xDE else "I"))
-    if t in (0xD4, 0xD5, 0xD6, 0xD7, 0xD8):  # fixext 1/2/4/8/16
-        n = 1 << (t - 0xD4)
-        code = r.unpack("b")
-        return ("ext", code, r.take(n))
-    if t in (0xC7, 0xC8, 0xC9):
-        n = r.unpack({0xC7: "B", 0xC8: "H", 0xC9: "I"}[t])
-        code = r.unpack("b")
-        return ("ext", code, r.take(n))
-    raise MsgpackError(f"msgpack: invalid type byte 0x{t:02x} at byte {r.pos - 1}")
-
-
-def _str(r: _Reader, n: int) -> str:
-    raw = r.take(n)
+def decode_metadata(desc: bytes) -> Any:
+    """Decode the one MessagePack object of an NT_AMDGPU_METADATA descriptor
+    (str for str, bytes for bin). The descriptor may be zero-padded to 4 bytes;
+    any other trailing byte is an error."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(desc), 1))
+    unpacker.feed(bytes(desc))
     try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise MsgpackError(f"msgpack: string at byte {r.pos - n} is not UTF-8") from None
-
-
-def _array(r: _Reader, n: int) -> List[Any]:
-    r.depth += 1
-    if r.depth > _MAX_DEPTH:
-        raise MsgpackError("msgpack: nesting too deep")
-    if n > len(r.buf) - r.pos:  # every element takes at least a byte
-        raise MsgpackError(f"msgpack: array of {n} items at byte {r.pos} is longer than the data")
-    out = [_decode(r) for _ in range(n)]
-    r.depth -= 1
-    return out
-
-
-def _map(r: _Reader, n: int) -> Dict[Any, Any]:
-    r.depth += 1
-    if r.depth > _MAX_DEPTH:
-        raise MsgpackError("msgpack: nesting too deep")
-    if 2 * n > len(r.buf) - r.pos:
-        raise MsgpackError(f"msgpack: map of {n} entries at byte {r.pos} is longer than the data")
-    out: Dict[Any, Any] = {}
-    for _ in range(n):
-        k = _decode(r)
-        if isinstance(k, (list, dict)):
-            raise MsgpackError("msgpack: unhashable map key")
-        out[k] = _decode(r)
-    r.depth -= 1
-    return out
-
-
-def unpackb(data: bytes, *, allow_trailing: bool = False) -> Any:
-    """Decode one MessagePack object from ``data`` (str for str, bytes for bin,
-    ``("ext", code, bytes)`` for ext types)."""
-    r = _Reader(bytes(data))
-    obj = _decode(r)
-    if not allow_trailing and r.pos != len(r.buf):
-        # NT_AMDGPU_METADATA descriptors may be zero-padded to 4 bytes.
-        if any(r.buf[r.pos:]):
-            raise MsgpackError(f"msgpack: {len(r.buf) - r.pos} trailing bytes after the object")
+        obj = unpacker.unpack()
+    except msgpack.OutOfData:
+        raise MsgpackError(f"msgpack: truncated ({len(desc)} bytes end inside the object)") from None
+    except (msgpack.UnpackException, ValueError, TypeError) as e:
+        # FormatError (a reserved type byte), StackError (nesting), non-UTF-8
+        # strings, unhashable map keys
+        raise MsgpackError(f"msgpack: malformed data ({type(e).__name__}"
+                           f"{': ' + str(e) if str(e) else ''})") from None
+    rest = bytes(desc)[unpacker.tell():]
+    if any(rest):
+        raise MsgpackError(f"msgpack: {len(rest)} trailing bytes after the object")
     return obj
 
 
@@ -192,9 +110,9 @@ class ElfSymbol:
     name: str
     value: int
     size: int
-    type: int  # STT_*: 1 object, 2 func, 10 amdgpu hsa kernel (legacy)
-    binding: int
-    shndx: int
+    type: str  # pyelftools' STT_* name: STT_OBJECT, STT_FUNC, ...
+    binding: str  # STB_*
+    shndx: Any  # section index, or SHN_UNDEF / SHN_ABS
 
 
 @dataclass
@@ -243,26 +161,12 @@ class CodeObjectInfo:
         return None
 
 
-_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")  # 64 bytes
-_SHDR = struct.Struct("<IIQQQQIIQQ")  # 64 bytes
-_SYM = struct.Struct("<IBBHQQ")  # 24 bytes
-SHT_SYMTAB, SHT_NOTE, SHT_DYNSYM = 2, 7, 11
+ELF_HEADER_BYTES = 64  # ELF64
 
 
-def _cstr(blob: bytes, off: int) -> str:
-    if not 0 <= off < len(blob):
-        raise CodeObjectError(f"string offset {off} outside its string table")
-    end = blob.find(b"\0", off)
-    if end < 0:
-        raise CodeObjectError("unterminated string in a string table")
-    return blob[off:end].decode("utf-8", "replace")
-
-
-def _section_bytes(data: bytes, off: int, size: int, what: str) -> bytes:
-    if off < 0 or size < 0 or off + size > len(data):
-        raise CodeObjectError(f"{what} (offset {off}, {size} bytes) runs past the end of the "
-                              f"{len(data)}-byte file: truncated or corrupted ELF")
-    return data[off:off + size]
+def _enum_value(value: Any, names: Mapping[str, int]) -> int:
+    """pyelftools gives known enum values as names, unknown ones as ints."""
+    return value if isinstance(value, int) else names[value]
 
 
 def _target_feature(e_flags: int, shift: int) -> str:
@@ -271,20 +175,44 @@ def _target_feature(e_flags: int, shift: int) -> str:
     return {0: "unsupported", 1: "any", 2: "off", 3: "on"}[v]
 
 
-def _notes(blob: bytes) -> List[Tuple[str, int, bytes]]:
-    out = []
-    pos = 0
-    while pos + 12 <= len(blob):
-        namesz, descsz, ntype = struct.unpack_from("<III", blob, pos)
-        pos += 12
-        name_end = pos + ((namesz + 3) & ~3)
-        desc_end = name_end + ((descsz + 3) & ~3)
-        if pos + namesz > len(blob) or name_end + descsz > len(blob):
-            raise CodeObjectError("note entry runs past its section: corrupted .note")
-        name = blob[pos:pos + namesz].rstrip(b"\0").decode("utf-8", "replace")
-        out.append((name, ntype, blob[name_end:name_end + descsz]))
-        pos = desc_end
+def _check_header(data: bytes) -> None:
+    """The identification bytes, before pyelftools picks a layout from them."""
+    if len(data) < ELF_HEADER_BYTES or data[:4] != b"\x7fELF":
+        raise CodeObjectError("not an ELF file (bad magic or shorter than an ELF header)")
+    ei_class, ei_data = data[4], data[5]
+    if (ei_class, ei_data) != (2, 1):
+        raise CodeObjectError(f"not an ELF64 little-endian file (class {ei_class}, data {ei_data})")
+
+
+def _check_layout(elf: ELFFile, size: int) -> None:
+    """Every section lies inside the file (pyelftools reads short data silently)."""
+    end = elf["e_shoff"] + elf["e_shnum"] * elf["e_shentsize"]
+    if elf["e_shnum"] == 0 or end > size:
+        raise CodeObjectError(f"section header table ({elf['e_shnum']} entries at offset {elf['e_shoff']}) "
+                              f"runs past the end of the {size}-byte file: truncated or corrupted ELF")
+    for sec in elf.iter_sections():
+        if sec["sh_type"] != "SHT_NOBITS" and sec["sh_offset"] + sec["sh_size"] > size:
+            raise CodeObjectError(f"section {sec.name or '?'} (offset {sec['sh_offset']}, {sec['sh_size']} "
+                                  f"bytes) runs past the end of the {size}-byte file: truncated or "
+                                  f"corrupted ELF")
+
+
+def _symbols(elf: ELFFile) -> Dict[str, ElfSymbol]:
+    out: Dict[str, ElfSymbol] = {}
+    for sec in elf.iter_sections():
+        if not isinstance(sec, SymbolTableSection):
+            continue
+        for sym in sec.iter_symbols():
+            if sym.name and sym.name not in out:
+                out[sym.name] = ElfSymbol(sym.name, sym["st_value"], sym["st_size"], sym["st_info"]["type"],
+                                          sym["st_info"]["bind"], sym["st_shndx"])
     return out
+
+
+def _metadata_notes(elf: ELFFile) -> List[bytes]:
+    return [note["n_descdata"] for sec in elf.iter_sections() if isinstance(sec, NoteSection)
+            for note in sec.iter_notes()
+            if note["n_name"] == "AMDGPU" and note["n_type"] == NT_AMDGPU_METADATA]
 
 
 def _int(d: Mapping[str, Any], key: str, default: int = 0) -> int:
@@ -294,75 +222,55 @@ def _int(d: Mapping[str, Any], key: str, default: int = 0) -> int:
     return v
 
 
+def _kernel_meta(k: Any) -> KernelMeta:
+    if not isinstance(k, dict):
+        raise CodeObjectError("AMDGPU metadata kernel entry is not a map")
+    args = k.get(".args", [])
+    if not isinstance(args, list) or not all(isinstance(a, dict) for a in args):
+        raise CodeObjectError(f"kernel {k.get('.name')!r}: .args is not a list of maps")
+    return KernelMeta(
+        name=str(k.get(".name", "")), symbol=str(k.get(".symbol", "")),
+        sgpr_count=_int(k, ".sgpr_count"), vgpr_count=_int(k, ".vgpr_count"),
+        agpr_count=_int(k, ".agpr_count"), vgpr_spill_count=_int(k, ".vgpr_spill_count"),
+        sgpr_spill_count=_int(k, ".sgpr_spill_count"),
+        private_segment_fixed_size=_int(k, ".private_segment_fixed_size"),
+        group_segment_fixed_size=_int(k, ".group_segment_fixed_size"),
+        wavefront_size=_int(k, ".wavefront_size"),
+        kernarg_segment_size=_int(k, ".kernarg_segment_size"),
+        kernarg_segment_align=_int(k, ".kernarg_segment_align", 8),
+        uses_dynamic_stack=bool(k.get(".uses_dynamic_stack", False)), args=args, raw=k)
+
+
+def _read_elf(data: bytes) -> Tuple[ELFFile, Dict[str, ElfSymbol], List[bytes]]:
+    _check_header(data)
+    try:
+        elf = ELFFile(io.BytesIO(data))
+        machine = _enum_value(elf["e_machine"], ENUM_E_MACHINE)
+        if machine != EM_AMDGPU:
+            raise CodeObjectError(f"ELF machine is {machine}, not EM_AMDGPU ({EM_AMDGPU}): "
+                                  f"not an AMD GPU code object")
+        osabi = _enum_value(elf["e_ident"]["EI_OSABI"], ENUM_EI_OSABI)
+        if osabi != ELFOSABI_AMDGPU_HSA:
+            raise CodeObjectError(f"ELF OS ABI is {osabi}, not AMDGPU_HSA ({ELFOSABI_AMDGPU_HSA})")
+        _check_layout(elf, len(data))
+        return elf, _symbols(elf), _metadata_notes(elf)
+    except (ELFError, ConstructError, UnicodeDecodeError) as e:
+        raise CodeObjectError(f"truncated or corrupted ELF ({type(e).__name__}: {e})") from None
+
+
 def inspect_code_object(data: bytes) -> CodeObjectInfo:
     """Parse an AMDGPU HSACO; raises :class:`CodeObjectError` naming what is wrong."""
     data = bytes(data)
-    if len(data) < _EHDR.size or data[:4] != b"\x7fELF":
-        raise CodeObjectError("not an ELF file (bad magic or shorter than an ELF header)")
-    (ident, e_type, e_machine, _ver, _entry, _phoff, e_shoff, e_flags, _ehsize, _phentsize,
-     _phnum, e_shentsize, e_shnum, e_shstrndx) = _EHDR.unpack_from(data, 0)
-    if ident[4] != 2 or ident[5] != 1:
-        raise CodeObjectError(f"not an ELF64 little-endian file (class {ident[4]}, data {ident[5]})")
-    if e_machine != EM_AMDGPU:
-        raise CodeObjectError(f"ELF machine is {e_machine}, not EM_AMDGPU ({EM_AMDGPU}): "
-                              f"not an AMD GPU code object")
-    if ident[7] != ELFOSABI_AMDGPU_HSA:
-        raise CodeObjectError(f"ELF OS ABI is {ident[7]}, not AMDGPU_HSA ({ELFOSABI_AMDGPU_HSA})")
-    abi = ident[8]
-    if e_shentsize != _SHDR.size or e_shnum == 0:
-        raise CodeObjectError(f"bad section header table (entry size {e_shentsize}, {e_shnum} entries)")
-    table = _section_bytes(data, e_shoff, e_shnum * _SHDR.size, "section header table")
-    shdrs = [_SHDR.unpack_from(table, i * _SHDR.size) for i in range(e_shnum)]
-    if not 0 <= e_shstrndx < e_shnum:
-        raise CodeObjectError(f"section name table index {e_shstrndx} out of range")
-    sh = shdrs[e_shstrndx]
-    shstr = _section_bytes(data, sh[4], sh[5], "section name table")
-
-    symbols: Dict[str, ElfSymbol] = {}
-    notes: List[Tuple[str, int, bytes]] = []
-    for s in shdrs:
-        sh_name, sh_type, _fl, _addr, off, size, link, _info, _align, entsize = s
-        if sh_type in (SHT_SYMTAB, SHT_DYNSYM):
-            name = _cstr(shstr, sh_name)
-            if entsize != _SYM.size:
-                raise CodeObjectError(f"symbol table {name} has entry size {entsize}")
-            if not 0 <= link < e_shnum:
-                raise CodeObjectError(f"symbol table {name} links to section {link}: out of range")
-            strtab = _section_bytes(data, shdrs[link][4], shdrs[link][5], f"string table of {name}")
-            body = _section_bytes(data, off, size, f"symbol table {name}")
-            for i in range(1, size // _SYM.size):
-                st_name, st_info, _other, shndx, value, ssize = _SYM.unpack_from(body, i * _SYM.size)
-                nm = _cstr(strtab, st_name)
-                if nm and nm not in symbols:
-                    symbols[nm] = ElfSymbol(nm, value, ssize, st_info & 0xF, st_info >> 4, shndx)
-        elif sh_type == SHT_NOTE:
-            notes.extend(_notes(_section_bytes(data, off, size, "note section")))
-
-    md_blobs = [d for n, t, d in notes if n == "AMDGPU" and t == NT_AMDGPU_METADATA]
+    elf, symbols, md_blobs = _read_elf(data)
     if not md_blobs:
         raise CodeObjectError("no NT_AMDGPU_METADATA note (owner AMDGPU): not a code object v3+ "
                               "or the note section is missing")
-    md = unpackb(md_blobs[0])
+    md = decode_metadata(md_blobs[0])
     if not isinstance(md, dict) or not isinstance(md.get("amdhsa.kernels"), list):
         raise CodeObjectError("AMDGPU metadata has no amdhsa.kernels list")
-    kernels = []
-    for k in md["amdhsa.kernels"]:
-        if not isinstance(k, dict):
-            raise CodeObjectError("AMDGPU metadata kernel entry is not a map")
-        args = k.get(".args", [])
-        if not isinstance(args, list) or not all(isinstance(a, dict) for a in args):
-            raise CodeObjectError(f"kernel {k.get('.name')!r}: .args is not a list of maps")
-        kernels.append(KernelMeta(
-            name=str(k.get(".name", "")), symbol=str(k.get(".symbol", "")),
-            sgpr_count=_int(k, ".sgpr_count"), vgpr_count=_int(k, ".vgpr_count"),
-            agpr_count=_int(k, ".agpr_count"), vgpr_spill_count=_int(k, ".vgpr_spill_count"),
-            sgpr_spill_count=_int(k, ".sgpr_spill_count"),
-            private_segment_fixed_size=_int(k, ".private_segment_fixed_size"),
-            group_segment_fixed_size=_int(k, ".group_segment_fixed_size"),
-            wavefront_size=_int(k, ".wavefront_size"),
-            kernarg_segment_size=_int(k, ".kernarg_segment_size"),
-            kernarg_segment_align=_int(k, ".kernarg_segment_align", 8),
-            uses_dynamic_stack=bool(k.get(".uses_dynamic_stack", False)), args=args, raw=k))
+    kernels = [_kernel_meta(k) for k in md["amdhsa.kernels"]]
+    e_flags = elf["e_flags"]
+    abi = elf["e_ident"]["EI_ABIVERSION"]
     mach = e_flags & EF_AMDGPU_MACH_MASK
     return CodeObjectInfo(
         arch=_MACH_NAMES.get(mach), mach=mach, e_flags=e_flags,
