@@ -20,7 +20,8 @@ from aotriton_rocm.archive import Archive  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import abi_check as AC  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
-from aotriton_rocm.tooling import package as pkg  # noqa: E402
+from aotriton_rocm.tooling import snapshot as S  # noqa: E402
+from aotriton_rocm.tooling import wheels as W  # noqa: E402
 from test_build import TOY_KERNEL, TOY_VARIANTS, make_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +163,7 @@ def test_public_api_description_is_generated_from_the_code():
 def _tree_with_removed_function(dest: Path, version: str) -> Path:
     """A copy of this source tree, version ``version``, without the public
     ``reset_launch_counts``."""
-    tree = pkg.snapshot_source(ROOT, dest)
+    tree = S.snapshot_source(ROOT, dest)
     v = tree / "src" / "aotriton_rocm" / "_version.py"
     v.write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', v.read_text()))
     init = tree / "src" / "aotriton_rocm" / "__init__.py"
@@ -177,10 +178,10 @@ def _tree_with_removed_function(dest: Path, version: str) -> Path:
 @pytest.mark.slow
 def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
     old_dist = tmp_path / "old-dist"
-    pkg.build_wheels(ROOT, releases["old"], old_dist)
+    W.build_wheels(ROOT, releases["old"], old_dist)
     new_tree = _tree_with_removed_function(tmp_path / "tree", POINT)
     new_dist = tmp_path / "new-dist"
-    pkg.build_wheels(new_tree, releases["added_arch"], new_dist, archs=["gfx942"])
+    W.build_wheels(new_tree, releases["added_arch"], new_dist, archs=["gfx942"])
 
     runtime = next(old_dist.glob("aotriton_rocm-*.whl"))
     with zipfile.ZipFile(runtime) as z:

@@ -23,10 +23,12 @@ pytest.importorskip("rattler_build")
 from aotriton_rocm import _version, torch_compat  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import conda as C  # noqa: E402
-from aotriton_rocm.tooling import package as pkg  # noqa: E402
+from aotriton_rocm.tooling import dist_dir as D  # noqa: E402
+from aotriton_rocm.tooling import source_tree as ST  # noqa: E402
+from aotriton_rocm._version import abi_line  # noqa: E402
 from aotriton_rocm.tooling import sbom as S  # noqa: E402
 
-VERSION = pkg.read_version(TR.ROOT)
+VERSION = ST.read_version(TR.ROOT)
 
 # CycloneDX 1.5 JSON schema: required top-level fields and the enums used here.
 COMPONENT_TYPES = {"application", "framework", "library", "container", "platform",
@@ -82,7 +84,7 @@ def release_dir(tmp_path_factory):
 
     def fake_wheels(root, archives_dir, out_dir, *a, report=None, **k):
         files = [Path(shutil.copy2(w, Path(out_dir) / w.name)) for w in wheels]
-        pkg.write_sha256sums(out_dir, files)
+        D.write_sha256sums(out_dir, files)
         if report is not None:
             report.update({"version": VERSION, "rocm_profile": TR.ROCM})
         return files
@@ -127,7 +129,7 @@ def test_package_writes_a_cyclonedx_sbom(release_dir):
     # the runtime's dependencies: torch (supported versions), image -> runtime, conda's glibc floor
     [torch] = [c for c in doc["components"] if c["name"] == "torch"]
     assert [p["value"] for p in torch["properties"]] == torch_compat.supported_torch(
-        pkg.abi_version_of(VERSION))
+        abi_line(VERSION))
     deps = {d["ref"]: d["dependsOn"] for d in doc["dependencies"]}
     rt_wheel = f"wheel:{wheels[0].name}"
     assert deps[rt_wheel] == ["requirement:torch"]
@@ -142,7 +144,7 @@ def test_package_writes_a_cyclonedx_sbom(release_dir):
 
     assert requires(rt_conda) == ["__glibc >=2.28"]
     assert requires(image_conda) == [f"aotriton-rocm >={VERSION},<0.2.0a0 *_rocm64_*"]
-    assert requires(wheels[1].name) == [f"aotriton-rocm~={pkg.abi_version_of(VERSION)}.0"]
+    assert requires(wheels[1].name) == [f"aotriton-rocm~={abi_line(VERSION)}.0"]
     # SHA256SUMS covers the SBOM too, and checks out
     sums = (out / "SHA256SUMS").read_text()
     assert path.name in sums

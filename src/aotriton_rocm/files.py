@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, BinaryIO, Union
 
 __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
-           "atomic_copy", "atomic_move", "file_sha256"]
+           "atomic_copy", "atomic_move", "file_sha256", "link_or_copy", "pid_alive"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -91,3 +91,25 @@ def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
         for block in iter(lambda: f.read(chunk), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def link_or_copy(src: PathLike, dst: PathLike) -> None:
+    """A hard link of ``src`` at ``dst`` where the file system allows, else a copy."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (temporary files left by a run carry
+    its pid, so that a later run can tell leftovers from work in progress)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True

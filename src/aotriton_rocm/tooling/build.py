@@ -52,12 +52,14 @@ from .. import _version
 from ..archive import (ARCHIVE_SUFFIX, Archive, ArchiveError, KernelRecord, manifest_path_for,
                        write_archive, write_manifest_sidecar)
 from .codeobject import ArchLimits, validate_kernel
-from .cache import CompileCache, atomic_write_bytes, cache_key, kernel_sources_hash
+from ..files import atomic_write_bytes, atomic_write_json, pid_alive
+from .cache import CompileCache, cache_key, kernel_sources_hash
 from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, scrubbed_env_names,
                       shared_memory_finding, validate_output, worker_init)
 from .dask_executor import EXECUTORS, ExecutorError
 from .progress import Progress, format_seconds
-from .targets import ArchSpec, TargetError, find_source_root, load_targets
+from .source_tree import find_source_root
+from .targets import ArchSpec, TargetError, load_targets
 from .tuning import (COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, grid_axis, load_measured,
                      tuning_files_bytes)
 from ..kernel_spec import SCRATCH_ARGS, Variant, VariantSpecError, load_variants
@@ -403,10 +405,6 @@ def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache
             os.environ["AOTRITON_ROCM_NO_TORCH"] = no_torch
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
-
-
 TRITON_CACHE_PREFIX = "triton-cache-"
 STALE_DIR = "stale"
 
@@ -427,16 +425,6 @@ def check_out_dir(out: Path) -> None:
                           f"directory with --out") from None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
 def clean_leftovers(out: Path) -> List[Path]:
     """Remove what interrupted builds left in ``OUT/.tmp`` (triton caches of
     processes that are gone; the name carries the pid). Returns what went."""
@@ -450,7 +438,7 @@ def clean_leftovers(out: Path) -> List[Path]:
         if not p.name.startswith(TRITON_CACHE_PREFIX):
             continue
         pid = p.name[len(TRITON_CACHE_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and _pid_alive(int(pid)):
+        if pid.isdigit() and pid_alive(int(pid)):
             continue  # a build running now
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
@@ -734,7 +722,7 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     if shard is not None and not errors:
         # Written last: its presence means every listed key is in OUT/cache.
         shard_path = out / SHARD_FILE
-        _write_json(shard_path, {
+        atomic_write_json(shard_path, {
             "kind": SHARD_KIND, "shard": shard[0], "shards": shard[1], "profile": prof.name,
             "archs": [a.name for a in arch_specs], "compiler_version": triton_version,
             "build_inputs_hash": inputs_hash, "total_keys": len(all_keys), "keys": shard_key_list,
@@ -801,7 +789,7 @@ def build(profile: Optional[str], archs: Optional[Sequence[str]], out_dir, sourc
     report["seconds"] = round(total_s, 3)
     report["compiled"] = len(compiled_keys)
     report["cached"] = sum(len(items) for items in plan.values()) - len(compiled_keys)
-    _write_json(report_path, report)
+    atomic_write_json(report_path, report)
 
     if errors:
         shown = "\n  ".join(errors[:MAX_ERRORS_SHOWN])

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
-from .build import (SHARD_FILE, SHARD_KIND, BuildError, BuildResult, _write_json, build,
-                    format_arch_table)
+from ..files import atomic_write_json
+from .build import SHARD_FILE, SHARD_KIND, BuildError, BuildResult, build, format_arch_table
 from .cache import CompileCache
 from .progress import format_seconds
 from .targets import TargetError
@@ -112,7 +112,7 @@ def merge(shard_dirs: Sequence, out_dir, source_root=None, *, kernels_dir=None, 
                 compile_missing=False, expected_inputs_hash=first["build_inputs_hash"])
     res.report["merged_from"] = [{"shard": f"{doc['shard']}/{n}", "keys": len(doc["keys"])}
                                  for doc in sorted(docs, key=lambda x: x["shard"])]
-    _write_json(res.report_path, res.report)
+    atomic_write_json(res.report_path, res.report)
     return res
 
 

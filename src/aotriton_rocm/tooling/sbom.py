@@ -30,7 +30,10 @@ from email.parser import Parser
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .package import abi_version_of, publish, sha256sums_path, source_date_epoch
+from .._version import abi_line as abi_version_of
+from ..files import atomic_move as publish
+from .dist_dir import sha256sums_path
+from .reproducible import source_date_epoch
 
 __all__ = ["SPEC_VERSION", "sbom_path", "build_sbom", "write_sbom"]
 
