@@ -1,5 +1,5 @@
 """Build tooling without compiling: targets (ci/targets.toml), variant
-enumeration (kernels/variants.toml), source checks, progress bar."""
+enumeration (kernels/variants.toml), source checks, progress output."""
 
 from __future__ import annotations
 
@@ -312,37 +312,80 @@ def test_check_sources_errors(tmp_path):
 
 # -- progress ----------------------------------------------------------------
 
-def test_progress_plain_lines():
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _plain_run(total, seconds_per_item):
+    """The plain lines of a stage of ``total`` items, one every ``seconds_per_item``."""
+    buf, clock = io.StringIO(), FakeClock()
+    with Progress(total, desc="compile", stream=buf, clock=clock) as p:
+        for i in range(total):
+            clock.t += seconds_per_item
+            p.update(label=f"item{i}")
+    return buf.getvalue().splitlines()
+
+
+def test_progress_plain_lines_per_stage():
+    # fast: the start and the end only
+    assert _plain_run(3, 0.1) == ["compile: started, 3 to do", "compile: done 3/3 in 0:00 (10.0/s)"]
+    # 100 items, 1 s each: a line per 10% step but at most one per 30 s: 30%, 60%, 90%
+    lines = _plain_run(100, 1.0)
+    assert lines[0] == "compile: started, 100 to do"
+    assert [ln.split()[1] for ln in lines[1:-1]] == ["30/100", "60/100", "90/100"]
+    assert lines[1] == "compile: 30/100 (30%) 1.0/s elapsed 0:30 ETA 1:10 item29"
+    assert lines[-1] == "compile: done 100/100 in 1:40 (1.0/s)"
+
+
+def test_progress_never_hundreds_of_lines():
+    """The main job's compile stage (about a thousand kernels over hours):
+    one line per 10%, not one per item or per few seconds."""
+    lines = _plain_run(1200, 5.0)
+    assert len(lines) == 11, lines  # start, 10% ... 90%, done
+    assert lines[-1] == "compile: done 1200/1200 in 1:40:00 (0.2/s)"
+    assert len(_plain_run(5000, 0.01)) <= 12
+
+
+def test_progress_messages_and_disabled():
     buf = io.StringIO()
-    p = Progress(3, desc="compile", stream=buf, interval=3600)
-    p.update(label="a")
-    p.update(label="b")
-    p.update(label="c")
+    p = Progress(2, desc="compile", stream=buf, clock=FakeClock())
+    p.write("gfx942: 2 to compile\n")
+    p.update()
+    p.write("error: x")
     p.close()
-    lines = buf.getvalue().splitlines()
-    assert len(lines) == 2  # the first and the last (interval not reached in between)
-    assert lines[-1].startswith("compile [") and "3/3" in lines[-1] and "ETA 0:00" in lines[-1]
-    assert "/s" in lines[-1] and lines[-1].endswith(" c")
+    p.close()  # once only
+    assert buf.getvalue().splitlines() == ["gfx942: 2 to compile", "compile: started, 2 to do", "error: x",
+                                           "compile: stopped at 1/2 in 0:00 (0.0/s)"]
+    silent = io.StringIO()
+    with Progress(1, stream=silent, enabled=False) as q:
+        q.update()
+        q.write("x")
+    assert silent.getvalue() == ""
+    nothing = io.StringIO()
+    Progress(0, stream=nothing).close()  # no work: no lines
+    assert nothing.getvalue() == ""
+    assert format_seconds(3725) == "1:02:05" and format_seconds(65) == "1:05"
 
 
-def test_progress_tty_redraws():
+def test_progress_tty_live_bar():
+    pytest.importorskip("rich")
+
     class Tty(io.StringIO):
         def isatty(self):
             return True
     buf = Tty()
-    p = Progress(2, stream=buf)
-    p.update()
-    p.write("message")
-    p.update()
-    p.close()
+    with Progress(2, desc="compile", stream=buf) as p:
+        p.update(label="gfx942 k1")
+        p.write("message [not markup]")
+        p.update(label="gfx942 k2")
     out = buf.getvalue()
-    assert "\r" in out and "message\n" in out and out.endswith("\n") and "2/2" in out
-    assert format_seconds(3725) == "1:02:05" and format_seconds(65) == "1:05"
-    silent = io.StringIO()
-    q = Progress(1, stream=silent, enabled=False)
-    q.update()
-    q.write("x")
-    assert silent.getvalue() == ""
+    assert "\x1b[" in out  # drawn in place with terminal control sequences
+    assert "message [not markup]\n" in out and "2/2" in out and "100%" in out and "gfx942 k2" in out
+    assert "started" not in out  # no plain lines on a terminal
 
 
 def test_exclude_drops_functional_points(tmp_path, targets):

@@ -59,6 +59,7 @@ from .compile import (COMPILE_ENV, CompileOutput, CompileTask, compile_variant, 
 from .dask_executor import EXECUTORS, ExecutorError
 from .progress import Progress, format_seconds
 from .source_tree import find_source_root
+from .tables import render_table
 from .targets import ArchSpec, TargetError, load_targets
 from .tuning import (COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, grid_axis, load_measured,
                      tuning_files_bytes)
@@ -335,10 +336,7 @@ def format_arch_table(report: Dict[str, Any]) -> str:
                      f"{val['mfma_kernels']}/{val['kernels']}" if val else "-",
                      "-" if exc is None else str(len(exc)),
                      f"{ch.get('measured', 0)}/{ch.get('static', 0)}" if ch else "-", str(r.get("archive", ""))))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(row[:-1], widths))) + "  " + row[-1]
-             for row in rows]
+    lines = [render_table(rows[0], rows[1:], left=(0, -1))]
     if shipped and max(shipped):
         lines.append(f"upstream AOTriton: ~{UPSTREAM_PER_ARCH:,} code objects per arch (gfx942); this build: "
                      f"{max(shipped):,} at most ({UPSTREAM_PER_ARCH / max(shipped):.0f}x fewer)")

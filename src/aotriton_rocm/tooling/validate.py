@@ -21,6 +21,7 @@ from .._version import ABI_VERSION
 from ..archive import Archive, ArchiveError, identity_problems
 from ..errors import CommandError, UsageError
 from .codeobject import ArchLimits, validate_kernel
+from .tables import render_table
 
 __all__ = ["ArchReport", "validate_archives", "format_table", "format_kernel_table", "draw_chart",
            "ValidateOptions", "add_validate_arguments", "run_validate"]
@@ -176,12 +177,7 @@ def format_table(reports: Sequence[ArchReport]) -> str:
         rows.append((r.arch, r.profile, str(r.kernels), _cell(r.max_vgpr), _cell(r.max_agpr),
                      _cell(r.max_sgpr), str(r.vgpr_spills), _cell(r.max_scratch), _cell(r.max_lds),
                      _cell(r.min_occupancy), mfma, verdict))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for row in rows:
-        lines.append("  ".join(c.ljust(w) if i in (0, 1, len(row) - 1) else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
-    return "\n".join(lines)
+    return render_table(rows[0], rows[1:], left=(0, 1, -1))
 
 
 def format_kernel_table(report: ArchReport) -> str:
@@ -208,9 +204,7 @@ def format_kernel_table(report: ArchReport) -> str:
                      str(sum(k["vgpr_spill_count"] for k in ks)),
                      str(max(k["private_segment_fixed_size"] for k in ks)),
                      str(min(k["occupancy"] for k in ks)), verdict))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) if i in (0, 1, len(row) - 1) else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows)
+    return render_table(rows[0], rows[1:], left=(0, 1, -1))
 
 
 def draw_chart(reports: Sequence[ArchReport], path: str, build_report: Optional[Dict[str, Any]] = None) -> None:
