@@ -231,7 +231,7 @@ def test_corrupted_elf_rejected(compiled):
 
 def test_validate_command(compiled, tmp_path, capsys):
     from aotriton_rocm.tooling import validate as V
-    from aotriton_rocm.tooling.build import arch_limits_dict
+    from aotriton_rocm.tooling.build_write import arch_limits_dict
 
     def archive(name, arch, pairs, limits=True):
         man = {"package_version": "0.1.0", "abi_version": "0.1", "rocm_profile": "6.4", "arch": arch,
@@ -284,7 +284,7 @@ def test_validate_command(compiled, tmp_path, capsys):
 
 def test_build_table_and_chart(compiled, tmp_path, capsys, monkeypatch):
     from aotriton_rocm.tooling import validate as V
-    from aotriton_rocm.tooling.build import arch_chart_png, format_arch_table
+    from aotriton_rocm.tooling.build_report import arch_chart_png, format_arch_table
 
     report = {"profile": "6.4", "compiler_version": "3.9.0", "package_version": "0.1.0", "per_arch": {
         "gfx942": {"kernels": 2, "candidates": 3, "compiled": 3, "cached": 0, "archive_bytes": 12345,

@@ -16,11 +16,14 @@ except ImportError:  # Python < 3.11
 from dataclasses import dataclass, field
 from pathlib import Path
 import importlib
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 
-if TYPE_CHECKING:  # any object with .name and .family will do
-    from .tooling.targets import ArchSpec
+class ArchSpec(Protocol):
+    """What the spec needs of an arch (tooling.targets.ArchSpec has it; so
+    does INTERPRETER_ARCH)."""
+    name: str
+    family: str
 
 __all__ = [
     "INTERPRETER_ARCH",
