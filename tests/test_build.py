@@ -263,3 +263,27 @@ def test_codegen_env_is_scrubbed(toy_root, tmp_path, monkeypatch):
     res = B.build("6.4", ["sm_90"], tmp_path / "out", source_root=toy_root, jobs=1, progress=False)
     assert res.report["ignored_env"] == ["TRITON_DUMP_DIR", "TRITON_KERNEL_DUMP"]
     assert not (tmp_path / "dump").exists()
+
+
+def test_only_builds_whole_functional_points(toy_root, built, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    res = B.build("6.4", ["gfx942,sm_90"], out, source_root=toy_root, jobs=1, progress=False,
+                  only=["dtype=bf16"])
+    for arch in ("gfx942", "sm_90"):
+        a = Archive.open(res.archives[arch])
+        assert [r.functional["dtype"] for r in a.kernels] == ["bf16"]
+        assert a.find("scale_add", dtype="fp16", head_dim=64) == []
+    # the CLI option: alternatives of one name, repeated options combined
+    assert cli_main(["build", "--arch", "sm_90", "--out", str(out), "--source-root", str(toy_root),
+                     "--only", "dtype=fp16|bf16", "--only", "head_dim=64", "--no-progress"]) == 0
+    assert len(Archive.open(out / "archives" / "sm_90.aotr").kernels) == 2
+    capsys.readouterr()
+    # refused before compiling: an unknown name, a subset matching nothing, bad syntax
+    for bad, why in ((["dtyp=fp16"], "no functional point has dtyp"),
+                     (["dtype=fp32"], "matches none of the 2 variants"),
+                     (["dtype"], "want NAME=VALUE")):
+        assert cli_main(["build", "--arch", "sm_90", "--out", str(out), "--source-root",
+                         str(toy_root), *[f"--only={b}" for b in bad]]) == 2
+        assert why in capsys.readouterr().err
+    assert B.Subset.parse(["causal=True,kernel=attn_fwd"]).text() == "causal=true,kernel=attn_fwd"
