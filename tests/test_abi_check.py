@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("triton")
 
-from aotriton_rocm import _version, abi  # noqa: E402
+from aotriton_rocm import _version, kernel_abi  # noqa: E402
+from aotriton_rocm.tooling import public_api  # noqa: E402
 from aotriton_rocm.archive import Archive  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import abi_check as AC  # noqa: E402
@@ -75,7 +76,7 @@ def test_manifest_records_abi(releases):
     sec = a.manifest["abi"]
     assert sec["format_version"] == 1 and sec["abi_line"] == f"{X}.{Y}" and sec["schema"] == 1
     assert set(sec["kernels"]) == {"scale_add"} and len(sec["kernels_sha256"]) == 64
-    assert sec == abi.kernel_abi_section(a.kernels, 1, f"{X}.{Y}")
+    assert sec == kernel_abi.kernel_abi_section(a.kernels, 1, f"{X}.{Y}")
     side = json.loads((releases["old"] / "gfx942.manifest.json").read_text())
     assert side["manifest"]["abi"] == sec
     # the hash follows the argument list, not the code or the config
@@ -147,13 +148,24 @@ def test_signature_rules(new_params, kind):
 
 
 def test_public_api_description_is_generated_from_the_code():
-    api = abi.public_api()
+    api = public_api.public_api()
     assert set(api["functions"]) >= {"enable", "disable", "is_enabled", "launch_counts",
                                      "reset_launch_counts"}
     assert api["functions"]["enable"]["params"][0] == {
         "name": "cpu_interpreter", "kind": "POSITIONAL_OR_KEYWORD", "default": "False"}
     assert api["constants"]["IMPL_NAME"] == "AOTRITON_ROCM"
     assert set(api["cli"]["smoke"]["options"]) >= {"--device", "--quick", "--json"}
+    assert api["cli"]["smoke"]["options"]["--device"] == {"takes_value": True,
+                                                          "choices": ["auto", "cpu", "gpu"]}
+    assert api["cli"]["smoke"]["options"]["--quick"] == {"takes_value": False, "choices": None}
+    # the recorded options are the ones the smoke parser accepts
+    import argparse
+
+    from aotriton_rocm.smoke import SMOKE_FLAGS, add_smoke_arguments
+    parser = argparse.ArgumentParser()
+    add_smoke_arguments(parser)
+    for f in SMOKE_FLAGS:
+        parser.parse_args([f.name, *([(f.choices or ("x",))[0]] if f.takes_value else [])])
     assert api["conda_run_exports"] == f"aotriton-rocm >={OLD},<{X}.{Y + 1}.0a0"
     assert api["abi_line"] == _version.ABI_VERSION and api["archive_format_version"] == 1
 
@@ -186,7 +198,7 @@ def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
     runtime = next(old_dist.glob("aotriton_rocm-*.whl"))
     with zipfile.ZipFile(runtime) as z:
         shipped = json.loads(z.read("aotriton_rocm/abi.json"))
-    assert shipped == json.loads(json.dumps(abi.public_api()))  # generated from the code
+    assert shipped == json.loads(json.dumps(public_api.public_api()))  # generated from the code
 
     rc, out = _abi_check(capsys, old_dist, new_dist)
     assert rc == 1, out
