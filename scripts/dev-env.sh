@@ -16,7 +16,9 @@ stamp="$venv/.deps-$(cat "$root/pyproject.toml" "$root/scripts/dev-env.sh" \
 if [ ! -e "$stamp" ]; then
   echo "== installing dependencies into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "torch==2.13.0" numpy pytest hypothesis "pypiserver[passlib]"
+  # cyclonedx-python-lib[json-validation]: tests/test_sbom.py checks the SBOM against the CycloneDX schema
+  "$venv/bin/python" -m pip install -q "torch==2.13.0" numpy pytest hypothesis "pypiserver[passlib]" \
+    "cyclonedx-python-lib[json-validation]"
   "$venv/bin/python" -m pip install -q -e "$root[build]"
   rm -f "$venv"/.deps-*
   touch "$stamp"

@@ -371,8 +371,10 @@ def test_progress_messages_and_disabled():
     assert format_seconds(3725) == "1:02:05" and format_seconds(65) == "1:05"
 
 
-def test_progress_tty_live_bar():
+def test_progress_tty_live_bar(monkeypatch):
     pytest.importorskip("rich")
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -386,6 +388,13 @@ def test_progress_tty_live_bar():
     assert "\x1b[" in out  # drawn in place with terminal control sequences
     assert "message [not markup]\n" in out and "2/2" in out and "100%" in out and "gfx942 k2" in out
     assert "started" not in out  # no plain lines on a terminal
+    # CI (whose runner may hand the job a pseudo-terminal): plain lines
+    monkeypatch.setenv("CI", "true")
+    ci = Tty()
+    with Progress(2, desc="compile", stream=ci) as p:
+        p.update()
+        p.update()
+    assert ci.getvalue().startswith("compile: started, 2 to do\n") and "\x1b[" not in ci.getvalue()
 
 
 def test_exclude_drops_functional_points(tmp_path, targets):

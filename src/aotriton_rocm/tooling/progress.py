@@ -1,6 +1,6 @@
 """Progress of one build stage (e.g. compiling the cache misses), on stderr.
 
-On a terminal: a live rich progress bar (done/total, percent, rate, elapsed,
+On a terminal (not under CI, not ``TERM=dumb``): a live rich progress bar (done/total, percent, rate, elapsed,
 ETA and the item just finished); messages print above it.
 
 Anywhere else (CI logs, ``scripts/main.sh > log``): quiet plain lines, never
@@ -11,6 +11,7 @@ of any length writes at most ``100 / step_percent + 2`` lines.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Callable, Optional, TextIO
@@ -28,6 +29,10 @@ def format_seconds(s: float) -> str:
 
 
 def _is_terminal(stream: TextIO) -> bool:
+    """A person watching: a TTY, not a dumb terminal, not CI (CI runners may
+    give jobs a pseudo-terminal, whose log would keep every redraw)."""
+    if os.environ.get("CI") or os.environ.get("TERM") == "dumb":
+        return False
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
