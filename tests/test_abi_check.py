@@ -15,12 +15,14 @@ import pytest
 
 pytest.importorskip("triton")
 
-from aotriton_rocm import _version, abi  # noqa: E402
+from aotriton_rocm import _version, kernel_abi  # noqa: E402
+from aotriton_rocm.tooling import public_api  # noqa: E402
 from aotriton_rocm.archive import Archive  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import abi_check as AC  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
-from aotriton_rocm.tooling import package as pkg  # noqa: E402
+from aotriton_rocm.tooling import snapshot as S  # noqa: E402
+from aotriton_rocm.tooling import wheels as W  # noqa: E402
 from test_build import TOY_KERNEL, TOY_VARIANTS, make_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +76,7 @@ def test_manifest_records_abi(releases):
     sec = a.manifest["abi"]
     assert sec["format_version"] == 1 and sec["abi_line"] == f"{X}.{Y}" and sec["schema"] == 1
     assert set(sec["kernels"]) == {"scale_add"} and len(sec["kernels_sha256"]) == 64
-    assert sec == abi.kernel_abi_section(a.kernels, 1, f"{X}.{Y}")
+    assert sec == kernel_abi.kernel_abi_section(a.kernels, 1, f"{X}.{Y}")
     side = json.loads((releases["old"] / "gfx942.manifest.json").read_text())
     assert side["manifest"]["abi"] == sec
     # the hash follows the argument list, not the code or the config
@@ -146,13 +148,24 @@ def test_signature_rules(new_params, kind):
 
 
 def test_public_api_description_is_generated_from_the_code():
-    api = abi.public_api()
+    api = public_api.public_api()
     assert set(api["functions"]) >= {"enable", "disable", "is_enabled", "launch_counts",
                                      "reset_launch_counts"}
     assert api["functions"]["enable"]["params"][0] == {
         "name": "cpu_interpreter", "kind": "POSITIONAL_OR_KEYWORD", "default": "False"}
     assert api["constants"]["IMPL_NAME"] == "AOTRITON_ROCM"
     assert set(api["cli"]["smoke"]["options"]) >= {"--device", "--quick", "--json"}
+    assert api["cli"]["smoke"]["options"]["--device"] == {"takes_value": True,
+                                                          "choices": ["auto", "cpu", "gpu"]}
+    assert api["cli"]["smoke"]["options"]["--quick"] == {"takes_value": False, "choices": None}
+    # the recorded options are the ones the smoke parser accepts
+    import argparse
+
+    from aotriton_rocm.smoke import SMOKE_FLAGS, add_smoke_arguments
+    parser = argparse.ArgumentParser()
+    add_smoke_arguments(parser)
+    for f in SMOKE_FLAGS:
+        parser.parse_args([f.name, *([(f.choices or ("x",))[0]] if f.takes_value else [])])
     assert api["conda_run_exports"] == f"aotriton-rocm >={OLD},<{X}.{Y + 1}.0a0"
     assert api["abi_line"] == _version.ABI_VERSION and api["archive_format_version"] == 1
 
@@ -162,7 +175,7 @@ def test_public_api_description_is_generated_from_the_code():
 def _tree_with_removed_function(dest: Path, version: str) -> Path:
     """A copy of this source tree, version ``version``, without the public
     ``reset_launch_counts``."""
-    tree = pkg.snapshot_source(ROOT, dest)
+    tree = S.snapshot_source(ROOT, dest)
     v = tree / "src" / "aotriton_rocm" / "_version.py"
     v.write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', v.read_text()))
     init = tree / "src" / "aotriton_rocm" / "__init__.py"
@@ -177,15 +190,15 @@ def _tree_with_removed_function(dest: Path, version: str) -> Path:
 @pytest.mark.slow
 def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
     old_dist = tmp_path / "old-dist"
-    pkg.build_wheels(ROOT, releases["old"], old_dist)
+    W.build_wheels(ROOT, releases["old"], old_dist)
     new_tree = _tree_with_removed_function(tmp_path / "tree", POINT)
     new_dist = tmp_path / "new-dist"
-    pkg.build_wheels(new_tree, releases["added_arch"], new_dist, archs=["gfx942"])
+    W.build_wheels(new_tree, releases["added_arch"], new_dist, archs=["gfx942"])
 
     runtime = next(old_dist.glob("aotriton_rocm-*.whl"))
     with zipfile.ZipFile(runtime) as z:
         shipped = json.loads(z.read("aotriton_rocm/abi.json"))
-    assert shipped == json.loads(json.dumps(abi.public_api()))  # generated from the code
+    assert shipped == json.loads(json.dumps(public_api.public_api()))  # generated from the code
 
     rc, out = _abi_check(capsys, old_dist, new_dist)
     assert rc == 1, out

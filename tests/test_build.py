@@ -4,7 +4,6 @@ One slow test builds the real FlashAttention kernels for gfx942."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -15,6 +14,7 @@ pytest.importorskip("triton")
 
 from aotriton_rocm._version import ABI_VERSION, TRITON_VERSION, __version__  # noqa: E402
 from aotriton_rocm.archive import Archive, verify_against_manifest  # noqa: E402
+from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
 from aotriton_rocm.tooling.compile import validate_output  # noqa: E402
 from aotriton_rocm.tooling.targets import TargetError  # noqa: E402
@@ -217,16 +217,12 @@ def test_bad_requests_fail_before_compiling(toy_root, tmp_path):
 def test_cli_wiring(toy_root, built, tmp_path, capsys):
     out = tmp_path / "out"
     shutil.copytree(built[0] / "cache", out / "cache")
-    parser = argparse.ArgumentParser()
-    B.add_build_arguments(parser)
-    args = parser.parse_args(["--rocm", "6.4", "--arch", "gfx942,sm_90", "--out", str(out),
-                              "--source-root", str(toy_root), "-j", "1", "--no-progress"])
-    assert B.run_build_command(args) == 0
+    assert cli_main(["build", "--rocm", "6.4", "--arch", "gfx942,sm_90", "--out", str(out),
+                     "--source-root", str(toy_root), "-j", "1", "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "gfx942" in text and "sm_90" in text and "0 compiled, 4 cached" in text
-    args = parser.parse_args(["--rocm", "6.4", "--arch", "gfx1234", "--out", str(out),
-                              "--source-root", str(toy_root)])
-    assert B.run_build_command(args) == 2
+    assert cli_main(["build", "--rocm", "6.4", "--arch", "gfx1234", "--out", str(out),
+                     "--source-root", str(toy_root)]) == 2
     assert "unknown arch gfx1234" in capsys.readouterr().err
 
 
@@ -237,11 +233,8 @@ def test_real_flash_kernels_gfx942(tmp_path):
     # The functional points of the first release (fp16/bf16, head dims 16-256,
     # no bias, no dropout) with all their candidates: the rest of the matrix
     # is compiled by the full build, not in the test suite.
-    def first_release(v):
-        f = v.functional
-        return (f["dtype"] != "fp32" and f["head_dim"] <= 256 and not f.get("has_bias")
-                and not f.get("enable_dropout"))
-    res = B.build("6.4", ["gfx942"], tmp_path, source_root=ROOT, progress=False, select=first_release)
+    first_release = ["dtype=fp16|bf16,head_dim=16|32|64|128|256,has_bias=false,enable_dropout=false"]
+    res = B.build("6.4", ["gfx942"], tmp_path, source_root=ROOT, progress=False, only=first_release)
     a = Archive.open(res.archives["gfx942"])
     # every functional point once in the tuning choices; only chosen candidates ship
     choices = a.manifest["tuning"]["choices"]
@@ -270,3 +263,27 @@ def test_codegen_env_is_scrubbed(toy_root, tmp_path, monkeypatch):
     res = B.build("6.4", ["sm_90"], tmp_path / "out", source_root=toy_root, jobs=1, progress=False)
     assert res.report["ignored_env"] == ["TRITON_DUMP_DIR", "TRITON_KERNEL_DUMP"]
     assert not (tmp_path / "dump").exists()
+
+
+def test_only_builds_whole_functional_points(toy_root, built, tmp_path, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    res = B.build("6.4", ["gfx942,sm_90"], out, source_root=toy_root, jobs=1, progress=False,
+                  only=["dtype=bf16"])
+    for arch in ("gfx942", "sm_90"):
+        a = Archive.open(res.archives[arch])
+        assert [r.functional["dtype"] for r in a.kernels] == ["bf16"]
+        assert a.find("scale_add", dtype="fp16", head_dim=64) == []
+    # the CLI option: alternatives of one name, repeated options combined
+    assert cli_main(["build", "--arch", "sm_90", "--out", str(out), "--source-root", str(toy_root),
+                     "--only", "dtype=fp16|bf16", "--only", "head_dim=64", "--no-progress"]) == 0
+    assert len(Archive.open(out / "archives" / "sm_90.aotr").kernels) == 2
+    capsys.readouterr()
+    # refused before compiling: an unknown name, a subset matching nothing, bad syntax
+    for bad, why in ((["dtyp=fp16"], "no functional point has dtyp"),
+                     (["dtype=fp32"], "matches none of the 2 variants"),
+                     (["dtype"], "want NAME=VALUE")):
+        assert cli_main(["build", "--arch", "sm_90", "--out", str(out), "--source-root",
+                         str(toy_root), *[f"--only={b}" for b in bad]]) == 2
+        assert why in capsys.readouterr().err
+    assert B.Subset.parse(["causal=True,kernel=attn_fwd"]).text() == "causal=true,kernel=attn_fwd"

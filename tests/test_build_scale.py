@@ -5,7 +5,6 @@ rebuild that compiles nothing. Real triton compiles of the toy kernel."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -16,6 +15,7 @@ import pytest
 pytest.importorskip("triton")
 
 from aotriton_rocm.archive import Archive  # noqa: E402
+from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
 from aotriton_rocm.tooling import merge as M  # noqa: E402
 from aotriton_rocm.tooling.dask_executor import ExecutorError  # noqa: E402
@@ -93,20 +93,14 @@ def test_merge_refuses_missing_and_duplicate_shards(shards, root, tmp_path, caps
         M.merge(shards, tmp_path / "o2", source_root=changed)
     assert not (tmp_path / "o2" / "archives").exists()
     # CLI: exit code 2 and the message
-    parser = argparse.ArgumentParser()
-    M.add_merge_arguments(parser)
-    args = parser.parse_args([str(shards[0]), str(shards[1]), "--out", str(tmp_path / "o3"),
-                              "--source-root", str(root), "--no-progress"])
-    assert M.run_merge_command(args) == 2
+    assert cli_main(["merge", str(shards[0]), str(shards[1]), "--out", str(tmp_path / "o3"),
+                     "--source-root", str(root), "--no-progress"]) == 2
     assert "missing shard(s) 3/3" in capsys.readouterr().err
 
 
 def test_build_cli_shard_argument(root, tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    B.add_build_arguments(parser)
-    args = parser.parse_args(["--arch", "gfx942", "--shard", "4/3", "--out", str(tmp_path),
-                              "--source-root", str(root)])
-    assert B.run_build_command(args) == 2
+    assert cli_main(["build", "--arch", "gfx942", "--shard", "4/3", "--out", str(tmp_path),
+                     "--source-root", str(root)]) == 2
     assert "need 1 <= K <= N" in capsys.readouterr().err
 
 

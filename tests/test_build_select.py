@@ -3,7 +3,6 @@ and waivers, on real (tiny) compiles for gfx942, gfx1100 and sm_90."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -14,6 +13,7 @@ import pytest
 pytest.importorskip("triton")
 
 from aotriton_rocm.archive import Archive  # noqa: E402
+from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
 from aotriton_rocm.tooling import tuning as T  # noqa: E402
@@ -197,7 +197,6 @@ def test_spill_fails_the_build_without_a_waiver(built, tmp_path):
 
 
 def test_waiver_ships_and_is_recorded(built, tmp_path, capsys):
-    from aotriton_rocm.tooling import validate as V
     allow = 'allow = { spills = true, reason = "toy: measured acceptable" }'
     root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", allow))
     out = tmp_path / "out"
@@ -209,8 +208,7 @@ def test_waiver_ships_and_is_recorded(built, tmp_path, capsys):
     assert exc["kind"] == "spills" and exc["reason"] == "toy: measured acceptable"
     assert "BLOCK_M=32" in exc["key"] and "scratch memory per lane" in exc["finding"]
     assert res.report["per_arch"]["gfx1100"]["validation"]["allowed"]
-    parser = V.add_validate_arguments(argparse.ArgumentParser())
-    assert V.run_validate_command(parser.parse_args([str(res.archives["gfx1100"])])) == 0
+    assert cli_main(["validate", str(res.archives["gfx1100"])]) == 0
     text = capsys.readouterr().out
     assert re.search(r"^allowed gfx1100 hog\|dtype=fp16\|BLOCK_M=32.*spills.*toy: measured acceptable", text, re.M)
     assert "1 allowed" in text

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from aotriton_rocm.tooling.progress import Progress, format_seconds
-from aotriton_rocm.tooling.targets import TargetError, find_source_root, load_targets
+from aotriton_rocm.tooling.source_tree import SourceTreeError, find_source_root
+from aotriton_rocm.tooling.targets import TargetError, load_targets
 from aotriton_rocm.kernel_spec import VariantSpecError, load_variants, variant_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +151,7 @@ def test_find_source_root(tmp_path, monkeypatch):
     assert find_source_root() == ROOT
     assert find_source_root(ROOT / "src" / "aotriton_rocm") == ROOT
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "something-else"\n')
-    with pytest.raises(TargetError, match='name = "aotriton-rocm".*--source-root'):
+    with pytest.raises(SourceTreeError, match='name = "aotriton-rocm".*--source-root'):
         find_source_root(tmp_path)
 
 

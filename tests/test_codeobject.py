@@ -7,13 +7,13 @@ AMD code objects cannot be executed here: these checks are all we have."""
 
 from __future__ import annotations
 
-import argparse
 import re
 import struct
 
 import pytest
 
 from aotriton_rocm.archive import KernelRecord, write_archive
+from aotriton_rocm.cli import main as cli_main
 
 pytest.importorskip("elftools")
 pytest.importorskip("msgpack")
@@ -231,7 +231,7 @@ def test_corrupted_elf_rejected(compiled):
 
 def test_validate_command(compiled, tmp_path, capsys):
     from aotriton_rocm.tooling import validate as V
-    from aotriton_rocm.tooling.build import arch_limits_dict
+    from aotriton_rocm.tooling.build_write import arch_limits_dict
 
     def archive(name, arch, pairs, limits=True):
         man = {"package_version": "0.1.0", "abi_version": "0.1", "rocm_profile": "6.4", "arch": arch,
@@ -255,11 +255,9 @@ def test_validate_command(compiled, tmp_path, capsys):
 
     good = archive("gfx942.aotr", "gfx942", [krec("gfx942", "tiny", "a"), krec("gfx942", "flash", "b")])
     g908 = archive("gfx908.aotr", "gfx908", [krec("gfx908", "flash", "f")], limits=False)
-    parser = argparse.ArgumentParser()
-    V.add_validate_arguments(parser)
     js = tmp_path / "v.json"
-    args = parser.parse_args([good, g908, "--json", str(js), "--targets", str(ROOT / "ci" / "targets.toml")])
-    assert V.run_validate_command(args) == 0
+    assert cli_main(["validate", good, g908, "--json", str(js),
+                     "--targets", str(ROOT / "ci" / "targets.toml")]) == 0
     text = capsys.readouterr().out
     assert re.search(r"^gfx942\s+6\.4\s+2\s", text, re.M) and "1/2" in text
     assert re.search(r"^gfx908\s+6\.4\s+1\s.*1/1\s+ok$", text, re.M)
@@ -268,7 +266,7 @@ def test_validate_command(compiled, tmp_path, capsys):
     data = json.loads(js.read_text())
     assert data[0]["arch"] == "gfx942" and data[0]["min_occupancy"] >= 1 and data[0]["failures"] == []
     # the per-kernel report (MI100: MFMA and no spills per kernel, dtype, head dim)
-    assert V.run_validate_command(parser.parse_args([g908, "--by-kernel"])) == 0
+    assert cli_main(["validate", g908, "--by-kernel"]) == 0
     ktext = capsys.readouterr().out
     assert re.search(r"^kernel\s+dtype\s+head_dim\s+variants\s+MFMA/WMMA\s+worst VGPR\s+worst AGPR\s+spills"
                      r"\s+scratch\s+min occ\s+verdict$", ktext, re.M), ktext
@@ -276,17 +274,17 @@ def test_validate_command(compiled, tmp_path, capsys):
     # a gfx942 code object shipped in the gfx90a archive, and a spilling RDNA kernel: exit 1
     bad = archive("gfx90a.aotr", "gfx90a", [krec("gfx942", "tiny", "wrong")])
     rdna = archive("gfx1100.aotr", "gfx1100", [krec("gfx1100", "flash", "spills")])
-    assert V.run_validate_command(parser.parse_args([bad, rdna])) == 1
+    assert cli_main(["validate", bad, rdna]) == 1
     text = capsys.readouterr().out
     assert "FAIL gfx90a wrong: code object is for gfx942" in text
     assert "FAIL gfx1100 spills: uses" in text and "scratch memory" in text
     assert re.search(r"^gfx1100 .*FAIL \(1\)$", text, re.M)
-    assert V.run_validate_command(parser.parse_args([str(tmp_path / "missing.aotr")])) == 2
+    assert cli_main(["validate", str(tmp_path / "missing.aotr")]) == 2
 
 
 def test_build_table_and_chart(compiled, tmp_path, capsys, monkeypatch):
     from aotriton_rocm.tooling import validate as V
-    from aotriton_rocm.tooling.build import arch_chart_png, format_arch_table
+    from aotriton_rocm.tooling.build_report import arch_chart_png, format_arch_table
 
     report = {"profile": "6.4", "compiler_version": "3.9.0", "package_version": "0.1.0", "per_arch": {
         "gfx942": {"kernels": 2, "candidates": 3, "compiled": 3, "cached": 0, "archive_bytes": 12345,

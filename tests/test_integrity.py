@@ -105,7 +105,7 @@ def test_search_skips_fifo(isolated_images):
 def _smoke(capsys, monkeypatch, *argv):
     monkeypatch.setattr(smoke, "cpu_cases", lambda quick=False: [])  # archive checks only
     monkeypatch.setattr(device, "gpu_available", lambda: False)
-    rc = smoke.main(["--device", "cpu", *argv])
+    rc = cli.main(["smoke", "--device", "cpu", *argv])
     return rc, capsys.readouterr().out
 
 

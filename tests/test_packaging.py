@@ -22,12 +22,17 @@ import pytest
 import real_archives as RA
 
 from aotriton_rocm.tooling import package as pkg
+from aotriton_rocm.tooling import archive_intake as AI
+from aotriton_rocm.tooling import naming as N
+from aotriton_rocm.tooling import source_tree as ST
+from aotriton_rocm._version import abi_line
+from aotriton_rocm.tooling import wheels as W
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ("gfx942", "sm_90")
 ROCM = "6.4"
-VERSION = pkg.read_version(ROOT)
-ABI = pkg.abi_version_of(VERSION)
+VERSION = ST.read_version(ROOT)
+ABI = abi_line(VERSION)
 PY_MINOR = "%d.%d" % sys.version_info[:2]
 TIMINGS: dict = {}
 
@@ -63,41 +68,41 @@ def _metadata(whl: Path):
 # ------------------------------------------------------------------ fast checks
 
 def test_version_and_name_rules():
-    assert pkg.check_final_version("0.1.0") == "0.1.0"
+    assert N.check_final_version("0.1.0") == "0.1.0"
     for bad in ("0.9.2b", "0.10b", "0.1.0rc1", "0.1.0.dev1", "0.1.0+rocm6.4", "0.1", "01.1.0"):
-        with pytest.raises(pkg.PackagingError):
-            pkg.check_final_version(bad)
+        with pytest.raises(N.PackagingError):
+            N.check_final_version(bad)
     assert re.fullmatch(r"\d+\.\d+\.\d+", VERSION)
-    assert pkg.archname("sm_90") == "sm90" and pkg.archname("gfx942") == "gfx942"
-    assert pkg.image_dist_name("sm_90") == "aotriton-rocm-sm90"
-    assert pkg.image_package_name("gfx90a") == "aotriton_rocm_gfx90a"
-    assert pkg.local_label("6.4") == "rocm6.4"
-    assert pkg.conda_rocm_tag("6.4") == "rocm64"
-    with pytest.raises(pkg.PackagingError):
-        pkg.conda_rocm_tag("6")
+    assert N.archname("sm_90") == "sm90" and N.archname("gfx942") == "gfx942"
+    assert N.image_dist_name("sm_90") == "aotriton-rocm-sm90"
+    assert N.image_package_name("gfx90a") == "aotriton_rocm_gfx90a"
+    assert N.local_label("6.4") == "rocm6.4"
+    assert N.conda_rocm_tag("6.4") == "rocm64"
+    with pytest.raises(N.PackagingError):
+        N.conda_rocm_tag("6")
 
 
 def test_collect_archives_refuses_mismatches(tmp_path):
     d = _make_archives(tmp_path / "a", ("gfx942",))
-    [inp] = pkg.collect_archives(d, None, VERSION, ROCM)
+    [inp] = AI.collect_archives(d, None, VERSION, ROCM)
     assert inp.arch == "gfx942" and inp.manifest["rocm_profile"] == ROCM
-    with pytest.raises(pkg.PackagingError, match="no archive"):
-        pkg.collect_archives(d, ["gfx90a"], VERSION)
-    with pytest.raises(pkg.PackagingError, match="ROCm"):
-        pkg.collect_archives(d, ["gfx942"], VERSION, "7.0")
+    with pytest.raises(N.PackagingError, match="no archive"):
+        AI.collect_archives(d, ["gfx90a"], VERSION)
+    with pytest.raises(N.PackagingError, match="ROCm"):
+        AI.collect_archives(d, ["gfx942"], VERSION, "7.0")
     other = _make_archives(tmp_path / "b", ("gfx942",), version="9.9.9")
-    with pytest.raises(pkg.PackagingError, match="rebuild"):
-        pkg.collect_archives(other, None, VERSION)
+    with pytest.raises(N.PackagingError, match="rebuild"):
+        AI.collect_archives(other, None, VERSION)
     (d / "gfx942.manifest.json").write_text(json.dumps({"manifest": {"arch": "gfx90a"}}))
-    with pytest.raises(pkg.PackagingError, match="built for"):
-        pkg.collect_archives(d, None, VERSION)
+    with pytest.raises(N.PackagingError, match="built for"):
+        AI.collect_archives(d, None, VERSION)
     (d / "gfx942.manifest.json").unlink()
-    with pytest.raises(pkg.PackagingError, match="manifest"):
-        pkg.collect_archives(d, None, VERSION)
+    with pytest.raises(N.PackagingError, match="manifest"):
+        AI.collect_archives(d, None, VERSION)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "gfx942.aotr").write_bytes(b"")
-    with pytest.raises(pkg.PackagingError, match="empty"):
-        pkg.collect_archives(tmp_path / "c", None, VERSION)
+    with pytest.raises(N.PackagingError, match="empty"):
+        AI.collect_archives(tmp_path / "c", None, VERSION)
 
 
 def test_recipe_renders_outputs_and_pins(tmp_path):
@@ -146,7 +151,7 @@ def test_unpack_wheel_refuses_escaping_paths(tmp_path):
     whl = tmp_path / "evil-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("../escape.py", "x = 1\n")
-    with pytest.raises(pkg.PackagingError, match="unsafe"):
+    with pytest.raises(N.PackagingError, match="unsafe"):
         unpack_wheel(whl, tmp_path / "sp")
 
 
@@ -164,7 +169,7 @@ def wheels(tmp_path_factory, fake_archives):
     out = tmp_path_factory.mktemp("dist")
     report: dict = {}
     t: dict = {}
-    files = pkg.build_wheels(ROOT, fake_archives, out, list(ARCHS), ROCM, False, timings=t,
+    files = W.build_wheels(ROOT, fake_archives, out, list(ARCHS), ROCM, False, timings=t,
                              report=report)
     TIMINGS.update(t)
     return {"out": out, "files": files, "report": report,
@@ -225,8 +230,8 @@ def test_wheel_names_tags_versions(wheels):
     m = re.fullmatch(r"aotriton_rocm-(?P<v>[^-]+)-cp39-abi3-(?P<plat>[^-]+)\.whl", rt.name)
     assert m, rt.name
     assert m["v"] == VERSION
-    tags = pkg.wheel_tags(rt)
-    assert f"cp39-abi3-{pkg.PLATFORM_TAG}" in tags
+    tags = W.wheel_tags(rt)
+    assert f"cp39-abi3-{W.PLATFORM_TAG}" in tags
     # auditwheel may add older manylinux tags the launcher also qualifies for,
     # never a newer one.
     for tag in tags:
@@ -238,9 +243,9 @@ def test_wheel_names_tags_versions(wheels):
     assert "consistent with the following platform tag" in " ".join(
         wheels["report"]["auditwheel_show"].split())
     assert {p.name for p in wheels["images"]} == {
-        f"aotriton_rocm_{pkg.archname(a)}-{VERSION}-py3-none-{pkg.PLATFORM_TAG}.whl" for a in ARCHS}
+        f"aotriton_rocm_{N.archname(a)}-{VERSION}-py3-none-{W.PLATFORM_TAG}.whl" for a in ARCHS}
     for img in wheels["images"]:
-        assert pkg.wheel_tags(img) == [f"py3-none-{pkg.PLATFORM_TAG}"]
+        assert W.wheel_tags(img) == [f"py3-none-{W.PLATFORM_TAG}"]
         assert _metadata(img)["Version"] == VERSION
     assert wheels["sdist"].name == f"aotriton_rocm-{VERSION}.tar.gz"
     # nothing left behind but the artifacts
@@ -262,9 +267,9 @@ def test_runtime_metadata_extras_pin_images(wheels):
         by_extra.setdefault(m.group(1) if m else None, []).append(r)
     assert None not in by_extra, "the runtime must not require anything (torch included)"
     for arch in ARCHS:
-        [r] = [r for r in by_extra[pkg.archname(arch)] if r.name == pkg.image_dist_name(arch)]
+        [r] = [r for r in by_extra[N.archname(arch)] if r.name == N.image_dist_name(arch)]
         [spec] = list(r.specifier)
-        assert spec.operator == "~=" and pkg.abi_version_of(spec.version) == ABI
+        assert spec.operator == "~=" and abi_line(spec.version) == ABI
         assert spec.contains(VERSION) and not spec.contains(f"{ABI.split('.')[0]}.{int(ABI.split('.')[1]) + 1}.0")
     for img in wheels["images"]:
         [r] = [Requirement(x) for x in _metadata(img).get_all("Requires-Dist")]
@@ -273,7 +278,7 @@ def test_runtime_metadata_extras_pin_images(wheels):
 
 @pytest.mark.slow
 def test_twine_check_strict(wheels):
-    out = pkg.twine_check(wheels["files"])
+    out = W.twine_check(wheels["files"])
     assert out.count("PASSED") == len(wheels["files"]), out
 
 
@@ -322,7 +327,7 @@ def test_runtime_wheel_contents(wheels):
 @pytest.mark.slow
 def test_image_wheel_contents(wheels, fake_archives):
     for arch, img in zip(ARCHS, wheels["images"]):
-        pkgname = pkg.image_package_name(arch)
+        pkgname = N.image_package_name(arch)
         names = _wheel_names(img)
         tops = {n.split("/", 1)[0] for n in names}
         assert tops == {pkgname, f"{pkgname}-{VERSION}.dist-info"}, tops
@@ -337,15 +342,15 @@ def test_image_wheel_contents(wheels, fake_archives):
 
 @pytest.mark.slow
 def test_local_version_wheels(tmp_path, fake_archives):
-    files = pkg.build_wheels(ROOT, fake_archives, tmp_path, list(ARCHS[:1]), ROCM,
+    files = W.build_wheels(ROOT, fake_archives, tmp_path, list(ARCHS[:1]), ROCM,
                              local_version=True)
     local = f"{VERSION}+rocm{ROCM}"
     assert files[0].name.startswith(f"aotriton_rocm-{local}-cp39-abi3-")
-    assert files[1].name == f"aotriton_rocm_gfx942-{local}-py3-none-{pkg.PLATFORM_TAG}.whl"
+    assert files[1].name == f"aotriton_rocm_gfx942-{local}-py3-none-{W.PLATFORM_TAG}.whl"
     assert _metadata(files[0])["Version"] == local
     assert f'__version__ = "{local}"' in _wheel_read(files[0], "aotriton_rocm/_version.py")
-    with pytest.raises(pkg.PackagingError, match="ROCm profile"):
-        pkg.build_wheels(ROOT, _make_archives(tmp_path / "noprof", ("gfx942",), rocm=None),
+    with pytest.raises(N.PackagingError, match="ROCm profile"):
+        W.build_wheels(ROOT, _make_archives(tmp_path / "noprof", ("gfx942",), rocm=None),
                          tmp_path / "x", None, None, local_version=True)
 
 
@@ -478,21 +483,24 @@ def test_conda_image_alone_pulls_runtime(conda_channel, tmp_path):
     install_conda(chan, ["aotriton-rocm-sm90"], tmp_path / "p")
     metas = sorted(p.name for p in (tmp_path / "p" / "conda-meta").glob("*.json"))
     assert [m.rsplit("-", 2)[0] for m in metas] == ["aotriton-rocm", "aotriton-rocm-sm90"]
-    with pytest.raises(pkg.PackagingError):
+    with pytest.raises(N.PackagingError):
         install_conda(chan, ["aotriton-rocm-sm90", f"aotriton-rocm >{VERSION}"], tmp_path / "q")
 
 
 def test_package_command_arguments_and_errors(tmp_path, capsys):
     import argparse
 
+    from aotriton_rocm.cli import main as cli_main
+
     parser = argparse.ArgumentParser()
     pkg.add_package_arguments(parser)
-    args = parser.parse_args(["--archives", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
-                              "--arch", "gfx942", "--arch", "sm_90", "--rocm", "6.4",
-                              "--local-version", "--no-conda", "--source-root", str(ROOT)])
-    assert args.arch == ["gfx942", "sm_90"] and args.rocm == "6.4"
-    assert args.local_version and args.no_conda and not args.no_wheels
-    assert pkg.run_package_command(args) == 1
+    argv = ["--archives", str(tmp_path / "none"), "--out", str(tmp_path / "o"),
+            "--arch", "gfx942", "--arch", "sm_90", "--rocm", "6.4",
+            "--local-version", "--no-conda", "--source-root", str(ROOT)]
+    options = pkg.PackageOptions.from_args(parser.parse_args(argv))
+    assert options.archs == ("gfx942", "sm_90") and options.rocm == "6.4"
+    assert options.local_version and not options.conda and options.wheels
+    assert cli_main(["package", *argv]) == 1
     assert "no archive for gfx942" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
     defaults = parser.parse_args([])
@@ -510,9 +518,9 @@ def test_installed_images_are_identity_checked(tmp_path, wheels):
     from aotriton_rocm.tooling.envs import clean_env, run_smoke
 
     def image_wheel(arch, archive, version):
-        inp = pkg.ArchiveInput(arch, archive, archive.with_name(f"{arch}.manifest.json"),
+        inp = AI.ArchiveInput(arch, archive, archive.with_name(f"{arch}.manifest.json"),
                                {"arch": arch})
-        [w] = pkg.build_image_wheels(ROOT, [inp], tmp_path / f"img-{arch}-{version}", version, ROCM)
+        [w] = W.build_image_wheels(ROOT, [inp], tmp_path / f"img-{arch}-{version}", version, ROCM)
         return w
 
     renamed = RA.copy_as(RA.write(tmp_path / "src", "gfx90a"), tmp_path / "renamed", "gfx942")
@@ -521,9 +529,8 @@ def test_installed_images_are_identity_checked(tmp_path, wheels):
     for w in (wheels["runtime"], image_wheel("gfx942", renamed, VERSION)):
         os.link(w, dist / w.name)
     work = tmp_path / "work"
-    rc = install_check.run_install_check_command(
-        __import__("argparse").Namespace(dist=str(dist), work=str(work), no_conda=True))
-    assert rc == 1
+    ok = install_check.install_check(install_check.InstallCheckOptions(dist, work, conda=False))
+    assert ok is False
     report = json.loads((work / "smoke-venv.json").read_text())
     [row] = [r for r in report["archives"] if r[0] == "archive gfx942"]
     assert row[1] is False and "file name says arch gfx942 but the archive inside is for gfx90a" in row[2]

@@ -141,7 +141,7 @@ def test_matrix_dry_run_prints_every_gate_for_every_target(dry, toy):
     dist = dry["dist"]
     names = {t: sorted(p.name for p in (dist / t).glob("*.whl")) for t in TARGETS}
     assert names["default"] == [f"aotriton_rocm-{VERSION}-cp39-abi3-" + names["default"][0].split("-abi3-")[1],
-                                f"aotriton_rocm_gfx942-{VERSION}-py3-none-{TR.pkg.PLATFORM_TAG}.whl"]
+                                f"aotriton_rocm_gfx942-{VERSION}-py3-none-{TR.W.PLATFORM_TAG}.whl"]
     assert [n.split("-")[1] for n in names["rocm7.0"]] == [f"{VERSION}+rocm7.0"] * 3
     assert sorted(n.split("-")[0] for n in names["rocm7.0"]) == [
         "aotriton_rocm", "aotriton_rocm_gfx90a", "aotriton_rocm_gfx942"]

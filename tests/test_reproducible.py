@@ -23,11 +23,15 @@ from pathlib import Path
 import pytest
 
 import real_archives as RA
-from aotriton_rocm.tooling import package as pkg
+from aotriton_rocm.tooling import dist_dir as D
+from aotriton_rocm.tooling import reproducible as R
+from aotriton_rocm.tooling import source_tree as ST
+from aotriton_rocm._version import abi_line
+from aotriton_rocm.tooling import wheels as W
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = pkg.read_version(ROOT)
-ABI = pkg.abi_version_of(VERSION)
+VERSION = ST.read_version(ROOT)
+ABI = abi_line(VERSION)
 
 
 def _archives(d: Path) -> Path:
@@ -43,9 +47,9 @@ def test_source_date_epoch_is_the_last_commit(monkeypatch):
                           text=True).stdout.strip()
     if not want:
         pytest.skip("not a git checkout")
-    assert pkg.source_date_epoch(ROOT) == want
+    assert R.source_date_epoch(ROOT) == want
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
-    assert pkg.source_date_epoch(ROOT) == "1700000000"
+    assert R.source_date_epoch(ROOT) == "1700000000"
 
 
 def test_sha256sums(tmp_path):
@@ -53,8 +57,8 @@ def test_sha256sums(tmp_path):
     b.parent.mkdir()
     a.write_bytes(b"a")
     b.write_bytes(b"b")
-    pkg.write_sha256sums(tmp_path, [a])
-    pkg.write_sha256sums(tmp_path, [b])  # adds, keeps a
+    D.write_sha256sums(tmp_path, [a])
+    D.write_sha256sums(tmp_path, [b])  # adds, keeps a
     lines = (tmp_path / "SHA256SUMS").read_text().splitlines()
     assert lines == [f"{hashlib.sha256(b'a').hexdigest()}  a.whl",
                      f"{hashlib.sha256(b'b').hexdigest()}  sub/b.conda"]
@@ -107,13 +111,13 @@ def two_builds(tmp_path_factory):
                 for p in tree.rglob("*.py"):
                     os.utime(p, (time.time() + 3600, time.time() + 3600))
             out = base / f"dist-{name}"
-            made = pkg.build_wheels(tree, archives, out, ["gfx942", "sm_90"], "6.4")
+            made = W.build_wheels(tree, archives, out, ["gfx942", "sm_90"], "6.4")
             build_conda(tree, archives, out / "conda", ["gfx942"], "6.4",
                         python_versions=["%d.%d" % sys.version_info[:2]], runtime_wheel=made[0],
                         run_tests=False)
             outs.append(out)
             time.sleep(1.1)  # another wall clock second for the second build
-        epoch = int(pkg.source_date_epoch(base / "clone-one"))
+        epoch = int(R.source_date_epoch(base / "clone-one"))
     return outs, epoch
 
 
@@ -185,14 +189,14 @@ def test_normalize_sdist(tmp_path):
                 data = name.encode()
                 info.size = len(data)
                 t.addfile(info, io.BytesIO(data))
-    pkg.normalize_sdist(src, "1700000000")
+    R.normalize_sdist(src, "1700000000")
     first = src.read_bytes()
     with tarfile.open(src) as t:
         got = [(m.name, m.mode, m.mtime, m.uid, m.uname) for m in t.getmembers()]
         assert t.extractfile("x-1.0/a.sh").read() == b"x-1.0/a.sh"
     assert got == [("x-1.0", 0o755, 1700000000, 0, ""), ("x-1.0/a.sh", 0o755, 1700000000, 0, ""),
                    ("x-1.0/b.py", 0o644, 1700000000, 0, "")]
-    pkg.normalize_sdist(src, "1700000000")
+    R.normalize_sdist(src, "1700000000")
     assert src.read_bytes() == first
 
 

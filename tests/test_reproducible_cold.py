@@ -29,7 +29,7 @@ from aotriton_rocm.tooling.build import build
 
 if __name__ == "__main__":
     build("6.4", ["gfx942"], sys.argv[1], source_root=sys.argv[2], jobs=2, progress=False,
-          select=lambda v: v.functional.get("dtype") == "fp16" and v.functional.get("head_dim") == 128)
+          only=["dtype=fp16,head_dim=128"])
 """
 
 

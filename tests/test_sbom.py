@@ -25,10 +25,14 @@ pytest.importorskip("jsonschema")  # the validator: cyclonedx-python-lib[json-va
 from aotriton_rocm import _version, torch_compat  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import conda as C  # noqa: E402
+from aotriton_rocm._version import abi_line  # noqa: E402
+from aotriton_rocm.tooling import dist_dir as D  # noqa: E402
 from aotriton_rocm.tooling import package as pkg  # noqa: E402
+from aotriton_rocm.tooling import reproducible as R  # noqa: E402
+from aotriton_rocm.tooling import source_tree as ST  # noqa: E402
 from aotriton_rocm.tooling import sbom as S  # noqa: E402
 
-VERSION = pkg.read_version(TR.ROOT)
+VERSION = ST.read_version(TR.ROOT)
 
 
 def check_cyclonedx(text: str) -> dict:
@@ -61,7 +65,7 @@ def release_dir(tmp_path_factory):
 
     def fake_wheels(root, archives_dir, out_dir, *a, report=None, **k):
         files = [Path(shutil.copy2(w, Path(out_dir) / w.name)) for w in wheels]
-        pkg.write_sha256sums(out_dir, files)
+        D.write_sha256sums(out_dir, files)
         if report is not None:
             report.update({"version": VERSION, "rocm_profile": TR.ROCM})
         return files
@@ -88,7 +92,7 @@ def test_package_writes_a_cyclonedx_sbom(release_dir):
     path = out / f"aotriton-rocm-{VERSION}.cdx.json"
     doc = check_cyclonedx(path.read_text())
     assert doc["specVersion"] == S.SPEC_VERSION == "1.5"
-    epoch = pkg.source_date_epoch(TR.ROOT)  # the last commit's time (or the environment's)
+    epoch = R.source_date_epoch(TR.ROOT)  # the last commit's time (or the environment's)
     if epoch is not None:  # not a git checkout: stamped with the current time
         assert doc["metadata"]["timestamp"] == time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(int(epoch)))
     # every artifact (from both runs) with its sha256
@@ -109,7 +113,7 @@ def test_package_writes_a_cyclonedx_sbom(release_dir):
     # the runtime's dependencies: torch (supported versions), image -> runtime, conda's glibc floor
     [torch] = [c for c in doc["components"] if c["name"] == "torch"]
     assert sorted(p["value"] for p in torch["properties"]) == sorted(torch_compat.supported_torch(
-        pkg.abi_version_of(VERSION)))
+        abi_line(VERSION)))
     assert torch["licenses"] == [{"expression": "BSD-3-Clause"}] and torch["scope"] == "required"
     deps = {d["ref"]: d.get("dependsOn", []) for d in doc["dependencies"]}
     rt_wheel = f"wheel:{wheels[0].name}"
@@ -127,7 +131,7 @@ def test_package_writes_a_cyclonedx_sbom(release_dir):
 
     assert requires(rt_conda) == ["__glibc >=2.28"]
     assert requires(image_conda) == [f"aotriton-rocm >={VERSION},<0.2.0a0 *_rocm64_*"]
-    assert requires(wheels[1].name) == [f"aotriton-rocm~={pkg.abi_version_of(VERSION)}.0"]
+    assert requires(wheels[1].name) == [f"aotriton-rocm~={abi_line(VERSION)}.0"]
     # SHA256SUMS covers the SBOM too, and checks out
     sums = (out / "SHA256SUMS").read_text()
     assert path.name in sums
@@ -144,7 +148,7 @@ def test_sbom_is_reproducible(release_dir, monkeypatch):
     doc = check_cyclonedx(a)
     assert doc["metadata"]["timestamp"] == "2023-11-14T22:13:20+00:00"
     props = {p["name"]: p["value"] for p in doc["metadata"]["component"]["properties"]}
-    assert props == {"aotriton-rocm:abi-line": pkg.abi_version_of(VERSION), "aotriton-rocm:rocm-profile": TR.ROCM}
+    assert props == {"aotriton-rocm:abi-line": abi_line(VERSION), "aotriton-rocm:rocm-profile": TR.ROCM}
 
 
 def test_validator_rejects_broken_documents():

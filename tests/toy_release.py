@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 import real_archives as RA
-from aotriton_rocm.tooling import package as pkg
+from aotriton_rocm.tooling import snapshot as S
+from aotriton_rocm.tooling import source_tree as ST
+from aotriton_rocm._version import abi_line
+from aotriton_rocm.tooling import wheels as W
 
 ROOT = Path(__file__).resolve().parents[1]
 ROCM = "6.4"
@@ -46,14 +49,14 @@ def _once(key: Tuple, make):
 def source_tree(version: str) -> Path:
     """This source tree as release ``version`` (``_version.py`` and the image
     pins of pyproject's extras moved to that ABI line)."""
-    if version == pkg.read_version(ROOT):
+    if version == ST.read_version(ROOT):
         return ROOT
 
     def make() -> Path:
-        tree = pkg.snapshot_source(ROOT, _BASE / f"src-{version}")
+        tree = S.snapshot_source(ROOT, _BASE / f"src-{version}")
         v = tree / "src" / "aotriton_rocm" / "_version.py"
         v.write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', v.read_text()))
-        abi = pkg.abi_version_of(version)
+        abi = abi_line(version)
         pp = tree / "pyproject.toml"
         pp.write_text(re.sub(r"~=\d+\.\d+\.0", f"~={abi}.0", pp.read_text()))
         # a new ABI line gets its torch_compat.json entry (packaging refuses a line without one)
@@ -83,7 +86,7 @@ def wheels(version: str, local: bool = False) -> List[Path]:
     per-ROCm build, ``X.Y.Z+rocm6.4``)."""
     def make() -> List[Path]:
         out = _BASE / f"wheels-{version}{'-local' if local else ''}"
-        return pkg.build_wheels(source_tree(version), archives(version), out, [ARCH], ROCM, local)
+        return W.build_wheels(source_tree(version), archives(version), out, [ARCH], ROCM, local)
 
     return _once(("wheels", version, local), make)
 

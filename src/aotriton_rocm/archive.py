@@ -35,11 +35,13 @@ import lzma
 import os
 import stat
 import struct
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .files import atomic_write, file_sha256
+from .kernel_abi import kernel_abi_section
 
 __all__ = [
     "MAGIC",
@@ -54,7 +56,6 @@ __all__ = [
     "write_manifest_sidecar",
     "manifest_path_for",
     "verify_against_manifest",
-    "file_sha256",
     "identity_problems",
     "regular_file_problem",
 ]
@@ -203,16 +204,6 @@ class KernelRecord:
     def replace(self, **changes: Any) -> "KernelRecord":
         return dataclasses.replace(self, **changes)
 
-
-def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def manifest_path_for(archive_path: PathLike) -> Path:
@@ -401,24 +392,6 @@ class Archive:
 
 # -- writing ---------------------------------------------------------------
 
-def atomic_write(path: Path, write) -> None:
-    """Write a file through ``write(fileobj)`` into a temp file, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
 
 def _json_bytes(obj: Any) -> bytes:
     """Compact JSON (the archive index)."""
@@ -477,8 +450,6 @@ def write_archive(path: PathLike, manifest: Mapping[str, Any],
     man["format_version"] = FORMAT_VERSION
     man["blob_sha256"] = blob_hash.hexdigest()
     # ABI record (docs/ABI.md): format version, ABI line, per-kernel arg-list hashes.
-    from .abi import kernel_abi_section
-
     man["abi"] = kernel_abi_section(records, FORMAT_VERSION, str(man.get("abi_version", "")))
     missing = [k for k in MANIFEST_KEYS if k not in man]
     if missing:

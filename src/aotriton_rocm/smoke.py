@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import sys
 import time
@@ -29,6 +30,7 @@ from . import backends, device, images
 from ._version import ABI_VERSION, __version__
 from .archive import (Archive, ArchiveError, identity_fix, identity_problems, manifest_path_for,
                       verify_against_manifest)
+from .errors import UsageError
 
 # Fudge factors of PyTorch's test_transformers for ROCm's AOTriton flash kernels.
 FUDGE = {"out": 6.0, "dq": 360.0, "dk": 45.0, "dv": 6.0}
@@ -183,21 +185,48 @@ def _print_row(cols, widths):
     print("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)), flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="aotriton-rocm smoke", description=__doc__.split("\n")[0])
-    add_smoke_arguments(parser)
-    return run_smoke_command(parser.parse_args(argv))
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One option of the ``smoke`` command (its parser is built from these;
+    the runtime wheel's abi.json records them as public API)."""
+    name: str
+    help: str
+    takes_value: bool = True
+    choices: tuple | None = None
+    default: object = None
+    metavar: str | None = None
+
+
+SMOKE_FLAGS = (
+    Flag("--device", "gpu: precompiled kernels; cpu: kernel sources in Triton's interpreter; "
+         "auto: gpu if one is visible", choices=("auto", "gpu", "cpu"), default="auto"),
+    Flag("--quick", "fewer, smaller cases", takes_value=False),
+    Flag("--json", "also write the results as JSON", metavar="FILE"),
+    Flag("--no-images-ok", "on the CPU, pass although no kernel image is installed (only the "
+         "kernel sources are then checked); without it that is a failure", takes_value=False),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SmokeOptions:
+    device: str = "auto"
+    quick: bool = False
+    json: str | None = None
+    no_images_ok: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "SmokeOptions":
+        return cls(device=args.device, quick=args.quick, json=args.json,
+                   no_images_ok=args.no_images_ok)
 
 
 def add_smoke_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
-                        help="gpu: precompiled kernels; cpu: kernel sources in Triton's "
-                             "interpreter; auto: gpu if one is visible")
-    parser.add_argument("--quick", action="store_true", help="fewer, smaller cases")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--no-images-ok", action="store_true",
-                        help="on the CPU, pass although no kernel image is installed (only the "
-                             "kernel sources are then checked); without it that is a failure")
+    for f in SMOKE_FLAGS:
+        if f.takes_value:
+            parser.add_argument(f.name, choices=f.choices, default=f.default, metavar=f.metavar,
+                                help=f.help)
+        else:
+            parser.add_argument(f.name, action="store_true", help=f.help)
 
 
 def _gpu_route() -> str:
@@ -214,13 +243,13 @@ def _gpu_route() -> str:
     return f"{caller} -> libaotriton_rocm {lib.aotr_version().decode()} ({native.library_path()})"
 
 
-def run_smoke_command(args) -> int:
+def run_smoke(args: SmokeOptions) -> int:
+    """Run the checks and cases; 0 when all passed, 1 otherwise."""
     from . import torch_integration
 
     use_gpu = args.device == "gpu" or (args.device == "auto" and device.gpu_available())
     if use_gpu and not device.gpu_available():
-        print("smoke: --device gpu but torch sees no GPU", file=sys.stderr)
-        return 2
+        raise UsageError("--device gpu but torch sees no GPU")
     arch = device.arch_of(torch.cuda.current_device()) if use_gpu else None
     print(f"aotriton-rocm {__version__} smoke | torch {torch.__version__} | "
           + (f"GPU {torch.cuda.get_device_name()} ({arch}): precompiled kernels" if use_gpu else
@@ -230,7 +259,7 @@ def run_smoke_command(args) -> int:
     archive_rows = check_archives(arch)
     if not images.find_archives() and not use_gpu:
         where = "; ".join(images.search_notes()) or "no archive directory, image wheel or conda share"
-        if getattr(args, "no_images_ok", False):
+        if args.no_images_ok:
             archive_rows.append(("kernel images", True,
                                  "none installed: no precompiled archive was checked, only the "
                                  "kernel sources (--no-images-ok)"))
@@ -292,5 +321,5 @@ def run_smoke_command(args) -> int:
     return 1 if failures else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m aotriton_rocm.smoke: the same as `aotriton-rocm smoke`
+    sys.exit(importlib.import_module("aotriton_rocm.cli").main(["smoke", *sys.argv[1:]]))

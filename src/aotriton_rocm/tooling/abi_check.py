@@ -28,16 +28,18 @@ import argparse
 import ast
 import json
 import shutil
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..abi import ABI_JSON, functional_key, kernel_abi_entries
+from .._version import abi_line
+from ..errors import CommandError, UsageError
+from ..kernel_abi import functional_key, kernel_abi_entries
 from ..archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError
 from . import abi_native as NA
+from .public_api import ABI_JSON
 
 __all__ = [
     "ADDITION",
@@ -51,7 +53,9 @@ __all__ = [
     "compare",
     "check",
     "add_abi_check_arguments",
-    "run_abi_check_command",
+    "AbiCheckOptions",
+    "check_releases",
+    "run_abi_check",
 ]
 
 ADDITION = "compatible addition"
@@ -86,7 +90,7 @@ class Release:
 
     @property
     def abi_line(self) -> Optional[str]:
-        return ".".join(self.version.split("+")[0].split(".")[:2]) if self.version else None
+        return abi_line(self.version) if self.version else None
 
 
 @dataclass(frozen=True)
@@ -538,12 +542,27 @@ def add_abi_check_arguments(parser: argparse.ArgumentParser) -> None:
                              "comparing the C library by its header only")
 
 
-def run_abi_check_command(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class AbiCheckOptions:
+    old: Path
+    new: Path
+    json: Optional[Path] = None
+    require_libabigail: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "AbiCheckOptions":
+        return cls(old=Path(args.old), new=Path(args.new),
+                   json=Path(args.json) if args.json else None,
+                   require_libabigail=args.require_libabigail)
+
+
+def check_releases(options: AbiCheckOptions) -> "CheckResult":
+    """Compare the two releases, print the changes and the verdict (and write
+    the JSON report); UsageError when one of them cannot be read."""
     try:
-        res = check(args.old, args.new, getattr(args, "require_libabigail", False))
+        res = check(options.old, options.new, options.require_libabigail)
     except (AbiCheckError, ArchiveError, OSError, ValueError) as e:
-        print(f"aotriton-rocm abi-check: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from e
     o, n = res.old, res.new
     print(f"OLD {o.version} (ABI line {o.abi_line}): {o.source}; archs {', '.join(sorted(o.archs)) or '-'}")
     print(f"NEW {n.version} (ABI line {n.abi_line}): {n.source}; archs {', '.join(sorted(n.archs)) or '-'}")
@@ -558,11 +577,18 @@ def run_abi_check_command(args: argparse.Namespace) -> int:
     if not res.changes:
         print("  no ABI changes")
     print(res.verdict)
-    if args.json:
-        Path(args.json).write_text(json.dumps({
+    if options.json:
+        options.json.write_text(json.dumps({
             "old": {"version": o.version, "source": o.source, "archs": sorted(o.archs)},
             "new": {"version": n.version, "source": n.source, "archs": sorted(n.archs)},
             "changes": [{"kind": c.kind, "what": c.what} for c in res.changes],
             "point_release": res.point_release, "ok": res.ok, "verdict": res.verdict,
         }, indent=1) + "\n", encoding="utf-8")
-    return 0 if res.ok else 1
+    return res
+
+
+def run_abi_check(options: AbiCheckOptions) -> int:
+    res = check_releases(options)
+    if not res.ok:
+        raise CommandError(res.verdict)
+    return 0

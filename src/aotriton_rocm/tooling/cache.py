@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-from ..archive import atomic_write
+from ..files import atomic_write_bytes
 
-__all__ = ["CACHE_SCHEMA", "CompileCache", "cache_key", "kernel_sources_hash", "atomic_write_bytes"]
+__all__ = ["CACHE_SCHEMA", "CompileCache", "cache_key", "kernel_sources_hash"]
 
 # Bump when what a cache entry holds changes (e.g. new stats parsed from the
 # code object), so stale entries are recompiled.
 CACHE_SCHEMA = 3  # 3: stats["wmma"], meta["compile_seconds"]
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda f: f.write(data))
 
 
 def kernel_sources_hash(kernels_dir) -> str:

@@ -30,19 +30,12 @@ import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .package import (
-    PackagingError,
-    _link_or_copy,
-    _log,
-    publish,
-    _check_profile,
-    build_runtime_wheel,
-    collect_archives,
-    fixed_umask,
-    normalize_modes,
-    read_version,
-    source_date_epoch,
-)
+from .._version import abi_line, public_version
+from ..files import atomic_move, atomic_write, link_or_copy
+from .archive_intake import collect_archives
+from .naming import PackagingError, check_profile, log, read_release_version
+from .reproducible import fixed_umask, normalize_modes, source_date_epoch
+from .wheels import build_runtime_wheel
 
 __all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "split_native",
            "repack_conda",
@@ -184,7 +177,7 @@ def torch_requirement(version: str, source_root: Optional[Path] = None) -> str:
         f = Path(source_root) / "src" / "aotriton_rocm" / "torch_compat.json"
         if f.is_file():
             data = json.loads(f.read_text(encoding="utf-8"))
-    line = ".".join(version.split("+")[0].split(".")[:2])
+    line = abi_line(version)
     supported = torch_compat.supported_torch(line, data=data)
     if not supported:
         raise PackagingError(f"torch_compat.json lists no torch for the {line} ABI line: add the "
@@ -217,7 +210,7 @@ def _build_root(fallback: Path):
     import fcntl
 
     def elsewhere(why: object):
-        _log(f"cannot use {BUILD_ROOT} ({why}): building in {fallback} instead; the .conda files "
+        log(f"cannot use {BUILD_ROOT} ({why}): building in {fallback} instead; the .conda files "
              f"then depend on that path and are not reproducible (remove {BUILD_ROOT} or fix "
              "its permissions)")
         (fallback / "rattler").mkdir(parents=True, exist_ok=True)
@@ -349,13 +342,15 @@ def repack_conda(path: os.PathLike, epoch: int, work: os.PathLike) -> Path:
     if sorted(order) != sorted(members):
         raise PackagingError(f"{src.name}: unexpected members {order}")
     stamp = time.gmtime(max(epoch, 315532800))[:6]  # zip times start in 1980
-    tmp = src.with_name(f".{src.name}.{os.getpid()}.repack")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
-        for name in order:
-            zi = zipfile.ZipInfo(name, date_time=stamp)
-            zi.create_system, zi.external_attr = 3, 0o644 << 16
-            z.writestr(zi, members[name])
-    os.replace(tmp, src)
+
+    def write(f) -> None:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+            for name in order:
+                zi = zipfile.ZipInfo(name, date_time=stamp)
+                zi.create_system, zi.external_attr = 3, 0o644 << 16
+                z.writestr(zi, members[name])
+
+    atomic_write(src, write)
     shutil.rmtree(work, ignore_errors=True)
     return src
 
@@ -380,8 +375,8 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
 
     root = Path(source_root).resolve()
     out = Path(out_dir).resolve()
-    profile = _check_profile(str(rocm_profile))
-    version = read_version(root)
+    profile = check_profile(str(rocm_profile))
+    version = read_release_version(root)
     inputs = collect_archives(archives_dir, archs, version, profile)
     t = timings if timings is not None else {}
     recipe_src = root / "recipe" / "recipe.yaml"
@@ -399,7 +394,7 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
             t["conda_runtime_wheel"] = time.perf_counter() - t0
         else:
             wheel = Path(runtime_wheel)
-            if _wheel_version(wheel).split("+", 1)[0] != version:
+            if public_version(_wheel_version(wheel)) != version:
                 raise PackagingError(f"{wheel.name} is not version {version}")
 
         t0 = time.perf_counter()
@@ -415,8 +410,8 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
         shutil.copy2(root / "LICENSE", stage / "runtime" / "LICENSE")
         for inp in inputs:
             d = stage / "images" / inp.arch
-            _link_or_copy(inp.archive, d / inp.archive.name)
-            _link_or_copy(inp.manifest_path, d / inp.manifest_path.name)
+            link_or_copy(inp.archive, d / inp.archive.name)
+            link_or_copy(inp.manifest_path, d / inp.manifest_path.name)
             shutil.copy2(root / "LICENSE", d / "LICENSE")
         variants = _variant_config(root, version, profile, [i.arch for i in inputs], python_versions)
         recipe = Stage0Recipe.from_file(rdir / "recipe.yaml")
@@ -443,13 +438,13 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
                     repack_conda(p, int(epoch), scratch / "repack" / p.name)
                 subdir = p.parent.name  # output/<subdir>/<file>.conda
                 # atomic, and 0644: rattler-build writes 0600; a channel is read by others
-                final.append(publish(p, out / subdir / p.name))
+                final.append(atomic_move(p, out / subdir / p.name))
         if epoch is None:
-            _log("no SOURCE_DATE_EPOCH and not a git checkout: the .conda files carry the build "
+            log("no SOURCE_DATE_EPOCH and not a git checkout: the .conda files carry the build "
                  "time (not reproducible)")
         t["conda_build"] = time.perf_counter() - t0
         index_channel(out)
-        _log(f"{len(final)} conda package(s) in {out} ({t['conda_build']:.1f}s)")
+        log(f"{len(final)} conda package(s) in {out} ({t['conda_build']:.1f}s)")
         return final
     except PackagingError:
         raise

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
+from ..errors import UsageError
 from .compile import CompileOutput, CompileTask, compile_variant, worker_init
 
 __all__ = ["ExecutorError", "EXECUTORS", "iter_compile_dask", "kernel_sources", "require_distributed"]
@@ -37,7 +38,7 @@ __all__ = ["ExecutorError", "EXECUTORS", "iter_compile_dask", "kernel_sources", 
 EXECUTORS = ("local", "dask", "dask-local")
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(UsageError, RuntimeError):
     """The requested executor cannot be used (not installed, bad arguments)."""
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
-from .package import PackagingError
+from .naming import PackagingError
 
 __all__ = [
     "DEFAULT_EXTRA_REQUIREMENTS",

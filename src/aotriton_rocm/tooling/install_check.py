@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import CommandError
 
 from .conda import install_conda
 from .envs import install_wheels_in_fresh_venv, python_for_conda_prefix, run_smoke
@@ -68,11 +71,31 @@ def add_install_check_arguments(parser) -> None:
     parser.add_argument("--no-conda", action="store_true", help="wheels only")
 
 
-def run_install_check_command(args) -> int:
-    dist, work = Path(args.dist).resolve(), Path(args.work).resolve()
+@dataclass(frozen=True)
+class InstallCheckOptions:
+    dist: Path
+    work: Path
+    conda: bool = True
+
+    @classmethod
+    def from_args(cls, args) -> "InstallCheckOptions":
+        return cls(dist=Path(args.dist), work=Path(args.work), conda=not args.no_conda)
+
+
+def install_check(options: InstallCheckOptions) -> bool:
+    """Install and smoke-test the wheels (and the conda packages); True when
+    everything passed. Prints each step."""
+    dist, work = options.dist.resolve(), options.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     ok = check_wheels(dist, work)
-    if not args.no_conda:
+    if options.conda:
         ok = check_conda(dist, work) and ok
     print(f"[install-check] {'PASSED' if ok else 'FAILED'}")
-    return 0 if ok else 1
+    return ok
+
+
+def run_install_check(options: InstallCheckOptions) -> int:
+    if not install_check(options):
+        raise CommandError(f"the packages in {options.dist} failed to install or smoke-test "
+                           "(see above)")
+    return 0

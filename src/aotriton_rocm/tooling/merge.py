@@ -6,7 +6,8 @@ leaves ``SHARD_DIR/cache/`` (its code objects, content-addressed) and
 the cache keys it holds). Merge checks that exactly shards 1..N of one build
 are given (none missing, none twice, same inputs), copies their cache entries
 (sha256-checked) into ``DIR/cache`` and then runs the ordinary archive step
-of ``build`` over them with compiling switched off. The archives and
+of ``build`` over them (plan, the cache in place of compiling, validate,
+select, write). The archives and
 manifests are therefore produced by the same writer from the same code
 objects as an unsharded build: byte-identical (nothing in them records a
 path, a shard or a time). Merge needs the same checkout (kernels/, ci/) the
@@ -17,23 +18,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from .build import (SHARD_FILE, SHARD_KIND, BuildError, BuildResult, _write_json, build,
-                    format_arch_table)
-from .cache import CompileCache
-from .progress import format_seconds
-from .targets import TargetError
+from ..errors import UsageError
+from ..files import atomic_write_json
 from ..kernel_spec import VariantSpecError
+from .build import (SHARD_FILE, SHARD_KIND, BuildResult, assemble, check_out_dir, clean_leftovers,
+                    print_result)
+from .build_compile import Executor, require_cached
+from .build_plan import BuildError, Sources, plan_build
+from .cache import CompileCache
 
-__all__ = ["ShardError", "read_shard", "check_shards", "merge", "add_merge_arguments", "run_merge_command"]
+__all__ = ["ShardError", "MergeOptions", "read_shard", "check_shards", "merge", "add_merge_arguments",
+           "run_merge"]
 
 _SAME = ("profile", "archs", "build_inputs_hash", "compiler_version", "total_keys")
 
 
-class ShardError(RuntimeError):
+class ShardError(UsageError, RuntimeError):
     """The shard outputs given to merge are incomplete, duplicated or inconsistent."""
 
 
@@ -87,11 +92,14 @@ def check_shards(dirs: Sequence[Path], docs: Sequence[Dict[str, Any]]) -> int:
 
 def merge(shard_dirs: Sequence, out_dir, source_root=None, *, kernels_dir=None, targets_path=None,
           progress: bool = False, stream: Optional[TextIO] = None) -> BuildResult:
-    """Assemble the archives of a sharded build into ``out_dir`` (see module doc).
+    """Assemble the archives of a sharded build into ``out_dir`` (see module doc):
+    the build's plan, the code objects from the shards' caches instead of
+    compiling, then the build's validate, select and write stages.
 
     Raises ShardError for missing/duplicate/inconsistent shards or a broken
     cache entry, BuildError if validation fails or the checkout differs.
     """
+    started = time.monotonic()
     dirs = [Path(d).resolve() for d in shard_dirs]
     docs = [read_shard(d) for d in dirs]
     n = check_shards(dirs, docs)
@@ -107,13 +115,39 @@ def merge(shard_dirs: Sequence, out_dir, source_root=None, *, kernels_dir=None, 
             if src.root != dest.root and dest.get(key) is None:
                 dest.put(key, hit[0], hit[1])
     first = docs[0]
-    res = build(first["profile"], list(first["archs"]), out, source_root=source_root, jobs=1,
-                kernels_dir=kernels_dir, targets_path=targets_path, progress=progress, stream=stream,
-                compile_missing=False, expected_inputs_hash=first["build_inputs_hash"])
+    sources = Sources.find(source_root, kernels_dir, targets_path)
+    plan = plan_build(first["profile"], list(first["archs"]), sources)
+    if plan.inputs_hash != first["build_inputs_hash"]:
+        raise BuildError(f"the shards were built from other inputs (build inputs hash "
+                         f"{first['build_inputs_hash'][:16]}...) than {sources.kernels_dir} + "
+                         f"{sources.targets_path} ({plan.inputs_hash[:16]}...): merge with the same "
+                         f"checkout the shards used")
+    check_out_dir(out)
+    clean_leftovers(out)
+    compiled = require_cached(plan, dest)
+    res = assemble(plan, compiled, out, executor=Executor(jobs=1), started=started, stream=stream)
     res.report["merged_from"] = [{"shard": f"{doc['shard']}/{n}", "keys": len(doc["keys"])}
                                  for doc in sorted(docs, key=lambda x: x["shard"])]
-    _write_json(res.report_path, res.report)
+    atomic_write_json(res.report_path, res.report)
     return res
+
+
+@dataclass(frozen=True)
+class MergeOptions:
+    shards: Tuple[Path, ...]
+    out: Path
+    source_root: Optional[Path] = None
+    kernels_dir: Optional[Path] = None
+    targets: Optional[Path] = None
+    progress: bool = True
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "MergeOptions":
+        def path(v: Optional[str]) -> Optional[Path]:
+            return Path(v) if v else None
+        return cls(shards=tuple(Path(s) for s in args.shards), out=Path(args.out),
+                   source_root=path(args.source_root), kernels_dir=path(args.kernels_dir),
+                   targets=path(args.targets), progress=args.progress)
 
 
 def add_merge_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -129,19 +163,13 @@ def add_merge_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
-def run_merge_command(args: argparse.Namespace) -> int:
-    """0 ok, 1 validation failure, 2 bad/missing/duplicate shards or bad request."""
+def run_merge(options: MergeOptions) -> int:
+    """CommandError: 1 validation failure, 2 bad/missing/duplicate shards or bad request."""
     try:
-        res = merge(args.shards, args.out, source_root=getattr(args, "source_root", None),
-                    kernels_dir=getattr(args, "kernels_dir", None), targets_path=getattr(args, "targets", None),
-                    progress=getattr(args, "progress", True))
-    except (ShardError, TargetError, VariantSpecError) as e:
-        print(f"aotriton-rocm merge: error: {e}", file=sys.stderr)
-        return 2
-    except BuildError as e:
-        print(f"aotriton-rocm merge: {e}", file=sys.stderr)
-        return 1
-    print(format_arch_table(res.report))
-    print(f"ROCm {res.profile}: merged {len(args.shards)} shard(s) into {os.path.relpath(res.out_dir)} in "
-          f"{format_seconds(res.seconds)}; report: {os.path.relpath(res.report_path)}")
+        res = merge(options.shards, options.out, source_root=options.source_root,
+                    kernels_dir=options.kernels_dir, targets_path=options.targets,
+                    progress=options.progress)
+    except VariantSpecError as e:
+        raise UsageError(str(e)) from e
+    print_result(res, f"merged {len(options.shards)} shard(s) into {os.path.relpath(res.out_dir)}")
     return 0

@@ -11,19 +11,30 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .. import torch_compat
+from ..errors import CommandError
 
-__all__ = ["PinError", "pin_lines", "update_readme", "add_pin_arguments", "run_pin_command"]
+__all__ = ["PinError", "PinOptions", "pin_lines", "update_readme", "add_pin_arguments", "run_pin"]
 
 _ARCH = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-class PinError(ValueError):
-    pass
+class PinError(CommandError, ValueError):
+    """No release line fits the request (exit status 1)."""
+
+
+@dataclass(frozen=True)
+class PinOptions:
+    torch: str
+    archs: Tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "PinOptions":
+        return cls(torch=args.torch, archs=tuple(args.arch))
 
 
 def _line_bounds(line: str) -> tuple:
@@ -84,13 +95,9 @@ def add_pin_arguments(parser: argparse.ArgumentParser) -> None:
                         help="kernel image arch to include (repeatable), e.g. gfx942")
 
 
-def run_pin_command(args: argparse.Namespace) -> int:
-    try:
-        res = pin_lines(args.torch, args.arch)
-    except PinError as e:
-        print(f"aotriton-rocm pin: {e}", file=sys.stderr)
-        return 1
-    print(f"# aotriton-rocm {res['line'][0]}.x for torch {torch_compat.torch_minor(args.torch)}")
+def run_pin(options: PinOptions) -> int:
+    res = pin_lines(options.torch, options.archs)
+    print(f"# aotriton-rocm {res['line'][0]}.x for torch {torch_compat.torch_minor(options.torch)}")
     print("# pip (requirements.txt; install torch from your ROCm version's wheel index):")
     for line in res["pip"]:
         print(line)

@@ -42,22 +42,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import io
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .package import PackagingError, find_source_root, local_label, read_version
+from ..errors import CommandError, UsageError
+from ..files import atomic_copy, file_sha256
+from .dist_dir import read_sha256sums
+from .naming import local_label, read_release_version
+from .source_tree import find_source_root
 
-__all__ = ["GATES", "CREDENTIAL_VARS", "Credentials", "Target", "changelog_has_section",
-           "find_credentials", "add_release_arguments", "run_release_command"]
+__all__ = ["GATES", "CREDENTIAL_VARS", "Credentials", "Target", "ReleaseOptions",
+           "changelog_has_section", "find_credentials", "add_release_arguments", "run_release"]
 
 GATES = ("build", "package", "install-check", "abi-check", "changelog", "credentials", "publish")
 CREDENTIAL_VARS = ("TWINE_USERNAME", "TWINE_PASSWORD")
@@ -95,9 +97,40 @@ class Target:
     index_url: Optional[str]  # where its wheels are uploaded
 
 
+@dataclass(frozen=True)
+class ReleaseOptions:
+    publish: bool = False
+    rocm: Tuple[str, ...] = ()            # () = ci/targets.toml's default profile
+    arch: Tuple[str, ...] = ()            # () = the build's defaults
+    default_rocm: Optional[str] = None
+    no_default: bool = False
+    out: Path = Path("dist")
+    reuse_dist: bool = False
+    build_dir: Optional[Path] = None
+    conda: bool = True
+    python: Tuple[str, ...] = ()
+    previous: Optional[Path] = None
+    index_url: Optional[str] = None
+    rocm_index_url: Optional[str] = None
+    channel: Optional[Path] = None
+    skip: Tuple[str, ...] = ()
+    source_root: Optional[Path] = None
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "ReleaseOptions":
+        def path(v: Optional[str]) -> Optional[Path]:
+            return Path(v) if v else None
+        return cls(publish=a.publish, rocm=tuple(a.rocm or ()), arch=tuple(a.arch or ()),
+                   default_rocm=a.default_rocm, no_default=a.no_default, out=Path(a.out),
+                   reuse_dist=a.reuse_dist, build_dir=path(a.build_dir), conda=not a.no_conda,
+                   python=tuple(a.python or ()), previous=path(a.previous), index_url=a.index_url,
+                   rocm_index_url=a.rocm_index_url, channel=path(a.channel),
+                   skip=tuple(a.skip or ()), source_root=path(a.source_root))
+
+
 @dataclass
 class Context:
-    args: argparse.Namespace
+    args: ReleaseOptions
     root: Path
     version: str
     out: Path
@@ -120,30 +153,31 @@ def changelog_has_section(changelog: Path, version: str) -> bool:
     return False
 
 
-def _quiet(fn: Callable[[], int], log: Path) -> Tuple[int, str]:
-    """Run a command function, its stdout/stderr into ``log`` (the tail is shown
-    on failure)."""
+def _quiet(what: str, fn: Callable[[], Any], log: Path) -> Any:
+    """Run a step, its output into ``log``; a failure (the step's
+    CommandError, or any other exception: a tool's unexpected error fails the
+    gate, never the release tool) is a GateFailed showing the log's tail."""
     buf = io.StringIO()
+    failure = None
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
         try:
-            rc = fn()
-        except Exception as e:  # a tool's unexpected error fails the gate, never the release tool
+            result = fn()
+        except CommandError as e:
+            print(f"{what}: {e}")
+            failure = f"{what} exited {e.exit_code}"
+        except Exception as e:
             print(f"{type(e).__name__}: {e}")
-            rc = 1
+            failure = f"{what} failed ({type(e).__name__})"
     text = buf.getvalue()
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(text, encoding="utf-8")
-    return rc, "\n".join(text.strip().splitlines()[-15:])
+    if failure is not None:
+        raise GateFailed(failure + ":\n" + "\n".join(text.strip().splitlines()[-15:]))
+    return result
 
 
 def _logs(ctx: Context) -> Path:
     return ctx.out.parent / f".{ctx.out.name}-release-logs"
-
-
-def _parse(add_arguments: Callable, argv: List[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return p.parse_args(argv)
 
 
 # ---------------------------------------------------------------- credentials
@@ -194,14 +228,14 @@ def _redact(ctx: Context, text: str) -> str:
 
 # ---------------------------------------------------------------------- targets
 
-def _profiles(args: argparse.Namespace, root: Path) -> Tuple[List[str], Optional[str]]:
+def _profiles(args: ReleaseOptions, root: Path) -> Tuple[List[str], Optional[str]]:
     """(profiles of the matrix, the default build's profile or None)."""
     from .targets import TargetError, load_targets
 
     try:
         targets = load_targets(root / "ci" / "targets.toml")
     except (TargetError, OSError) as e:
-        raise PackagingError(f"cannot read the ROCm profiles: {e}") from e
+        raise UsageError(f"cannot read the ROCm profiles: {e}") from e
     wanted: List[str] = []
     for item in args.rocm or [targets.default_profile]:
         for tok in str(item).split(","):
@@ -214,7 +248,7 @@ def _profiles(args: argparse.Namespace, root: Path) -> Tuple[List[str], Optional
                 try:
                     names = [targets.profile(tok).name]
                 except TargetError as e:
-                    raise PackagingError(str(e)) from e
+                    raise UsageError(str(e)) from e
             wanted += [n for n in names if n not in wanted]
     wanted.sort(key=lambda v: tuple(int(x) for x in v.split(".")))
     if args.no_default:
@@ -223,27 +257,27 @@ def _profiles(args: argparse.Namespace, root: Path) -> Tuple[List[str], Optional
         try:
             d = targets.profile(args.default_rocm).name
         except TargetError as e:
-            raise PackagingError(str(e)) from e
+            raise UsageError(str(e)) from e
         if d not in wanted:
-            raise PackagingError(f"--default-rocm {d} is not in the release matrix ({', '.join(wanted)}): "
+            raise UsageError(f"--default-rocm {d} is not in the release matrix ({', '.join(wanted)}): "
                                  f"add --rocm {d}")
         return wanted, d
     return wanted, (targets.default_profile if targets.default_profile in wanted else None)
 
 
-def _rocm_index(args: argparse.Namespace, profile: str) -> Optional[str]:
+def _rocm_index(args: ReleaseOptions, profile: str) -> Optional[str]:
     base = args.rocm_index_url or args.index_url
     return f"{base.rstrip('/')}/{local_label(profile)}/" if base else None
 
 
-def _targets(args: argparse.Namespace, out: Path, profiles: List[str],
+def _targets(args: ReleaseOptions, out: Path, profiles: List[str],
              default: Optional[str]) -> List[Target]:
     ts = []
     if default is not None:
         ts.append(Target(DEFAULT_TARGET, default, False, False, out / DEFAULT_TARGET, args.index_url))
     for p in profiles:
         name = local_label(p)
-        ts.append(Target(name, p, True, not args.no_conda, out / name, _rocm_index(args, p)))
+        ts.append(Target(name, p, True, args.conda, out / name, _rocm_index(args, p)))
     return ts
 
 
@@ -255,32 +289,20 @@ def _archives_in(d: Path) -> List[Path]:
 
 def gate_build(ctx: Context, profile: str) -> str:
     a = ctx.args
-    base = Path(a.build_dir).resolve() if a.build_dir else ctx.root / "build" / "release"
+    base = a.build_dir.resolve() if a.build_dir else ctx.root / "build" / "release"
     build_dir = base / local_label(profile)
     if a.build_dir:
         for cand in (build_dir / "archives", base / "archives" if len(ctx.profiles) == 1 else None):
             if cand is not None and _archives_in(cand):
                 ctx.archives[profile] = cand
                 return f"reused {len(_archives_in(cand))} archive(s) in {cand}"
-    from .build import add_build_arguments, run_build_command
+    from .build import build
 
-    argv = ["--out", str(build_dir), "--source-root", str(ctx.root), "--no-progress", "--rocm", profile]
-    for arch in a.arch or []:
-        argv += ["--arch", arch]
-    ns = _parse(add_build_arguments, argv)
-    rc, tail = _quiet(lambda: run_build_command(ns), _logs(ctx) / f"build-{local_label(profile)}.log")
-    if rc != 0:
-        raise GateFailed(f"build exited {rc}:\n{tail}")
+    _quiet("build", lambda: build(profile, list(a.arch) or None, build_dir, source_root=ctx.root,
+                                  progress=False),
+           _logs(ctx) / f"build-{local_label(profile)}.log")
     ctx.archives[profile] = build_dir / "archives"
     return f"built {len(_archives_in(build_dir / 'archives'))} archive(s) into {build_dir / 'archives'}"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _artifacts(dist: Path) -> List[Path]:
@@ -297,11 +319,9 @@ def _verify_dist(ctx: Context, t: Target) -> str:
     sums = t.dist / "SHA256SUMS"
     if not sums.is_file():
         raise GateFailed(f"{t.dist} has no SHA256SUMS: package it first (a dry run without --reuse-dist)")
-    listed = {}
-    for line in sums.read_text(encoding="utf-8").splitlines():
-        digest, _, name = line.partition("  ")
-        listed[name] = digest
-    bad = [n for n, d in sorted(listed.items()) if not (t.dist / n).is_file() or _sha256(t.dist / n) != d]
+    listed = read_sha256sums(t.dist)
+    bad = [n for n, d in sorted(listed.items())
+           if not (t.dist / n).is_file() or file_sha256(t.dist / n) != d]
     if bad:
         raise GateFailed(f"{t.dist}: changed or missing since packaging: {', '.join(bad)} "
                          "(package again without --reuse-dist)")
@@ -327,20 +347,11 @@ def gate_package(ctx: Context, t: Target) -> str:
     if t.dist.exists() and any(t.dist.iterdir()):
         raise GateFailed(f"{t.dist} is not empty: a release packages into a fresh directory "
                          "(or pass --reuse-dist to publish what a dry run packaged there)")
-    from .package import add_package_arguments, run_package_command
+    from .package import PackageOptions, package
 
-    argv = ["--archives", str(ctx.archives[t.profile]), "--out", str(t.dist),
-            "--source-root", str(ctx.root), "--rocm", t.profile]
-    if t.local:
-        argv.append("--local-version")
-    if not t.conda:
-        argv.append("--no-conda")
-    for py in a.python or []:
-        argv += ["--python", py]
-    ns = _parse(add_package_arguments, argv)
-    rc, tail = _quiet(lambda: run_package_command(ns), _logs(ctx) / f"package-{t.name}.log")
-    if rc != 0:
-        raise GateFailed(f"package exited {rc}:\n{tail}")
+    options = PackageOptions(archives=ctx.archives[t.profile], out=t.dist, source_root=ctx.root,
+                             rocm=t.profile, local_version=t.local, conda=t.conda, python=a.python)
+    _quiet("package", lambda: package(options), _logs(ctx) / f"package-{t.name}.log")
     wheels = sorted(t.dist.glob("*.whl"))
     condas = sorted(t.dist.glob("conda/*/*.conda"))
     return (f"{_expected_version(ctx, t)} (ROCm {t.profile}): {len(wheels)} wheel(s), "
@@ -348,15 +359,14 @@ def gate_package(ctx: Context, t: Target) -> str:
 
 
 def gate_install_check(ctx: Context, t: Target) -> str:
-    if "install-check" in (ctx.args.skip or []):
+    if "install-check" in ctx.args.skip:
         raise GateSkipped("--skip install-check")
-    from .install_check import run_install_check_command
+    from .install_check import InstallCheckOptions, run_install_check
 
-    ns = argparse.Namespace(dist=str(t.dist), work=str(_logs(ctx) / f"install-check-{t.name}"),
-                            no_conda=not t.conda)
-    rc, tail = _quiet(lambda: run_install_check_command(ns), _logs(ctx) / f"install-check-{t.name}.log")
-    if rc != 0:
-        raise GateFailed(f"install-check exited {rc}:\n{tail}")
+    options = InstallCheckOptions(dist=t.dist, work=_logs(ctx) / f"install-check-{t.name}",
+                                  conda=t.conda)
+    _quiet("install-check", lambda: run_install_check(options),
+           _logs(ctx) / f"install-check-{t.name}.log")
     return "fresh venv" + (" and fresh conda prefix" if t.conda else "") + ": smoke passed"
 
 
@@ -372,24 +382,25 @@ def _previous_for(prev: Path, t: Target) -> Optional[Path]:
 
 
 def gate_abi_check(ctx: Context, t: Target) -> str:
-    if "abi-check" in (ctx.args.skip or []):
+    if "abi-check" in ctx.args.skip:
         raise GateSkipped("--skip abi-check")
     if not ctx.args.previous:
         raise GateSkipped("no --previous release given (first release of the line)")
-    prev = Path(ctx.args.previous)
+    prev = ctx.args.previous
     if not prev.is_dir():
         raise GateFailed(f"--previous {prev}: not a directory (give the previous release's output "
                          "directory, or a directory of its wheels)")
     old = _previous_for(prev, t)
     if old is None:
         raise GateSkipped(f"no previous {t.name} release in {prev} (a new target of this release)")
-    from .abi_check import add_abi_check_arguments, run_abi_check_command
+    from .abi_check import AbiCheckOptions, check_releases
 
-    ns = _parse(add_abi_check_arguments, [str(old), str(t.dist)])
-    rc, tail = _quiet(lambda: run_abi_check_command(ns), _logs(ctx) / f"abi-check-{t.name}.log")
-    if rc != 0:
-        raise GateFailed(f"abi-check against {old} exited {rc}:\n{tail}")
-    return tail.splitlines()[-1] if tail else "ABI compatible"
+    options = AbiCheckOptions(old=old, new=t.dist)
+    res = _quiet(f"abi-check against {old}", lambda: check_releases(options),
+                 _logs(ctx) / f"abi-check-{t.name}.log")
+    if not res.ok:
+        raise GateFailed(f"abi-check against {old}: {res.verdict}")
+    return res.verdict
 
 
 def gate_changelog(ctx: Context) -> str:
@@ -434,14 +445,7 @@ def copy_to_channel(condas: List[Path], channel: Path) -> List[Path]:
         if dst.exists():
             raise GateFailed(f"{dst} already exists in the channel: a published package is never "
                              "replaced (release a new version)")
-    copied = []
-    for src in condas:
-        dst = channel / src.parent.name / src.name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
-        shutil.copy2(src, tmp)
-        os.replace(tmp, dst)
-        copied.append(dst)
+    copied = [atomic_copy(src, channel / src.parent.name / src.name) for src in condas]
     index_channel(channel)
     return copied
 
@@ -474,7 +478,7 @@ def gate_publish_conda(ctx: Context) -> str:
                           f"{channel or '(no --channel)'}")
     if not channel:
         raise GateFailed("--publish needs --channel for the conda packages")
-    copied = copy_to_channel(condas, Path(channel))
+    copied = copy_to_channel(condas, channel)
     ctx.uploaded.append(f"{len(copied)} conda package(s) to {channel}")
     return f"{len(copied)} conda package(s) into {channel} (indexed)"
 
@@ -539,19 +543,19 @@ def add_release_arguments(parser: argparse.ArgumentParser) -> None:
                         help="source tree to release (default: the one around the cwd)")
 
 
-def run_release_command(args: argparse.Namespace) -> int:
+def run_release(args: ReleaseOptions) -> int:
+    """Run the gates in order, printing each verdict; CommandError (exit 1)
+    when one failed, UsageError before any gate for a bad request."""
     if args.publish and args.skip:
-        print(f"aotriton-rocm release: --skip {', '.join(args.skip)} is for dry runs only: "
-              "a published release passes every gate", file=sys.stderr)
-        return 2
+        raise UsageError(f"--skip {', '.join(args.skip)} is for dry runs only: a published "
+                         "release passes every gate")
     try:
-        root = Path(args.source_root).resolve() if args.source_root else find_source_root()
-        version = read_version(root)
+        root = args.source_root.resolve() if args.source_root else find_source_root()
+        version = read_release_version(root)
         profiles, default = _profiles(args, root)
-    except PackagingError as e:
-        print(f"aotriton-rocm release: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out).resolve()
+    except CommandError as e:
+        raise UsageError(str(e)) from e
+    out = args.out.resolve()
     ctx = Context(args=args, root=root, version=version, out=out, profiles=profiles,
                   targets=_targets(args, out, profiles, default))
     mode = "PUBLISH" if args.publish else "DRY RUN"
@@ -568,16 +572,16 @@ def run_release_command(args: argparse.Namespace) -> int:
             print(_redact(ctx, f"{tag} PASS: {fn()}"), flush=True)
         except GateSkipped as e:
             print(_redact(ctx, f"{tag} SKIPPED: {e}"), flush=True)
-        except (GateFailed, PackagingError) as e:
+        except (GateFailed, CommandError) as e:
             print(_redact(ctx, f"{tag} FAIL: {e}"), flush=True)
             failed = f"{gate} {label}".strip()
     if failed is not None and ctx.uploaded:
         print(f"release {version}: publishing FAILED at {failed}; already uploaded: "
               + "; ".join(ctx.uploaded))
-        return 1
+        raise CommandError(f"gate {failed} failed after uploads (see above)")
     if failed is not None:
         print(f"release {version}: STOPPED at {failed}; nothing was uploaded")
-        return 1
+        raise CommandError(f"gate {failed} failed (see above)")
     print(f"release {version}: " + ("PUBLISHED" if args.publish else
                                     "all gates passed (dry run: nothing uploaded; rerun with "
                                     "--publish, and --reuse-dist to upload exactly these files)"))

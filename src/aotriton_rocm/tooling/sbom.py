@@ -35,7 +35,10 @@ from email.parser import Parser
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .package import abi_version_of, publish, sha256sums_path, source_date_epoch
+from .._version import abi_line
+from ..files import atomic_write_text
+from .dist_dir import sha256sums_path
+from .reproducible import source_date_epoch
 
 __all__ = ["SPEC_VERSION", "sbom_path", "build_sbom", "sbom_json", "write_sbom"]
 
@@ -165,7 +168,7 @@ def build_sbom(out_dir: os.PathLike, version: str, *, source_root: Optional[os.P
 
     out = Path(out_dir).resolve()
     arts = _listed_artifacts(out)
-    line = abi_version_of(version.split("+", 1)[0])
+    line = abi_line(version)
     comps = {a.ref: Component(
         type=ComponentType.LIBRARY, bom_ref=a.ref, name=a.name, version=a.version,
         purl=PackageURL.from_string(a.purl), hashes=[HashType(alg=HashAlgorithm.SHA_256, content=a.sha256)],
@@ -222,6 +225,5 @@ def write_sbom(out_dir: os.PathLike, version: str, **kwargs) -> Path:
     (atomically)."""
     text = sbom_json(build_sbom(out_dir, version, **kwargs))
     path = sbom_path(out_dir, version)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    return publish(tmp, path)
+    atomic_write_text(path, text)
+    return path

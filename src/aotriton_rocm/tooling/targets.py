@@ -12,22 +12,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..errors import UsageError
+
 __all__ = [
     "TargetError",
     "ArchSpec",
     "Profile",
     "Targets",
     "load_targets",
-    "find_source_root",
-    "PROJECT_NAME",
 ]
 
-PROJECT_NAME = "aotriton-rocm"
 # Archs accepted with any ROCm profile (NVIDIA test target).
 ANY_PROFILE_BACKENDS = ("cuda",)
 
 
-class TargetError(ValueError):
+class TargetError(UsageError, ValueError):
     """A bad profile/arch request or a malformed targets file."""
 
 
@@ -259,27 +258,3 @@ def load_targets(path) -> Targets:
         archs[name] = replace(spec, sets=tuple(s for s, m in arch_sets.items() if name in m))
     return Targets(path=p, archs=archs, profiles=profiles, default_profile=default_profile,
                    default_archs=default_archs, raw_bytes=raw, arch_sets=arch_sets)
-
-
-def _is_project_root(d: Path) -> bool:
-    pp = d / "pyproject.toml"
-    if not pp.is_file():
-        return False
-    try:
-        doc = tomllib.loads(pp.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return False
-    return (doc.get("project") or {}).get("name") == PROJECT_NAME
-
-
-def find_source_root(start=None) -> Path:
-    """The checkout root: walk up from ``start`` (default: cwd) to the directory
-    whose pyproject.toml has ``name = "aotriton-rocm"``."""
-    here = Path(start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if _is_project_root(d):
-            return d
-    raise TargetError(
-        f"cannot find the aotriton-rocm source tree: no pyproject.toml with "
-        f'name = "{PROJECT_NAME}" in {here} or any parent. Run from a checkout of '
-        f"aotriton-rocm, or pass --source-root /path/to/checkout")

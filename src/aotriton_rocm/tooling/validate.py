@@ -15,15 +15,16 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from .._version import ABI_VERSION
 from ..archive import Archive, ArchiveError, identity_problems
+from ..errors import CommandError, UsageError
 from .codeobject import ArchLimits, validate_kernel
 from .tables import render_table
 
 __all__ = ["ArchReport", "validate_archives", "format_table", "format_kernel_table", "draw_chart",
-           "add_validate_arguments", "run_validate_command"]
+           "ValidateOptions", "add_validate_arguments", "run_validate"]
 
 
 @dataclass
@@ -60,11 +61,12 @@ def _limits_for(archive: Archive, targets_path: Optional[str]):
     cov = m.get("code_object_version")
     if lim:
         return ArchLimits.from_dict(lim), cov
-    from .targets import TargetError, find_source_root, load_targets
+    from .source_tree import SourceTreeError, find_source_root
+    from .targets import TargetError, load_targets
     try:
         path = Path(targets_path) if targets_path else find_source_root() / "ci" / "targets.toml"
         targets = load_targets(path)
-    except TargetError as e:
+    except (TargetError, SourceTreeError) as e:
         raise ArchiveError(f"{archive.path}: the manifest has no arch_limits (built by an older "
                            f"aotriton-rocm) and no targets file is available: {e}") from None
     spec = targets.archs.get(archive.arch)
@@ -209,7 +211,7 @@ def draw_chart(reports: Sequence[ArchReport], path: str, build_report: Optional[
     """A PNG of per-arch bar plots (kernels, worst VGPR, min occupancy, archive
     KiB, allowed exceptions and, with a build report, compile time), drawn
     with matplotlib (chart.py); written atomically."""
-    from ..archive import atomic_write
+    from ..files import atomic_write_bytes
     from .chart import BLUE, ORANGE, RED, Panel, bar_chart_png
     reps = list(reports)
     archs = [r.arch for r in reps]
@@ -228,7 +230,7 @@ def draw_chart(reports: Sequence[ArchReport], path: str, build_report: Optional[
                             colors, ylabel="seconds", note="sum over all candidates"))
     png = bar_chart_png("aotriton-rocm: per-arch code-object report", archs, panels,
                         legend=[(BLUE, "ok"), (ORANGE, "ok, with allowed exceptions"), (RED, "failed")])
-    atomic_write(Path(path), lambda f: f.write(png))
+    atomic_write_bytes(path, png)
 
 
 # -- CLI wiring -----------------------------------------------------------
@@ -251,25 +253,43 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     return parser
 
 
-def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = None) -> int:
+@dataclass(frozen=True)
+class ValidateOptions:
+    archives: Tuple[str, ...]
+    json: Optional[str] = None
+    chart: Optional[str] = None
+    by_kernel: bool = False
+    build_report: Optional[str] = None
+    targets: Optional[str] = None
+    verbose: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "ValidateOptions":
+        return cls(archives=tuple(args.archives), json=args.json, chart=args.chart,
+                   by_kernel=args.by_kernel, build_report=args.build_report,
+                   targets=args.targets, verbose=args.verbose)
+
+
+def run_validate(args: ValidateOptions, stream: Optional[TextIO] = None) -> int:
+    """Validate, print the tables (and write the JSON / chart); CommandError
+    when an archive failed (exit 1) or could not be read (exit 2)."""
     out = stream or sys.stdout
     try:
-        reports = validate_archives(args.archives, getattr(args, "targets", None))
+        reports = validate_archives(args.archives, args.targets)
     except OSError as e:
-        print(f"aotriton-rocm validate: error: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from e
     print(format_table(reports), file=out)
     for r in reports:
         if r.unreadable:
             print(f"aotriton-rocm validate: error: {r.unreadable}", file=sys.stderr)
-    if getattr(args, "by_kernel", False):
+    if args.by_kernel:
         for r in reports:
             if r.validated:
                 print(f"\n{r.arch} ({r.archive}):", file=out)
                 print(format_kernel_table(r), file=out)
     failed = [r for r in reports if r.failures and not r.unreadable]
     for r in failed:
-        shown = r.failures if getattr(args, "verbose", False) else r.failures[:10]
+        shown = r.failures if args.verbose else r.failures[:10]
         for f in shown:
             print(f"FAIL {r.arch} {f}", file=out)
         if len(r.failures) > len(shown):
@@ -280,11 +300,11 @@ def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = No
     n = sum(r.kernels for r in reports if r.validated)
     print(f"{n} AMD kernels validated in {sum(1 for r in reports if r.validated)} archive(s): "
           f"{sum(len(r.failures) for r in reports)} failure(s)", file=out)
-    if getattr(args, "json", None):
+    if args.json:
         Path(args.json).write_text(json.dumps([r.to_dict() for r in reports], indent=2) + "\n")
-    if getattr(args, "chart", None):
+    if args.chart:
         br = None
-        brp = getattr(args, "build_report", None)
+        brp = args.build_report
         cand = Path(brp) if brp else Path(args.archives[0]).resolve().parent.parent / "build-report.json"
         if cand.is_file():
             try:
@@ -293,6 +313,9 @@ def run_validate_command(args: argparse.Namespace, stream: Optional[TextIO] = No
                 br = None
         draw_chart(reports, args.chart, br)
         print(f"chart: {args.chart}", file=out)
-    if any(r.unreadable for r in reports):
-        return 2
-    return 1 if failed else 0
+    unreadable = sum(1 for r in reports if r.unreadable)
+    if unreadable:
+        raise UsageError(f"{unreadable} of {len(reports)} archive(s) could not be read (see above)")
+    if failed:
+        raise CommandError(f"{len(failed)} archive(s) failed validation (FAIL lines above)")
+    return 0

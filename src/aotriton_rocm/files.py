@@ -1,0 +1,115 @@
+"""Files written so that a reader never sees half of one, and their sha256.
+
+Standard library only (the runtime's archive writer and the build tooling
+share it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, BinaryIO, Union
+
+__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
+           "atomic_copy", "atomic_move", "file_sha256", "link_or_copy", "pid_alive"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def atomic_write(path: PathLike, write: Callable[[BinaryIO], Any]) -> None:
+    """Write a file through ``write(fileobj)`` into a hidden temporary file
+    beside ``path`` (mode 0644, synced), then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: PathLike, obj: Any) -> None:
+    """``obj`` as indented JSON (2 spaces, a final newline)."""
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
+
+
+def _partial_beside(dst: Path) -> Path:
+    return dst.with_name(f".{dst.name}.{os.getpid()}.partial")
+
+
+def atomic_copy(src: PathLike, dst: PathLike) -> Path:
+    """Copy ``src`` to ``dst`` (metadata kept) so that ``dst`` appears whole."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _partial_beside(dst)
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+    return dst
+
+
+def atomic_move(src: PathLike, dst: PathLike) -> Path:
+    """Put ``src`` at ``dst`` atomically, mode 0644: renamed (or, across file
+    systems, copied) to a hidden name beside ``dst`` first, then renamed over
+    ``dst``. ``src`` is consumed."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _partial_beside(dst)
+    try:
+        os.replace(src, tmp)  # same file system
+    except OSError:
+        shutil.copy2(src, tmp)
+        os.unlink(src)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, dst)
+    return dst
+
+
+def file_sha256(path: PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def link_or_copy(src: PathLike, dst: PathLike) -> None:
+    """A hard link of ``src`` at ``dst`` where the file system allows, else a copy."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (temporary files left by a run carry
+    its pid, so that a later run can tell leftovers from work in progress)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True

@@ -1,0 +1,98 @@
+"""Build stage 4, select: per (arch, functional point, sequence-length
+bucket) the candidate configs that ship (tuning.py: measured data where
+there is some, the static cost model otherwise), among those that compiled
+and passed validation. Build-time only.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+from .build_plan import BuildPlan
+from .build_validate import Validation
+from .compile import CompileTask
+from .targets import ArchSpec
+from .tuning import COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, grid_axis, load_measured
+from ..kernel_spec import Variant
+
+__all__ = ["select_shipped"]
+
+
+def select_shipped(plan: BuildPlan, validation: Validation) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
+    """Per arch: the chosen keys, the manifest's "tuning" section, the
+    shipped exceptions, the rejected candidates and how many choices were
+    measured/static; and one error per functional point where nothing can ship."""
+    errors: List[str] = []
+    selection = {a.name: _select(a, plan.items[a.name], validation.checked, plan.spec,
+                                 load_measured(plan.sources.kernels_dir, a.name), errors)
+                 for a in plan.archs}
+    return selection, errors
+
+
+def _functional_text(functional: Dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in functional.items())
+
+
+def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
+            checked: Dict[Tuple[str, str], Tuple[Dict[str, Any], List[Tuple[str, str]]]],
+            spec, measured, errors: List[str]) -> Dict[str, Any]:
+    """Choose the shipped candidates of one arch (tuning.choose per functional
+    point); appends to ``errors`` where nothing can ship. Returns the chosen
+    keys, the manifest's "tuning" section, the shipped exceptions, the
+    rejected candidates and how many choices were measured/static."""
+    groups: Dict[Tuple[str, Tuple], List[Variant]] = {}
+    for v, _ in items:
+        groups.setdefault((v.kernel, tuple(v.functional.items())), []).append(v)
+    chosen: set = set()
+    choices: List[Dict[str, Any]] = []
+    rejected: List[Dict[str, Any]] = []
+    counts = {"measured": 0, "static": 0}
+    axes: Dict[str, str] = {}
+    cand_of: Dict[str, Candidate] = {}
+    for (kname, _), vs in groups.items():
+        axis, tile = grid_axis(spec.kernels[kname].grid)
+        axes[kname] = axis or "seqlen_q"
+        cands = []
+        for i, v in enumerate(vs):
+            if (a.name, v.key) not in checked:
+                continue  # did not compile: already an error
+            stats, resources = checked[(a.name, v.key)]
+            rows = int(v.config.get(tile, 1)) if tile else 1
+            cols = 1
+            for k, val in v.config.items():
+                if k.startswith("BLOCK_") and k != tile and isinstance(val, int):
+                    cols *= val
+            c = Candidate(key=v.key, config=dict(v.config), order=i, rows=rows, cols=cols,
+                          num_warps=int(v.options.get("num_warps", 4)), occupancy=stats.get("occupancy"),
+                          scratch=int(stats.get("private_segment_fixed_size") or 0),
+                          findings=list(resources), waived=dict(v.allow))
+            cands.append(c)
+            cand_of[v.key] = c
+        if not cands:
+            continue
+        func = vs[0].functional
+        try:
+            runs = choose(cands, kernel=kname, functional=func, measured=measured)
+        except TuningError as e:
+            errors.append(f"{a.name} {kname} [{_functional_text(func)}]: {e}")
+            continue
+        except ValueError:
+            why = "; ".join(f"{c.key.rsplit('|', 1)[-1]}: {', '.join(m for _, m in c.unwaived)}" for c in cands)
+            errors.append(
+                f"{a.name} {kname} [{_functional_text(func)}]: no candidate config can ship ({why}); "
+                f"add a config that fits to [[kernels.{kname}.configs]] for {a.name} in "
+                f"kernels/variants.toml, or waive the finding on one with "
+                f"allow = {{spills = true, reason = \"...\"}} (kinds: spills, scratch, lds)")
+            continue
+        for _, key, source in runs:
+            chosen.add(key)
+            counts[source] += 1
+        choices.append({"kernel": kname, "functional": dict(func), "select": runs})
+        for c in cands:
+            if c.key not in chosen and c.findings:
+                rejected.append({"key": c.key, "findings": [m for _, m in c.unwaived]})
+    exceptions = [{"key": key, "kind": kind, "finding": msg, "reason": reason}
+                  for key in sorted(chosen) for kind, msg, reason in cand_of[key].exceptions]
+    manifest = {"schema": 1, "cost_model": COST_MODEL, "seqlen_buckets": list(SEQLEN_BUCKETS),
+                "axes": axes, "measured": measured.how if measured.path else None, "choices": choices}
+    return {"chosen": chosen, "manifest": manifest, "exceptions": exceptions, "rejected": rejected,
+            "counts": counts}

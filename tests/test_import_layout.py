@@ -1,0 +1,207 @@
+"""The import graph of src/aotriton_rocm, built with ``ast``: no cycle among
+modules, imports run one way (format leaves <- runtime core <- integrations
+<- CLI <- tooling), nothing outside the tooling imports it, and the runtime
+commands start without importing the build tooling."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Set
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "aotriton_rocm"
+PKG = "aotriton_rocm"
+
+# Lower layers never import higher ones. Every module must be listed (or be
+# in the tooling), so that a new module is placed on purpose.
+LAYERS = {
+    0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images"},  # stdlib leaves
+    1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention"},
+    2: {"__init__", "torch_integration", "flash_attn_interface", "function_mode", "_autoload"},
+    3: {"cli", "__main__", "smoke", "info"},
+}
+TOOLING = 4
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC).with_suffix("")
+    return ".".join(rel.parts)
+
+
+def _layer(module: str) -> int:
+    if module == "tooling" or module.startswith("tooling."):
+        return TOOLING
+    for layer, names in LAYERS.items():
+        if module in names:
+            return layer
+    raise AssertionError(f"src/aotriton_rocm/{module.replace('.', '/')}.py has no layer: add it "
+                         f"to LAYERS in {Path(__file__).name}")
+
+
+def _resolve(module: str, level: int, name: str | None, is_package: bool) -> str:
+    parts = module.split(".")
+    if module.endswith("__init__"):
+        parts = parts[:-1]
+    base = parts if is_package else parts[:-1]
+    base = base[:len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([name] if name else []))
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    files = {_module_name(p): p for p in SRC.rglob("*.py")}
+    known = set(files)
+
+    def existing(dotted: str) -> str | None:
+        while dotted:
+            for cand in (dotted, f"{dotted}.__init__"):
+                if cand in known:
+                    return cand
+            dotted = dotted.rpartition(".")[0]
+        return None
+
+    graph: Dict[str, Set[str]] = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        out: Set[str] = set()
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name[len(PKG) + 1:] or "__init__" for a in node.names
+                           if a.name == PKG or a.name.startswith(PKG + ".")]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = _resolve(module, node.level, node.module, is_package)
+                elif node.module and (node.module == PKG or node.module.startswith(PKG + ".")):
+                    base = node.module[len(PKG) + 1:]
+                else:
+                    continue
+                for alias in node.names:  # `from . import x` imports module x
+                    sub = f"{base}.{alias.name}" if base else alias.name
+                    targets.append(sub if existing(sub) == sub else base or "__init__")
+            for t in targets:
+                found = existing(t) or "__init__"
+                if found != module:
+                    out.add(found)
+        graph[module] = out
+    return graph
+
+
+def _cycles(graph: Dict[str, Set[str]]):
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack, on, found = [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_graph_sees_known_edges():
+    g = import_graph()
+    assert "kernel_abi" in g["archive"] and "files" in g["archive"]
+    assert "tooling.naming" in g["tooling.wheels"]
+    assert "torch_integration" in g["__init__"]
+
+
+def test_no_import_cycles():
+    assert _cycles(import_graph()) == []
+
+
+def test_imports_run_one_way():
+    wrong = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
+             for m, targets in sorted(import_graph().items()) for t in sorted(targets)
+             if _layer(t) > _layer(m)]
+    assert wrong == []
+
+
+def test_runtime_never_imports_tooling():
+    wrong = [f"{m} -> {t}" for m, targets in sorted(import_graph().items()) if _layer(m) < TOOLING
+             for t in targets if _layer(t) == TOOLING]
+    assert wrong == []
+
+
+def test_format_leaves_use_the_standard_library_only():
+    allowed = set(sys.stdlib_module_names) | {PKG}
+    for name in LAYERS[0] - {"images", "paths"}:
+        tree = ast.parse((SRC / f"{name}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            assert set(tops) <= allowed, f"{name}.py imports {tops}"
+
+
+@pytest.mark.parametrize("command", [["config", "--libdir"], ["info"], ["smoke", "--help"]])
+def test_runtime_commands_do_not_import_the_build_tooling(command):
+    code = ("import sys\nfrom aotriton_rocm import cli\n"
+            "try:\n    cli.main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('aotriton_rocm.tooling')"
+            " or m.split('.')[0] in ('rattler', 'rattler_build', 'matplotlib', 'elftools', 'auditwheel')))")
+    proc = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ,
+                                            "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
+
+
+def test_build_extra_import_names_cover_pyproject():
+    from packaging.requirements import Requirement
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    from aotriton_rocm.cli import BUILD_EXTRA_IMPORTS
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["build"]
+    names = {Requirement(r).name for r in extra}
+    assert names <= set(BUILD_EXTRA_IMPORTS), names - set(BUILD_EXTRA_IMPORTS)
+
+
+def test_a_real_import_error_is_not_hidden(tmp_path, monkeypatch, capsys):
+    """Only a missing dependency of the build extra gets the install hint."""
+    from aotriton_rocm import cli
+
+    def broken(name, package=None):
+        raise ModuleNotFoundError("No module named 'aotriton_rocm.tooling.nonexistent'",
+                                  name="aotriton_rocm.tooling.nonexistent")
+
+    monkeypatch.setattr(cli.importlib, "import_module", broken)
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["pin", "--torch", "2.11"])
+
+    def no_rattler(name, package=None):
+        raise ModuleNotFoundError("No module named 'rattler'", name="rattler")
+
+    monkeypatch.setattr(cli.importlib, "import_module", no_rattler)
+    assert cli.main(["package"]) == 2
+    assert "pip install 'aotriton-rocm[build]'" in capsys.readouterr().err
