@@ -20,8 +20,10 @@ PKG = "aotriton_rocm"
 # in the tooling), so that a new module is placed on purpose.
 LAYERS = {
     0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images"},  # stdlib leaves
-    1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention"},
-    2: {"__init__", "torch_integration", "flash_attn_interface", "function_mode", "_autoload"},
+    1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention",
+        "kvcache", "dropout_masks"},
+    2: {"__init__", "torch_integration", "flash_attn_interface", "kvcache_api", "function_mode",
+        "_autoload"},
     3: {"cli", "__main__", "smoke", "info"},
 }
 TOOLING = 4

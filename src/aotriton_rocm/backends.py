@@ -19,6 +19,16 @@ from ._version import ABI_VERSION
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
 # The KV-cache forward (flash_attn_with_kvcache) and its split-KV combine.
 KVCACHE_KERNELS = ("attn_fwd_kvcache", "attn_fwd_kvcache_combine")
+
+
+def kvcache_workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen_q: int,
+                             head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the KV-cache kernels' fp32 split workspace (contiguous):
+    partial outputs and partial logsumexps."""
+    return ((batch * heads, num_splits, max_seqlen_q, head_dim),
+            (batch * heads, num_splits, max_seqlen_q))
+
+
 # The attention kernels' dropout draws (torch's mask regeneration); not part
 # of an attention call's coverage.
 DROPOUT_UNIFORM = "dropout_uniform"
@@ -314,7 +324,7 @@ class AOTBackend(Backend):
         """The KV-cache forward in libaotriton_rocm (see kvcache.forward):
         the split count from the library, the workspace allocated here.
         Returns (out, lse, splits)."""
-        from . import kvcache, native
+        from . import native
 
         p = native.KvcacheParams()
         p.device = self.device_index
@@ -333,7 +343,7 @@ class AOTBackend(Backend):
         if splits > 1:
             heads, d = q.shape[-2], q.shape[-1]
             batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
-            o_shape, l_shape = kvcache.workspace_shapes(batch, heads, splits, max_seqlen_q, d)
+            o_shape, l_shape = kvcache_workspace_shapes(batch, heads, splits, max_seqlen_q, d)
             o_part = torch.empty(o_shape, dtype=torch.float32, device=q.device)
             l_part = torch.empty(l_shape, dtype=torch.float32, device=q.device)
             p.out_partial, p.lse_partial = native.tensor_view(o_part), native.tensor_view(l_part)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import attention
-from .backends import KVCACHE_KERNELS, backend_for
+from .backends import KVCACHE_KERNELS, backend_for, kvcache_workspace_shapes as workspace_shapes
 
 # Head dims the KV-cache kernels cover (multiples of 8), and their dtypes.
 MAX_HEAD_DIM = 256
@@ -56,14 +56,6 @@ def compute_units(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return CPU_COMPUTE_UNITS
-
-
-def workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen_q: int,
-                     head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of the fp32 split workspace (contiguous): partial outputs and
-    partial logsumexps."""
-    return ((batch * heads, num_splits, max_seqlen_q, head_dim),
-            (batch * heads, num_splits, max_seqlen_q))
 
 
 def _int32_vector(name: str, t, batch: int, device) -> str | None:
