@@ -23,7 +23,7 @@ from aotriton_rocm.tooling import abi_check as AC  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
 from aotriton_rocm.tooling import snapshot as S  # noqa: E402
 from aotriton_rocm.tooling import wheels as W  # noqa: E402
-from test_build import TOY_KERNEL, TOY_VARIANTS, make_root  # noqa: E402
+from support.toy_build import TOY_KERNEL, TOY_VARIANTS, make_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD = _version.__version__  # 0.1.0

@@ -9,8 +9,8 @@ model (golden float32 math, float64 for fp32 inputs)."""
 
 from __future__ import annotations
 
-import attn_reference
-import philox_reference
+from support import attn_reference
+from support import philox_reference
 import pytest
 import torch
 

@@ -12,7 +12,7 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-import real_archives as RA  # noqa: E402
+from support import real_archives as RA  # noqa: E402
 from aotriton_rocm import archive as A  # noqa: E402
 
 MUTATIONS = st.lists(st.one_of(

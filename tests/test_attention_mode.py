@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 import aotriton_rocm
-import attn_reference as ref
-import philox_reference
+from support import attn_reference as ref
+from support import philox_reference
 from aotriton_rocm import attention, backends
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")

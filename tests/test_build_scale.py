@@ -19,7 +19,7 @@ from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling import build as B  # noqa: E402
 from aotriton_rocm.tooling import merge as M  # noqa: E402
 from aotriton_rocm.tooling.dask_executor import ExecutorError  # noqa: E402
-from test_build import make_root  # noqa: E402
+from support.toy_build import make_root  # noqa: E402
 
 ARCHS = ["gfx942,sm_90"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import toy_release as TR
+from support import toy_release as TR
 
 pytest.importorskip("rattler")
 pytest.importorskip("rattler_build")

@@ -2,7 +2,7 @@
 in Triton's interpreter), against independent references: flash-attn's
 S_dmask normalised the way flash-attn's tests normalise it (re-implemented
 here from the documented convention) against softmax probabilities in
-float64, its sign against the numpy Philox model (tests/philox_reference.py)
+float64, its sign against the numpy Philox model (tests/support/philox_reference.py)
 and the output recomputed from that mask; the varlen S_dmask per sequence;
 the draws behind torch's ``_fill_mem_eff_dropout_mask_`` against the numpy
 model, and the mask torch regenerates after our efficient op against the
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import aotriton_rocm
-import attn_reference as ref
-from dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
+from support import attn_reference as ref
+from support.dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
                              softmax_reference)
-import philox_reference
+from support import philox_reference
 from aotriton_rocm import attention, dropout_masks
 from aotriton_rocm import torch_integration as ti
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 
-import attn_reference
-import philox_reference
+from support import attn_reference
+from support import philox_reference
 import pytest
 import torch
 

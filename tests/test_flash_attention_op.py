@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import attn_reference as ref
+from support import attn_reference as ref
 from aotriton_rocm import backends, torch_integration as ti
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
@@ -168,7 +168,7 @@ def test_flash_attention_op_dropout_state_and_debug_mask():
     # describes; the backward regenerates the forward's mask from them, which
     # the debug mask's sign shows (the mask itself is checked against an
     # independent host model of Philox); a second call draws a new mask.
-    import philox_reference
+    from support import philox_reference
 
     gen = torch.Generator().manual_seed(9)
     q, k, v, g = (_bshd(1, 24, 2, 32, torch.float16, gen) for _ in range(4))

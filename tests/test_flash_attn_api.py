@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import aotriton_rocm
-import attn_reference as ref
-import philox_reference
+from support import attn_reference as ref
+from support import philox_reference
 from aotriton_rocm import attention, backends
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")

@@ -61,7 +61,7 @@ def test_torch_compile_matches_eager(enabled):
 
 # --- sliding window, the (B, S, H, D) flash op, the direct API, AttentionMode ------
 
-import attn_reference as ref  # noqa: E402
+from support import attn_reference as ref  # noqa: E402
 
 
 def _arch_key(kernel):

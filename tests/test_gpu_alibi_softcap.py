@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import aotriton_rocm
-import attn_reference as ref
+from support import attn_reference as ref
 from aotriton_rocm import attention, backends, device, images
 
 pytestmark = pytest.mark.gpu

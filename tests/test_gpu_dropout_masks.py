@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import aotriton_rocm
-import attn_reference as ref
-import philox_reference
+from support import attn_reference as ref
+from support import philox_reference
 from aotriton_rocm import attention, backends, device, dropout_masks, images
-from dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
+from support.dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
                              softmax_reference)
 
 pytestmark = pytest.mark.gpu

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-import attn_reference as ref
-import philox_reference
+from support import attn_reference as ref
+from support import philox_reference
 from aotriton_rocm import attention, backends, device, images, torch_integration
 
 pytestmark = pytest.mark.gpu

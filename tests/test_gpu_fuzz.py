@@ -24,7 +24,7 @@ if device.arch_of(torch.cuda.current_device()) not in images.find_archives():
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-import attn_reference as ref  # noqa: E402
+from support import attn_reference as ref  # noqa: E402
 from aotriton_rocm import flash_attn_func  # noqa: E402
 
 EXAMPLES = int(os.environ.get("AOTRITON_GPU_FUZZ_EXAMPLES", "40"))

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-import attn_reference
-import philox_reference
+from support import attn_reference
+from support import philox_reference
 from aotriton_rocm import backends, device, images, smoke, torch_integration
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

@@ -36,7 +36,7 @@ if not device.gpu_available():
 if device.arch_of(torch.cuda.current_device()) not in images.find_archives():
     pytest.skip("no kernel image installed for this GPU's arch", allow_module_level=True)
 
-import attn_reference as ref  # noqa: E402
+from support import attn_reference as ref  # noqa: E402
 
 NATIVE_ENV = torch_integration.NATIVE_ENV
 ROUTES = ("default", "python")

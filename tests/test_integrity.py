@@ -1,7 +1,7 @@
 """Integrity end to end: an archive must be what its file name, its sidecar,
 the device and the runtime's ABI line say it is (archive.identity_problems),
 at every boundary: the runtime loader, smoke, info, validate, package, build.
-Archives are real (tests/real_archives.py: the real writer); commands run
+Archives are real (tests/support/real_archives.py: the real writer); commands run
 through their real entry points."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import real_archives as RA
+from support import real_archives as RA
 from aotriton_rocm import archive as A
 from aotriton_rocm import backends, cli, device, images, smoke
 from aotriton_rocm._version import ABI_VERSION

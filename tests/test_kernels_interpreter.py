@@ -36,7 +36,7 @@ import pathlib
 import sys
 import types
 
-import attn_reference
+from support import attn_reference
 import pytest
 import torch
 import triton

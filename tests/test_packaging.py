@@ -1,6 +1,6 @@
 """Packaging: wheels (runtime + per-arch images), conda packages, fresh installs.
 
-Small real archives (tests/real_archives.py: the real writer, stand-in code
+Small real archives (tests/support/real_archives.py: the real writer, stand-in code
 objects) stand in for what `aotriton-rocm build` writes: packaging verifies
 every archive it ships.
 The slow tests share one build of everything and one fresh venv per session.
@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import real_archives as RA
+from support import real_archives as RA
 
 from aotriton_rocm.tooling import package as pkg
 from aotriton_rocm.tooling import archive_intake as AI

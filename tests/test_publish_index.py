@@ -1,5 +1,5 @@
 """Publishing to a real package index with per-ROCm paths: ONE pypiserver
-process on 127.0.0.1 (tests/pypi_index.py) serving the default index at ``/``
+process on 127.0.0.1 (tests/support/pypi_index.py) serving the default index at ``/``
 and the ROCm 6.4 index at ``/rocm6.4/``, uploads guarded by htpasswd; real
 wheels of toy releases uploaded with twine and installed with pip into fresh
 venvs from one index at a time.
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-import toy_release as TR
+from support import toy_release as TR
 
 pytest.importorskip("pypiserver")
 pytest.importorskip("passlib")
 pytest.importorskip("twine")
 pytest.importorskip("build")
 
-from pypi_index import IndexServer, quiet_env  # noqa: E402
+from support.pypi_index import IndexServer, quiet_env  # noqa: E402
 
 USER = "uploader"
 OLD, POINT = "0.1.0", "0.1.1"

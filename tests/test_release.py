@@ -1,10 +1,10 @@
 """`aotriton-rocm release` across a ROCm-profile x arch matrix on a toy release
-(the real package step on fake archives; see tests/toy_release.py): ROCm 6.4
+(the real package step on fake archives; see tests/support/toy_release.py): ROCm 6.4
 (gfx942) and ROCm 7.0 (gfx942, gfx90a), giving the targets `default` (6.4, no
 local label), `rocm6.4` and `rocm7.0`. Every gate prints a verdict per target;
 a failing gate stops the release before anything is uploaded; a dry run
 never uploads; publishing goes to ONE real pypiserver with per-ROCm paths
-(tests/pypi_index.py) and a conda channel directory; credentials come from
+(tests/support/pypi_index.py) and a conda channel directory; credentials come from
 the environment or the keyring and are never printed.
 
 The matrix is packaged once (the dry run); the publishing tests publish
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import toy_release as TR
+from support import toy_release as TR
 
 pytest.importorskip("build")
 pytest.importorskip("rattler_build")
@@ -219,7 +219,7 @@ def server(tmp_path):
     pytest.importorskip("pypiserver")
     pytest.importorskip("passlib")
     pytest.importorskip("twine")
-    from pypi_index import IndexServer
+    from support.pypi_index import IndexServer
     from test_publish_index import USER, write_htpasswd
 
     write_htpasswd(tmp_path / "htpasswd", SECRET, USER)

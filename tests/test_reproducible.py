@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import real_archives as RA
+from support import real_archives as RA
 from aotriton_rocm.tooling import dist_dir as D
 from aotriton_rocm.tooling import reproducible as R
 from aotriton_rocm.tooling import source_tree as ST

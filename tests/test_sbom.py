@@ -1,7 +1,7 @@
 """CycloneDX SBOM of a release: `aotriton-rocm package` writes
 aotriton-rocm-<version>.cdx.json next to the artifacts. The builders are
 replaced by copies of a toy release's real wheels and .conda packages
-(tests/toy_release.py; built once per session), so this checks the command's
+(tests/support/toy_release.py; built once per session), so this checks the command's
 wiring and the document, not the builders again."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import toy_release as TR
+from support import toy_release as TR
 
 pytest.importorskip("build")
 pytest.importorskip("rattler_build")

@@ -1,6 +1,6 @@
 """Toy releases for the publishing tests: real wheels and .conda packages made
 by the real builders from this source tree stamped with another version, and
-small real archives (tests/real_archives.py; package verifies what it ships).
+small real archives (tests/support/real_archives.py; package verifies what it ships).
 
 Each (version, local label) is built once per test session and shared by the
 modules that import this helper (tests/test_publish_index.py,
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -20,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-import real_archives as RA
+from . import real_archives as RA
 from aotriton_rocm.tooling import snapshot as S
 from aotriton_rocm.tooling import source_tree as ST
 from aotriton_rocm._version import abi_line
 from aotriton_rocm.tooling import wheels as W
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROCM = "6.4"
 ARCH = "gfx942"
 

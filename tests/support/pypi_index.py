@@ -14,7 +14,7 @@ prefix) and serves them with the standard library's threaded WSGI server. The
 same layout in production: one ``WSGIScriptAlias /rocm6.4 ...`` (or gunicorn
 mount) per index with ``pypiserver.app(...)``.
 
-Run as ``python tests/pypi_index.py --port P --htpasswd FILE [NAME=DIR]...``
+Run as ``python tests/support/pypi_index.py --port P --htpasswd FILE [NAME=DIR]...``
 (``=DIR`` alone: the default index at ``/``); :class:`IndexServer` does that
 in a subprocess and waits until every path answers.
 """

@@ -1,0 +1,59 @@
+"""A toy kernel project (one tiny kernel, its variants.toml, the real
+targets.toml) for build, ABI-check and scale tests that need a real compile
+without the FlashAttention kernels' cost."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TOY_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_add(X, Y, Out, n, alpha, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(X + offs, mask=m)
+    y = tl.load(Y + offs, mask=m)
+    tl.store(Out + offs, (x * alpha + y).to(Out.dtype.element_ty), mask=m)
+'''
+
+TOY_VARIANTS = '''
+[kernels.scale_add]
+function = "toy:scale_add"
+args = [["X", "*{dtype}"], ["Y", "*{dtype}"], ["Out", "*{dtype}"], ["n", "i32"], ["alpha", "fp32"]]
+constexprs = ["BLOCK", "HEAD_DIM"]
+divisible_16 = ["X", "Y", "Out", "n"]
+grid = ["cdiv(n, BLOCK)", "1", "1"]
+functional = { dtype = ["fp16", "bf16"], head_dim = [64] }
+
+[[kernels.scale_add.configs]]
+archs = ["cuda"]
+BLOCK = 256
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["cdna"]
+BLOCK = 512
+num_warps = 4
+num_stages = 1
+'''
+
+
+def make_root(base: Path, variants: str = TOY_VARIANTS) -> Path:
+    (base / "kernels").mkdir(parents=True)
+    (base / "ci").mkdir()
+    (base / "kernels" / "toy.py").write_text(TOY_KERNEL)
+    (base / "kernels" / "variants.toml").write_text(variants)
+    shutil.copy(ROOT / "ci" / "targets.toml", base / "ci" / "targets.toml")
+    (base / "pyproject.toml").write_text('[project]\nname = "aotriton-rocm"\n')
+    return base
+
+
