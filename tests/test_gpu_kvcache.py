@@ -1,7 +1,7 @@
 """flash_attn_with_kvcache, paged flash_attn_varlen_func and torch's
 _flash_attention_forward with seqused_k / block_table / num_splits on a real
 GPU (the H100 via the sm_90 target), against the float32 reference of
-kvcache_reference.py (the cache gathered position by position, masks
+support/kvcache_reference.py (the cache gathered position by position, masks
 explicit): dense and paged caches (pages of 16, 32, 48, 256), cache_batch_idx,
 leftpad, the append (cache contents checked), rotary, causal/window/softcap/
 ALiBi, GQA, decode (Sq = 1) and chunks (Sq > 1), splits 1 / 3 / automatic,
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import aotriton_rocm
-import kvcache_reference as ref
+from support import kvcache_reference as ref
 from aotriton_rocm import backends, device, images, kvcache
 
 pytestmark = pytest.mark.gpu

@@ -1,6 +1,6 @@
 """aotriton_rocm.flash_attn_with_kvcache (and the KV-cache kernels behind it)
 on CPU tensors, run by Triton's interpreter, against the float64 reference of
-kvcache_reference.py, which gathers every key from the cache position by
+support/kvcache_reference.py, which gathers every key from the cache position by
 position and writes the masks, softcap and ALiBi out: dense and paged caches
 (page sizes 16, 32, 48, 256), cache_batch_idx, cache_leftpad, the append of
 new keys/values (the caches' contents checked afterwards), rotary (GPT-J and
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import aotriton_rocm
-import kvcache_reference as ref
+from support import kvcache_reference as ref
 from aotriton_rocm import backends, kvcache
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
