@@ -11,3 +11,15 @@ from support.toy_build import make_root
 def toy_root(tmp_path_factory):
     """A fresh toy kernel project (tests/support/toy_build.py) per module."""
     return make_root(tmp_path_factory.mktemp("toyroot"))
+
+
+@pytest.fixture
+def enabled():
+    """Our implementation enabled for one test, launch counts reset."""
+    import aotriton_rocm
+    from aotriton_rocm import backends
+
+    aotriton_rocm.enable()
+    backends.reset_launch_counts()
+    yield
+    aotriton_rocm.disable()

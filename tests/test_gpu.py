@@ -19,14 +19,6 @@ if device.arch_of(torch.cuda.current_device()) not in images.find_archives():
     pytest.skip("no kernel image installed for this GPU's arch", allow_module_level=True)
 
 
-@pytest.fixture
-def enabled():
-    aotriton_rocm.enable()
-    backends.reset_launch_counts()
-    yield
-    aotriton_rocm.disable()
-
-
 @pytest.mark.parametrize("case", smoke.gpu_cases(quick=True), ids=lambda c: c.label())
 def test_sdpa_matches_math_on_gpu(enabled, case):
     result = smoke.run_case(case, torch.device("cuda"), torch.Generator("cuda").manual_seed(3))

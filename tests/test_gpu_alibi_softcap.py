@@ -14,6 +14,7 @@ import torch
 import aotriton_rocm
 from support import attn_reference as ref
 from aotriton_rocm import attention, backends, device, images
+from support.gpu import ours as _ours  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -28,11 +29,6 @@ F16, BF16 = torch.float16, torch.bfloat16
 @pytest.fixture(autouse=True)
 def counts():
     backends.reset_launch_counts()
-
-
-def _ours(kernel="attn_fwd"):
-    return backends.launch_counts().get((f"aot:{device.arch_of(torch.cuda.current_device())}",
-                                         kernel), 0)
 
 
 def _rand(*shape, dtype=F16, seed=0, scale=1.5):

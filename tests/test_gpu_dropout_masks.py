@@ -18,11 +18,12 @@ import torch
 import aotriton_rocm
 from support import attn_reference as ref
 from support import philox_reference
-from aotriton_rocm import attention, backends, device, dropout_masks, images
+from aotriton_rocm import attention, device, dropout_masks, images
 from support.dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
-                             softmax_reference)
+                                     softmax_reference)
+from support.gpu import ours as _ours
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
 
 if not device.gpu_available():
     pytest.skip("no GPU visible to torch", allow_module_level=True)
@@ -35,19 +36,6 @@ MATH = torch.ops.aten._scaled_dot_product_attention_math
 FUDGE = {"out": 6.0 if torch.version.hip else 3.0, "dq": 110.0, "dk": 8.0,
          "dv": 6.0 if torch.version.hip else 3.0}
 PROB_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
-
-
-@pytest.fixture(autouse=True)
-def enabled():
-    aotriton_rocm.enable()
-    backends.reset_launch_counts()
-    yield
-    aotriton_rocm.disable()
-
-
-def _ours(kernel):
-    return backends.launch_counts().get((f"aot:{device.arch_of(torch.cuda.current_device())}",
-                                         kernel), 0)
 
 
 def _rand(*shape, dtype=torch.float16, seed=0, scale=1.0):

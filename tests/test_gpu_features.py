@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import aotriton_rocm
 from support import attn_reference as ref
 from support import philox_reference
-from aotriton_rocm import attention, backends, device, images, torch_integration
+from aotriton_rocm import device, images, torch_integration
+from support.gpu import ours as _ours  # noqa: E402
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
 
 if not device.gpu_available():
     pytest.skip("no GPU visible to torch", allow_module_level=True)
@@ -26,19 +26,6 @@ if device.arch_of(torch.cuda.current_device()) not in images.find_archives():
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention.default
 FLASH_BWD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
-
-
-@pytest.fixture(autouse=True)
-def enabled():
-    aotriton_rocm.enable()
-    backends.reset_launch_counts()
-    yield
-    aotriton_rocm.disable()
-
-
-def _ours(kernel="attn_fwd"):
-    return backends.launch_counts().get((f"aot:{device.arch_of(torch.cuda.current_device())}",
-                                         kernel), 0)
 
 
 def _rand(*shape, dtype=torch.float16, seed=0):

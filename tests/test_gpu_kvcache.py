@@ -9,7 +9,6 @@ CUDA-graph replays. Skipped without a GPU or an installed image for its arch."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ import torch
 import aotriton_rocm
 from support import kvcache_reference as ref
 from aotriton_rocm import backends, device, images, kvcache
+from support.gpu import ours as _ours  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -26,11 +26,6 @@ if device.arch_of(torch.cuda.current_device()) not in images.find_archives():
     pytest.skip("no kernel image installed for this GPU's arch", allow_module_level=True)
 
 ATOL = {torch.float16: 4e-3, torch.bfloat16: 2.4e-2}
-
-
-def _ours(kernel):
-    name = f"aot:{device.arch_of(torch.cuda.current_device())}"
-    return backends.launch_counts().get((name, kernel), 0)
 
 
 def _rand(*shape, dtype=torch.float16, gen):

@@ -37,6 +37,7 @@ if device.arch_of(torch.cuda.current_device()) not in images.find_archives():
     pytest.skip("no kernel image installed for this GPU's arch", allow_module_level=True)
 
 from support import attn_reference as ref  # noqa: E402
+from support.gpu import ours as _ours  # noqa: E402
 
 NATIVE_ENV = torch_integration.NATIVE_ENV
 ROUTES = ("default", "python")
@@ -47,11 +48,6 @@ def _native_expected() -> bool:
     """Whether the default route is the C++ one here (torch >= 2.10 with the
     extension installed)."""
     return torch_integration.has_registry() and torch_native.available()
-
-
-def _ours(kernel: str = "attn_fwd") -> int:
-    return backends.launch_counts().get(
-        (f"aot:{device.arch_of(torch.cuda.current_device())}", kernel), 0)
 
 
 def _rand(*shape, dtype=torch.float16, seed=0):

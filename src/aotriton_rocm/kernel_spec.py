@@ -436,10 +436,11 @@ def jit_function(kernel: KernelSpec):
 _INTERPRETED_PACKAGE = "_aotriton_rocm_interpreted_kernels"
 
 
-def _interpreted_package() -> str:
-    name = _INTERPRETED_PACKAGE
+def kernels_package(name: str, directory) -> str:
+    """A synthetic package ``name`` whose modules are the kernel sources in
+    ``directory`` (their relative imports work), created once; returns name."""
     if name not in sys.modules:
-        kd = str(kernels_dir())
+        kd = str(directory)
         pkg = types.ModuleType(name)
         pkg.__path__ = [kd]  # type: ignore[attr-defined]
         pkg.__package__ = name
@@ -447,6 +448,10 @@ def _interpreted_package() -> str:
         pkg.__spec__.submodule_search_locations = [kd]
         sys.modules[name] = pkg
     return name
+
+
+def _interpreted_package() -> str:
+    return kernels_package(_INTERPRETED_PACKAGE, kernels_dir())
 
 
 def interpreted_function(kernel: KernelSpec):

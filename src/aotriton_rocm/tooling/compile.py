@@ -12,12 +12,12 @@ import importlib
 import importlib.util
 import os
 import re
-import sys
 import traceback
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
+
+from .. import kernel_spec
 
 __all__ = [
     "COMPILE_ENV",
@@ -96,23 +96,13 @@ def worker_init(triton_cache_dir: str) -> None:
     os.environ.update(COMPILE_ENV)
 
 
-_pkg_names: Dict[str, str] = {}
 
 
 def _kernels_package(kernels_dir: str) -> str:
     """A synthetic package whose __path__ is kernels_dir (relative imports work)."""
     kd = str(Path(kernels_dir).resolve())
-    name = _pkg_names.get(kd)
-    if name is None:
-        name = "_aotriton_rocm_kernels_" + hashlib.sha256(kd.encode()).hexdigest()[:12]
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [kd]  # type: ignore[attr-defined]
-        pkg.__package__ = name
-        pkg.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-        pkg.__spec__.submodule_search_locations = [kd]
-        sys.modules[name] = pkg
-        _pkg_names[kd] = name
-    return name
+    name = "_aotriton_rocm_kernels_" + hashlib.sha256(kd.encode()).hexdigest()[:12]
+    return kernel_spec.kernels_package(name, kd)
 
 
 def load_kernel_function(kernels_dir: str, module: str, function: str):
