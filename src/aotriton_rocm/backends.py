@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
@@ -84,14 +84,24 @@ def block_d(head_dim: int) -> int:
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
-def _functional_key(kernel: str, functional: dict) -> tuple:
-    """(kernel, dtype, padded head dim, masked head dim?, bias?, dropout?) of
-    a variant's functional values. The preprocess and KV-cache kernels always
-    mask the head dim and have neither a bias nor dropout: None on those axes."""
+class FunctionalKey(NamedTuple):
+    """Which compiled variant family serves a call. The preprocess, KV-cache
+    and dropout-draw kernels always mask the head dim and have neither a bias
+    nor dropout: None on those axes."""
+    kernel: str
+    dtype: str
+    head_dim: int          # the padded tile width (block_d)
+    pad_head: bool | None  # masked head dim (the general variant)
+    has_bias: bool | None
+    enable_dropout: bool | None
+
+
+def _functional_key(kernel: str, functional: dict) -> FunctionalKey:
+    """The key of a variant's functional values."""
     def flag(name):
         return None if name not in functional else bool(functional[name])
-    return (kernel, functional["dtype"], int(functional["head_dim"]), flag("pad_head"),
-            flag("has_bias"), flag("enable_dropout"))
+    return FunctionalKey(kernel, functional["dtype"], int(functional["head_dim"]),
+                         flag("pad_head"), flag("has_bias"), flag("enable_dropout"))
 
 
 def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout: bool,
@@ -101,10 +111,10 @@ def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout:
     one with softcap and ALiBi: ``score_mods``)."""
     b = block_d(head_dim)
     if kernel in ("attn_bwd_preprocess", DROPOUT_UNIFORM) or kernel in KVCACHE_KERNELS:
-        return ((kernel, dtype, b, None, None, None),)
-    masked = (kernel, dtype, b, True, bias, dropout)
+        return (FunctionalKey(kernel, dtype, b, None, None, None),)
+    masked = FunctionalKey(kernel, dtype, b, True, bias, dropout)
     if b == head_dim and not score_mods:
-        return ((kernel, dtype, b, False, bias, dropout), masked)
+        return (FunctionalKey(kernel, dtype, b, False, bias, dropout), masked)
     return (masked,)
 
 
