@@ -11,6 +11,7 @@ libaotriton_rocm_torch.so`` (torch's stable ABI; no link-time libtorch)."""
 
 import os
 import re
+import runpy
 import shutil
 from pathlib import Path
 
@@ -20,9 +21,10 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 NATIVE = "native"
-VERSION = re.search(r'^__version__\s*=\s*"([^"]+)"',
-                    (HERE / "src/aotriton_rocm/_version.py").read_text(), re.M).group(1)
-ABI_LINE = ".".join(VERSION.split("+")[0].split(".")[:2])
+# _version.py is a stdlib-only leaf: the one place that maps a version to its ABI line
+_VERSION_MODULE = runpy.run_path(str(HERE / "src/aotriton_rocm/_version.py"))
+VERSION = _VERSION_MODULE["__version__"]
+ABI_LINE = _VERSION_MODULE["abi_line"](VERSION)
 SONAME = f"libaotriton_rocm.so.{ABI_LINE}"
 LIBRARY = "aotriton_rocm.lib.libaotriton_rocm"
 TORCH_LIBRARY = "aotriton_rocm.lib.libaotriton_rocm_torch"
@@ -86,7 +88,7 @@ def render_package_files(package: Path) -> None:
     """lib/cmake/aotriton_rocm/ and lib/pkgconfig/ from native/{cmake,pkgconfig}/*.in,
     as native/CMakeLists.txt renders them for its install()."""
     major, minor = ABI_LINE.split(".")
-    values = {"AOTR_VERSION": VERSION.split("+")[0], "AOTR_VERSION_MAJOR": major,
+    values = {"AOTR_VERSION": _VERSION_MODULE["public_version"](VERSION), "AOTR_VERSION_MAJOR": major,
               "AOTR_VERSION_MINOR": minor, "AOTR_ABI_LINE": ABI_LINE, "AOTR_SONAME": SONAME}
     for template, dest in (("cmake/aotriton_rocmConfig.cmake", "cmake/aotriton_rocm"),
                            ("cmake/aotriton_rocmConfigVersion.cmake", "cmake/aotriton_rocm"),

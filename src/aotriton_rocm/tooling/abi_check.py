@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .._version import abi_line
+from .._version import abi_line, public_version
 from ..errors import CommandError, UsageError
 from ..kernel_abi import functional_key, kernel_abi_entries
 from ..archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError
@@ -105,7 +105,7 @@ class Change:
 # ----------------------------------------------------------------------- reading
 
 def _version_key(v: str) -> Tuple[int, ...]:
-    return tuple(int(x) for x in v.split("+")[0].split("."))
+    return tuple(int(x) for x in public_version(v).split("."))
 
 
 def _arch_from_archive(path: Path, rel: Release) -> None:
