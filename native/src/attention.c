@@ -130,8 +130,6 @@ typedef struct dims {
     int varlen;
 } dims;
 
-static int present(const aotr_tensor *t) { return t->data != NULL; }
-
 static int64_t numel(const aotr_tensor *t)
 {
     int64_t n = 1;
@@ -179,14 +177,14 @@ static aotr_status problem_dims(const aotr_attn_problem *p, dims *d)
     if ((st = check_tensor(&p->q, "q")) || (st = check_tensor(&p->k, "k")) ||
         (st = check_tensor(&p->v, "v")))
         return st;
-    d->varlen = present(&p->cu_seqlens_q) || present(&p->cu_seqlens_k);
+    d->varlen = aotr_present(&p->cu_seqlens_q) || aotr_present(&p->cu_seqlens_k);
     int rank = d->varlen ? 3 : 4;
     if (p->q.rank != rank || p->k.rank != rank || p->v.rank != rank)
         return aotr_fail(AOTR_UNSUPPORTED, "query/key/value must be %d-D %s", rank,
                          d->varlen ? "(total, heads, head_dim)"
                                    : "(batch, heads, seqlen, head_dim)");
     if (d->varlen) {
-        if (!present(&p->cu_seqlens_q) || !present(&p->cu_seqlens_k))
+        if (!aotr_present(&p->cu_seqlens_q) || !aotr_present(&p->cu_seqlens_k))
             return aotr_fail(AOTR_UNSUPPORTED, "cu_seqlens_q and cu_seqlens_k must be "
                              "given together");
         const aotr_tensor *cu[2] = {&p->cu_seqlens_q, &p->cu_seqlens_k};
@@ -273,11 +271,11 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
     if (d.varlen) {
         if (d.b > INT32_LIMIT || p->q.sizes[0] > INT32_LIMIT || p->k.sizes[0] > INT32_LIMIT)
             return aotr_fail(AOTR_UNSUPPORTED, "more than 2**31 packed rows");
-        if (present(&p->bias))
+        if (aotr_present(&p->bias))
             return aotr_fail(AOTR_UNSUPPORTED, "an attn_mask with a variable-length batch "
                              "is not covered");
     }
-    if (present(&p->bias)) {
+    if (aotr_present(&p->bias)) {
         if ((st = check_tensor(&p->bias, "bias")) != AOTR_OK)
             return st;
         if (p->bias.dtype != dtype)
@@ -354,14 +352,14 @@ aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_att
     uint32_t n = kernels_needed(needs, kernels);
     for (uint32_t i = 0; i < n; i++)
         if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype, (int32_t)d.d,
-                              pick_features(present(&p->bias), dropout, NULL), d.sq, d.sk))
+                              pick_features(aotr_present(&p->bias), dropout, NULL), d.sq, d.sk))
             return AOTR_UNSUPPORTED;
     return AOTR_OK;
 }
 
 /* -- argument values ------------------------------------------------------ */
 
-static aotr_status need_layout(const aotr_tensor *t, const char *name)
+aotr_status aotr_need_layout(const aotr_tensor *t, const char *name)
 {
     if (aotr_layout_ok(t))
         return AOTR_OK;
@@ -376,10 +374,10 @@ static aotr_status like(const aotr_tensor *t, const aotr_tensor *model, const ch
     aotr_status st = check_tensor(t, name);
     if (st != AOTR_OK)
         return st;
-    if (!present(t) || !same_shape(t, model) || t->dtype != model->dtype)
+    if (!aotr_present(t) || !same_shape(t, model) || t->dtype != model->dtype)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be given, shaped and typed like %s",
                          name, model_name);
-    return need_layout(t, name);
+    return aotr_need_layout(t, name);
 }
 
 static aotr_status set_i32(aotr_arg_value *v, int slot, int64_t x)
@@ -413,7 +411,7 @@ static aotr_status check_lse(const aotr_tensor *lse, const dims *d, const char *
     aotr_status st = check_tensor(lse, name);
     if (st != AOTR_OK)
         return st;
-    int ok = present(lse) && lse->dtype == AOTR_FP32;
+    int ok = aotr_present(lse) && lse->dtype == AOTR_FP32;
     if (ok && d->varlen)
         ok = lse->rank == 2 && lse->sizes[0] == d->h && lse->sizes[1] >= 0;
     else if (ok)
@@ -435,8 +433,8 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
                                  aotr_arg_value *v)
 {
     aotr_status st;
-    if ((st = need_layout(&p->q, "q")) || (st = need_layout(&p->k, "k")) ||
-        (st = need_layout(&p->v, "v")))
+    if ((st = aotr_need_layout(&p->q, "q")) || (st = aotr_need_layout(&p->k, "k")) ||
+        (st = aotr_need_layout(&p->v, "v")))
         return st;
     /* Pointers a launch never dereferences (a feature it does not use) get
      * q's address: valid device memory, aligned like every other input. */
@@ -449,7 +447,7 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
     if (needs_rng) {
         const aotr_tensor *r[2] = {&p->philox_seed, &p->philox_offset};
         for (int i = 0; i < 2; i++)
-            if (!present(r[i]) || r[i]->dtype != AOTR_INT64 || numel(r[i]) < 1 ||
+            if (!aotr_present(r[i]) || r[i]->dtype != AOTR_INT64 || numel(r[i]) < 1 ||
                 ((uintptr_t)r[i]->data & 7u))
                 return aotr_fail(AOTR_INVALID_ARGUMENT, "dropout needs philox_%s: an "
                                  "8-byte aligned int64 device scalar",
@@ -457,8 +455,8 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
     }
     v[A_RNG_SEED].p = needs_rng ? p->philox_seed.data : spare;
     v[A_RNG_OFFSET].p = needs_rng ? p->philox_offset.data : spare;
-    if (present(&p->bias)) {
-        if ((st = need_layout(&p->bias, "bias")) != AOTR_OK)
+    if (aotr_present(&p->bias)) {
+        if ((st = aotr_need_layout(&p->bias, "bias")) != AOTR_OK)
             return st;
         v[A_BIAS].p = p->bias.data;
         if ((st = set_strides(v, A_SBZ, p->bias.strides, 3)) != AOTR_OK)
@@ -493,11 +491,34 @@ static score_mod score_mod_of(uint32_t struct_size, size_t alibi_at, size_t soft
                               const aotr_tensor *alibi, float softcap)
 {
     score_mod m = {NULL, 0.0f};
-    if (struct_size >= alibi_at + sizeof(aotr_tensor) && present(alibi))
+    if (struct_size >= alibi_at + sizeof(aotr_tensor) && aotr_present(alibi))
         m.alibi = alibi;
     if (struct_size >= softcap_at + sizeof(float))
         m.softcap = softcap;
     return m;
+}
+
+aotr_status aotr_alibi_strides(const aotr_tensor *a, int64_t batch, int64_t heads,
+                               int64_t strides[2])
+{
+    aotr_status st = check_tensor(a, "alibi_slopes");
+    if (st != AOTR_OK)
+        return st;
+    if (a->dtype != AOTR_FP32)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes must be fp32, not %s",
+                         dtype_text(a->dtype));
+    int per_head = a->rank == 1 && a->sizes[0] == heads;
+    int per_batch = a->rank == 2 && a->sizes[0] == batch && a->sizes[1] == heads;
+    if (!per_head && !per_batch)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes must be (heads,) = (%lld,) or "
+                         "(batch, heads) = (%lld, %lld)", (long long)heads, (long long)batch,
+                         (long long)heads);
+    if ((uintptr_t)a->data & 3u)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes: the address is not 4-byte "
+                         "aligned");
+    strides[0] = per_head ? 0 : a->strides[0];
+    strides[1] = a->strides[a->rank - 1];
+    return AOTR_OK;
 }
 
 static aotr_status score_mod_values(const score_mod *m, const dims *d, const void *spare,
@@ -512,23 +533,11 @@ static aotr_status score_mod_values(const score_mod *m, const dims *d, const voi
     const aotr_tensor *a = m->alibi;
     if (!a)
         return AOTR_OK;
-    aotr_status st = check_tensor(a, "alibi_slopes");
+    int64_t s[2];
+    aotr_status st = aotr_alibi_strides(a, d->b, d->h, s);
+    if (st == AOTR_OK)
+        st = set_strides(v, A_SAZ, s, 2);
     if (st != AOTR_OK)
-        return st;
-    if (a->dtype != AOTR_FP32)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes must be fp32, not %s",
-                         dtype_text(a->dtype));
-    int per_head = a->rank == 1 && a->sizes[0] == d->h;
-    int per_batch = a->rank == 2 && a->sizes[0] == d->b && a->sizes[1] == d->h;
-    if (!per_head && !per_batch)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes must be (heads,) = (%lld,) or "
-                         "(batch, heads) = (%lld, %lld)", (long long)d->h, (long long)d->b,
-                         (long long)d->h);
-    if ((uintptr_t)a->data & 3u)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes: the address is not 4-byte "
-                         "aligned");
-    int64_t s[2] = {per_head ? 0 : a->strides[0], a->strides[a->rank - 1]};
-    if ((st = set_strides(v, A_SAZ, s, 2)) != AOTR_OK)
         return st;
     v[A_ALIBI].p = a->data;
     v[A_HAS_ALIBI].i32 = 1;
@@ -550,7 +559,7 @@ static aotr_status score_mod_declared(const aotr_launchable *k, const aotr_arg_v
 
 static uint64_t cdiv(int64_t a, int64_t b) { return (uint64_t)((a + b - 1) / b); }
 
-static aotr_status make_grid(uint64_t blocks, int64_t programs, uint32_t grid[3])
+aotr_status aotr_launch_grid(uint64_t blocks, int64_t programs, uint32_t grid[3])
 {
     int64_t y = programs < MAX_GRID_Y ? programs : MAX_GRID_Y;
     if (y < 1)
@@ -570,7 +579,7 @@ static aotr_status launch(aotr_runtime *rt, aotr_device *dev, const aotr_launcha
                           const aotr_arg_value *v)
 {
     uint32_t grid[3];
-    aotr_status st = make_grid(blocks, programs, grid);
+    aotr_status st = aotr_launch_grid(blocks, programs, grid);
     if (st == AOTR_OK)
         st = aotr_launchable_check(k, v);
     if (st == AOTR_OK)
@@ -614,7 +623,7 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
     if (d.b * d.h * d.sq == 0)
         return AOTR_OK; /* nothing to compute */
     const aotr_tensor *dm = &params->debug_mask;
-    int store_dmask = present(dm);
+    int store_dmask = aotr_present(dm);
     if (store_dmask) {
         /* Variable-length batches too: (batch, heads, max_seqlen_q,
          * max_seqlen_k), sequence z at the top left of [z]. */
@@ -644,10 +653,9 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
+    unsigned features = pick_features(aotr_present(&p->bias), dropout, &mod);
     const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_FWD, (aotr_dtype)p->q.dtype,
-                                                (int32_t)d.d,
-                                                pick_features(present(&p->bias), dropout, &mod),
-                                                d.sq, d.sk);
+                                                (int32_t)d.d, features, d.sq, d.sk);
     if (!k)
         return AOTR_UNSUPPORTED;
     if ((st = score_mod_declared(k, v)) != AOTR_OK)
@@ -685,12 +693,12 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
                          "no device memory)");
     }
     const aotr_tensor *db = &params->grad_bias;
-    int store_dbias = present(db);
+    int store_dbias = aotr_present(db);
     if (store_dbias) {
-        if (!present(&p->bias) || !same_shape(db, &p->bias) || db->dtype != p->bias.dtype)
+        if (!aotr_present(&p->bias) || !same_shape(db, &p->bias) || db->dtype != p->bias.dtype)
             return aotr_fail(AOTR_INVALID_ARGUMENT, "grad_bias needs a bias, and must be "
                              "shaped and typed like it");
-        if ((st = need_layout(db, "grad_bias")) != AOTR_OK)
+        if ((st = aotr_need_layout(db, "grad_bias")) != AOTR_OK)
             return st;
     }
     aotr_arg_value v[A_COUNT];
@@ -725,7 +733,7 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
     aotr_dtype dtype = (aotr_dtype)p->q.dtype;
-    int bias = present(&p->bias);
+    int bias = aotr_present(&p->bias);
     unsigned features = pick_features(bias, dropout, &mod);
     const aotr_launchable *pre = aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d.d,
                                                   0, d.sq, d.sk);
@@ -759,7 +767,7 @@ static aotr_status check_philox(const aotr_tensor *t, const char *name)
     aotr_status st = check_tensor(t, name);
     if (st != AOTR_OK)
         return st;
-    if (!present(t) || t->dtype != AOTR_INT64 || numel(t) < 1 || ((uintptr_t)t->data & 7u))
+    if (!aotr_present(t) || t->dtype != AOTR_INT64 || numel(t) < 1 || ((uintptr_t)t->data & 7u))
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be an 8-byte aligned int64 device "
                          "scalar (the forward's)", name);
     return AOTR_OK;
@@ -771,7 +779,7 @@ static aotr_status check_draws_out(const aotr_tensor *t)
     aotr_status st = check_tensor(t, "out");
     if (st != AOTR_OK)
         return st;
-    if ((!present(t) && numel(t) > 0) || t->rank != 4 || t->dtype != AOTR_FP32)
+    if ((!aotr_present(t) && numel(t) > 0) || t->rank != 4 || t->dtype != AOTR_FP32)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "out must be an fp32 (batch, heads, seqlen_q, "
                          "seqlen_k) tensor");
     const int64_t *n = t->sizes;

@@ -187,6 +187,20 @@ typedef struct aotr_launchable aotr_launchable;
  * first use; the status of a failed initialisation is kept and returned
  * again with its message. */
 AOTR_HIDDEN aotr_status aotr_runtime_device(aotr_runtime *rt, int32_t device, aotr_device **out);
+/* -- request helpers shared by the entry points (attention.c) ------------ */
+
+static inline int aotr_present(const aotr_tensor *t) { return t->data != NULL; }
+/* AOTR_NEEDS_LAYOUT naming `name` unless aotr_layout_ok(t). */
+AOTR_HIDDEN aotr_status aotr_need_layout(const aotr_tensor *t, const char *name);
+/* The (x, y, z) grid of `blocks` row blocks times `programs` (batch x heads)
+ * programs, y capped at 65535 and the rest along z; AOTR_UNSUPPORTED when it
+ * cannot be launched. */
+AOTR_HIDDEN aotr_status aotr_launch_grid(uint64_t blocks, int64_t programs, uint32_t grid[3]);
+/* ALiBi slopes: fp32 (heads,) or (batch, heads), 4-byte aligned; their (z, h)
+ * strides (z = 0 for per-head slopes). */
+AOTR_HIDDEN aotr_status aotr_alibi_strides(const aotr_tensor *slopes, int64_t batch,
+                                           int64_t heads, int64_t strides[2]);
+
 /* What a call needs of a kernel variant beyond dtype and head dim. */
 enum {
     AOTR_PICK_BIAS = 1,

@@ -11,8 +11,6 @@
 #define INT32_LIMIT 2147483647LL
 #define KV_MAX_HEAD_DIM 256
 #define KV_PAGE_MULTIPLE 16
-#define MAX_GRID_Y 65535
-#define MAX_BLOCK 256
 
 /* -- argument names ------------------------------------------------------- */
 
@@ -136,8 +134,6 @@ typedef struct kv_dims {
     int varlen, paged;
 } kv_dims;
 
-static int present(const aotr_tensor *t) { return t->data != NULL; }
-
 static int rank_ok(const aotr_tensor *t)
 {
     if (t->rank < 0 || t->rank > AOTR_MAX_RANK)
@@ -163,15 +159,6 @@ static aotr_status check_vector(const aotr_tensor *t, int64_t b, const char *nam
     return AOTR_OK;
 }
 
-static aotr_status check_layout(const aotr_tensor *t, const char *name)
-{
-    if (aotr_layout_ok(t))
-        return AOTR_OK;
-    return aotr_fail(AOTR_NEEDS_LAYOUT, "aotr_attn_fwd_kvcache: %s does not meet the kernels' "
-                     "layout assumptions (unit last stride, 16-byte aligned base, other strides "
-                     "multiples of 16): pass a copy that does", name);
-}
-
 static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
 {
     const aotr_tensor *q = &p->q, *kc = &p->k_cache, *vc = &p->v_cache;
@@ -180,7 +167,7 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
         !rank_ok(&p->lse))
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: a tensor has a rank "
                          "outside 0..%d or a negative size", AOTR_MAX_RANK);
-    d->varlen = present(&p->cu_seqlens_q);
+    d->varlen = aotr_present(&p->cu_seqlens_q);
     if (q->rank != (d->varlen ? 3 : 4))
         return bad(d->varlen ? "q must be packed (total_q, heads, head_dim) with cu_seqlens_q"
                              : "q must be (batch, seqlen_q, heads, head_dim)");
@@ -218,12 +205,12 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
     if (d->hk == 0 || d->h % d->hk)
         return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: query heads (%lld) must be a "
                          "multiple of key/value heads (%lld)", (long long)d->h, (long long)d->hk);
-    d->paged = present(&p->block_table);
+    d->paged = aotr_present(&p->block_table);
     d->page = kc->sizes[1];
     d->capacity = d->page;
     if (d->paged) {
         const aotr_tensor *bt = &p->block_table;
-        if (present(&p->cache_batch_idx))
+        if (aotr_present(&p->cache_batch_idx))
             return bad("cache_batch_idx cannot be used with block_table (a paged cache)");
         if (bt->dtype != AOTR_INT32 || bt->rank != 2 || bt->sizes[0] != d->b ||
             (bt->sizes[1] > 1 && bt->strides[1] != 1) || ((uintptr_t)bt->data & 3u))
@@ -234,25 +221,24 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
                              "(k_cache.sizes[1] = %lld) must be a positive multiple of %d",
                              (long long)d->page, KV_PAGE_MULTIPLE);
         d->capacity = bt->sizes[1] * d->page;
-    } else if (!present(&p->cache_batch_idx) && kc->sizes[0] < d->b) {
+    } else if (!aotr_present(&p->cache_batch_idx) && kc->sizes[0] < d->b) {
         return bad("the dense cache holds fewer batch rows than q (pass cache_batch_idx)");
     }
     aotr_status st;
     if ((st = check_vector(&p->k_end, d->b, "k_end")) != AOTR_OK)
         return st;
-    if (present(&p->k_start) && (st = check_vector(&p->k_start, d->b, "k_start")) != AOTR_OK)
+    if (aotr_present(&p->k_start) && (st = check_vector(&p->k_start, d->b, "k_start")) != AOTR_OK)
         return st;
-    if (present(&p->cache_batch_idx) &&
+    if (aotr_present(&p->cache_batch_idx) &&
         (st = check_vector(&p->cache_batch_idx, d->b, "cache_batch_idx")) != AOTR_OK)
         return st;
-    if (present(&p->alibi_slopes)) {
-        const aotr_tensor *a = &p->alibi_slopes;
-        int ok = a->dtype == AOTR_FP32 && ((a->rank == 1 && a->sizes[0] == d->h) ||
-                                           (a->rank == 2 && a->sizes[0] == d->b &&
-                                            a->sizes[1] == d->h));
-        if (!ok || (d->h > 1 && a->strides[a->rank - 1] != 1) || ((uintptr_t)a->data & 3u))
-            return bad("alibi_slopes must be fp32 (heads,) or (batch, heads) with a unit last "
-                       "stride");
+    if (aotr_present(&p->alibi_slopes)) {
+        /* the KV-cache kernel steps through the heads' slopes one by one */
+        int64_t strides[2];
+        if (aotr_alibi_strides(&p->alibi_slopes, d->b, d->h, strides) != AOTR_OK)
+            return aotr_fail_prefix(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache");
+        if (d->h > 1 && strides[1] != 1)
+            return bad("alibi_slopes must have a unit stride along the heads");
     }
     if (!isfinite(p->scale) || !isfinite(p->softcap) || p->softcap < 0.0f)
         return bad("scale must be finite and softcap finite and >= 0");
@@ -276,13 +262,13 @@ static aotr_status check_outputs(const aotr_attn_kvcache_params *p, const kv_dim
                                  int64_t lse_strides[2])
 {
     const aotr_tensor *o = &p->out, *l = &p->lse;
-    int same = present(o) && o->rank == p->q.rank && o->dtype == p->q.dtype;
+    int same = aotr_present(o) && o->rank == p->q.rank && o->dtype == p->q.dtype;
     for (int i = 0; same && i < o->rank; i++)
         same = o->sizes[i] == p->q.sizes[i];
     if (!same)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: out must be given, "
                          "shaped and typed like q");
-    int ok = present(l) && l->dtype == AOTR_FP32;
+    int ok = aotr_present(l) && l->dtype == AOTR_FP32;
     if (ok && d->varlen)
         ok = l->rank == 2 && l->sizes[0] == d->h && l->sizes[1] >= p->q.sizes[0];
     else if (ok)
@@ -296,8 +282,9 @@ static aotr_status check_outputs(const aotr_attn_kvcache_params *p, const kv_dim
     lse_strides[0] = d->varlen ? 0 : l->strides[0];
     lse_strides[1] = d->varlen ? l->strides[0] : l->strides[1];
     aotr_status st;
-    if ((st = check_layout(&p->q, "q")) || (st = check_layout(&p->k_cache, "k_cache")) ||
-        (st = check_layout(&p->v_cache, "v_cache")) || (st = check_layout(o, "out")))
+    if ((st = aotr_need_layout(&p->q, "q")) || (st = aotr_need_layout(&p->k_cache, "k_cache")) ||
+        (st = aotr_need_layout(&p->v_cache, "v_cache")) ||
+        (st = aotr_need_layout(o, "out")))
         return st;
     return AOTR_OK;
 }
@@ -306,7 +293,7 @@ static aotr_status check_outputs(const aotr_attn_kvcache_params *p, const kv_dim
 static aotr_status check_workspace(const aotr_tensor *t, const int64_t *sizes, int rank,
                                    const char *name)
 {
-    int ok = present(t) && rank_ok(t) && t->dtype == AOTR_FP32 && t->rank == rank &&
+    int ok = aotr_present(t) && rank_ok(t) && t->dtype == AOTR_FP32 && t->rank == rank &&
              !((uintptr_t)t->data & 15u);
     int64_t stride = 1;
     for (int i = rank - 1; ok && i >= 0; i--) {
@@ -404,22 +391,6 @@ static void bshd(const aotr_tensor *t, int varlen, const int slots[3], aotr_arg_
     v[slots[2]].i32 = (int32_t)t->strides[t->rank - 3];
 }
 
-static aotr_status grid_of(int64_t blocks, int64_t programs, uint32_t grid[3])
-{
-    int64_t y = programs < MAX_GRID_Y ? programs : MAX_GRID_Y;
-    if (y < 1)
-        y = 1;
-    int64_t z = cdiv(programs, y);
-    if (blocks > INT32_LIMIT || z > MAX_GRID_Y)
-        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: the launch grid (%lld, "
-                         "%lld, %lld) is too large", (long long)blocks, (long long)y,
-                         (long long)z);
-    grid[0] = (uint32_t)blocks;
-    grid[1] = (uint32_t)y;
-    grid[2] = (uint32_t)z;
-    return AOTR_OK;
-}
-
 static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aotr_arg_value *v)
 {
     const kv_dims *d = &c->d;
@@ -432,11 +403,11 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[S.cu_q].p = d->varlen ? p->cu_seqlens_q.data : spare;
     v[K_O_PART].p = c->splits > 1 ? p->out_partial.data : spare;
     v[K_LSE_PART].p = c->splits > 1 ? p->lse_partial.data : spare;
-    v[K_K_START].p = present(&p->k_start) ? p->k_start.data : spare;
+    v[K_K_START].p = aotr_present(&p->k_start) ? p->k_start.data : spare;
     v[K_K_END].p = p->k_end.data;
-    v[K_CACHE_BATCH_IDX].p = present(&p->cache_batch_idx) ? p->cache_batch_idx.data : spare;
+    v[K_CACHE_BATCH_IDX].p = aotr_present(&p->cache_batch_idx) ? p->cache_batch_idx.data : spare;
     v[K_BLOCK_TABLE].p = d->paged ? p->block_table.data : spare;
-    v[S.alibi].p = present(&p->alibi_slopes) ? p->alibi_slopes.data : spare;
+    v[S.alibi].p = aotr_present(&p->alibi_slopes) ? p->alibi_slopes.data : spare;
     bshd(&p->q, d->varlen, S.sq, v);
     bshd(&p->out, d->varlen, S.so, v);
     /* caches: (block or cache row, head, row) */
@@ -450,7 +421,7 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[S.sl[0]].i32 = (int32_t)c->lse_strides[0];
     v[S.sl[1]].i32 = (int32_t)c->lse_strides[1];
     v[K_STRIDE_BTZ].i32 = d->paged ? (int32_t)p->block_table.strides[0] : 0;
-    v[S.stride_az].i32 = present(&p->alibi_slopes) && p->alibi_slopes.rank == 2
+    v[S.stride_az].i32 = aotr_present(&p->alibi_slopes) && p->alibi_slopes.rank == 2
                              ? (int32_t)p->alibi_slopes.strides[0] : 0;
     v[S.batch].i32 = (int32_t)d->b;
     v[S.num_heads].i32 = (int32_t)d->h;
@@ -460,9 +431,9 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[S.head_dim].i32 = (int32_t)d->d;
     v[K_PAGED].i32 = d->paged;
     v[K_PAGE_SIZE].i32 = d->paged ? (int32_t)d->page : 1;
-    v[K_HAS_BATCH_IDX].i32 = present(&p->cache_batch_idx);
-    v[K_HAS_K_START].i32 = present(&p->k_start);
-    v[S.has_alibi].i32 = present(&p->alibi_slopes);
+    v[K_HAS_BATCH_IDX].i32 = aotr_present(&p->cache_batch_idx);
+    v[K_HAS_K_START].i32 = aotr_present(&p->k_start);
+    v[S.has_alibi].i32 = aotr_present(&p->alibi_slopes);
     /* the window, clamped to seqlen_q + capacity (the same mask) so that no
      * bound overflows int32; causal is right = 0 */
     int64_t cap = d->sq + d->capacity;
@@ -495,10 +466,10 @@ aotr_status aotr_attn_fwd_kvcache(aotr_runtime *rt, const aotr_attn_kvcache_para
     fill_values(p, &c, v);
     uint32_t main_grid[3], combine_grid[3];
     int64_t rows = d->sq * (d->h / d->hk);
-    if ((st = grid_of(cdiv(rows, aotr_launchable_block_m(c.main)) * c.splits, d->b * d->hk,
-                      main_grid)) ||
-        (st = grid_of(cdiv(d->sq, aotr_launchable_block_m(c.combine)), d->b * d->h,
-                      combine_grid)))
+    if ((st = aotr_launch_grid((uint64_t)(cdiv(rows, aotr_launchable_block_m(c.main)) * c.splits),
+                               d->b * d->hk, main_grid)) ||
+        (st = aotr_launch_grid((uint64_t)cdiv(d->sq, aotr_launchable_block_m(c.combine)),
+                               d->b * d->h, combine_grid)))
         return st;
     /* Check both before the first launch, so a refusal launches nothing. */
     if ((st = aotr_launchable_check(c.main, v)) ||
