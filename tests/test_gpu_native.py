@@ -33,7 +33,7 @@ def runtime():
 
 def _padded_like(t):
     """Uninitialised, shaped like t, rows padded to 16 elements (the layout
-    the kernels read in place; attention._fresh does the same)."""
+    the kernels read in place; attention.fresh_like does the same)."""
     d = t.shape[-1]
     return torch.empty((*t.shape[:-1], -(-d // 16) * 16), dtype=t.dtype, device=t.device)[..., :d]
 

@@ -82,7 +82,12 @@ def import_graph() -> Dict[str, Set[str]]:
                     base = node.module[len(PKG) + 1:]
                 else:
                     continue
-                for alias in node.names:  # `from . import x` imports module x
+                if not node.module or node.module == PKG:
+                    # `from . import x` runs the package's __init__ first (and a
+                    # reader cannot tell a submodule from an attribute of it):
+                    # an edge to the package as well as to module x
+                    targets.append(base or "__init__")
+                for alias in node.names:
                     sub = f"{base}.{alias.name}" if base else alias.name
                     targets.append(sub if existing(sub) == sub else base or "__init__")
             for t in targets:

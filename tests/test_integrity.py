@@ -77,7 +77,7 @@ def test_fifo_refused_before_opening(tmp_path):
 # -- the runtime loader ----------------------------------------------------------
 
 def test_loader_refuses_other_arch_and_other_abi(isolated_images, monkeypatch):
-    monkeypatch.setattr(device, "arch_of", lambda i: "gfx942")
+    monkeypatch.setattr(backends, "arch_of", lambda i: "gfx942")
     src = RA.write(isolated_images.parent / "src", "gfx90a")
     RA.copy_as(src, isolated_images, "gfx942")
     b = backends.AOTBackend(0)
@@ -441,7 +441,7 @@ def test_enable_without_gpu_says_so(monkeypatch):
     import aotriton_rocm
     from aotriton_rocm import torch_integration
 
-    monkeypatch.setattr(device, "gpu_available", lambda: False)
+    monkeypatch.setattr(torch_integration, "gpu_available", lambda: False)
     monkeypatch.delenv(torch_integration.CPU_ENV, raising=False)
     with pytest.raises(RuntimeError, match=r"no GPU is visible.*enable\(cpu_interpreter=True\)"):
         aotriton_rocm.enable()

@@ -62,12 +62,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _grid(blocks: int, programs: int) -> tuple[int, int, int]:
+def launch_grid(blocks: int, programs: int) -> tuple[int, int, int]:
     y = max(1, min(programs, MAX_GRID_Y))
     return blocks, y, _cdiv(programs, y)
 
 
-def _dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None):
+def problem_dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None):
     """(batch, heads, heads_k, seqlen_q, seqlen_k, head_dim); max seqlens for varlen."""
     if varlen is None:
         b, h, sq, d = q.shape
@@ -100,7 +100,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         return "query, key and value must be on one device"
     if k.shape != v.shape or q.shape[-1] != k.shape[-1]:
         return "key and value must have one shape, and query their head_dim"
-    b, h, hk, sq, sk, d = _dims(q, k, varlen)
+    b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
     if varlen is None and k.shape[0] != b:
         return "query and key/value batch sizes differ"
     if (hk == 0 and h > 0) or (hk and h % hk):
@@ -199,7 +199,7 @@ def _varlen_reason(varlen: Varlen, q: torch.Tensor, k: torch.Tensor) -> str | No
     return None
 
 
-def _meets_assumptions(t: torch.Tensor) -> bool:
+def meets_assumptions(t: torch.Tensor) -> bool:
     """Unit last-dim stride, 16-byte-aligned base, other strides divisible by 16."""
     *outer, last = t.stride()
     bits = t.data_ptr()
@@ -208,7 +208,7 @@ def _meets_assumptions(t: torch.Tensor) -> bool:
     return last == 1 and not bits & 15
 
 
-def _prepared(t: torch.Tensor) -> torch.Tensor:
+def prepared(t: torch.Tensor) -> torch.Tensor:
     """t itself if the kernels can read it in place, else a dense copy.
 
     Kernels are compiled assuming unit last-dim stride, 16-byte-aligned base
@@ -216,14 +216,14 @@ def _prepared(t: torch.Tensor) -> torch.Tensor:
     them when the head dim is a multiple of 16, else :func:`_fresh` lays the
     rows out 16 elements apart.
     """
-    if _meets_assumptions(t):
+    if meets_assumptions(t):
         return t
     dense = t.contiguous()
     # contiguous() keeps odd strides of size-1 dims; a fresh tensor has none.
-    return dense if _meets_assumptions(dense) else _fresh(t).copy_(t)
+    return dense if meets_assumptions(dense) else fresh_like(t).copy_(t)
 
 
-def _fresh(t: torch.Tensor) -> torch.Tensor:
+def fresh_like(t: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor shaped like t that meets the kernels'
     assumptions: its rows are padded to a multiple of 16 elements (our own
     allocation; the kernels never touch the padding)."""
@@ -241,12 +241,12 @@ def _bias_prepared(mask: torch.Tensor, shape: tuple[int, int, int, int],
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
             ~mask, float("-inf"))
     full = mask.expand(shape)
-    if _meets_assumptions(full):
+    if meets_assumptions(full):
         return full
     # The smallest tensor that expands to `shape`: size 1 wherever the view broadcasts.
     base = [1 if n > 1 and s == 0 else n for n, s in zip(full.shape[:3], full.stride()[:3])]
     compact = full[tuple(slice(0, n) for n in base)]
-    return _fresh(compact).copy_(compact).expand(shape)
+    return fresh_like(compact).copy_(compact).expand(shape)
 
 
 def _strides(t: torch.Tensor, varlen: Varlen | None = None) -> tuple[int, int, int]:
@@ -266,7 +266,7 @@ def _unview4(t: torch.Tensor, varlen: Varlen | None) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _placeholders(device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def placeholders(device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Arguments for pointers a launch never dereferences (a feature it does
     not use), with the element type the kernel declares."""
     return {"values": torch.zeros(16, dtype=dtype, device=device),
@@ -368,7 +368,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     The caller has checked :func:`unsupported_reason`.
     """
     backend: Backend = backend_for(q)
-    b, h, hk, sq, sk, d = _dims(q, k, varlen)
+    b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
     if out is None:
         out = torch.empty_like(q)
     if lse is None:
@@ -379,9 +379,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
         return out, lse
     bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
     sm_scale = default_scale(d) if scale is None else float(scale)
-    q4, k4, v4 = (_prepared(_view4(t, varlen)) for t in (q, k, v))
+    q4, k4, v4 = (prepared(_view4(t, varlen)) for t in (q, k, v))
     o4 = _view4(out, varlen)
-    o = o4 if _meets_assumptions(o4) else _fresh(o4)
+    o = o4 if meets_assumptions(o4) else fresh_like(o4)
     bias4 = None if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
     if backend.native:
         backend.forward(*(_unview4(t, varlen) for t in (q4, k4, v4, o)), lse, bias=bias4,
@@ -423,7 +423,7 @@ def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, va
     interpreter), its arguments bound by name."""
     b, h, hk, sq, sk, d = dims
     bottom_right, left, right = mask
-    spare = _placeholders(q4.device, q4.dtype)
+    spare = placeholders(q4.device, q4.dtype)
     dropout = bool(dropout_p) or debug_mask is not None
     seed, offset = _rng_args(rng, spare)
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
@@ -445,7 +445,7 @@ def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, va
         varlen=int(varlen is not None), head_dim=d, bottom_right=bottom_right,
         window_left=left, window_right=right, sm_scale=sm_scale, dropout_p=float(dropout_p),
         store_dmask=int(debug_mask is not None), **_score_mod_args(score_mod, spare))
-    kernel.launch(_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, args)
+    kernel.launch(launch_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, args)
 
 
 def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4, bias_grad, rng,
@@ -456,7 +456,7 @@ def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4
     bottom_right, left, right = mask
     dq, dk, dv = grads
     has_bias = bias4 is not None
-    spare = _placeholders(q4.device, q4.dtype)
+    spare = placeholders(q4.device, q4.dtype)
     seed, offset = _rng_args(rng, spare)
     cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
                   else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
@@ -468,7 +468,7 @@ def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4
                  head_dim=d, stride_lz=lse_z, stride_lh=lse_h)
 
     pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
-    pre.launch(_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q4.device, dict(
+    pre.launch(launch_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q4.device, dict(
         O=o4, DO=do4, Delta=delta, CU_Q=cu_q, **_named_strides("o", o4, varlen),
         **_named_strides("do", do4, varlen), **sizes))
 
@@ -483,11 +483,11 @@ def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4
         bottom_right=bottom_right, window_left=left, window_right=right, sm_scale=sm_scale,
         dropout_p=float(dropout_p), **_score_mod_args(score_mod, spare))
     dkdv = backend.kernel("attn_bwd_dkdv", **features)
-    dkdv.launch(_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q4.device, dict(
+    dkdv.launch(launch_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q4.device, dict(
         common, DK=dk, DV=dv, **_named_strides("dk", dk, varlen, "n"),
         **_named_strides("dv", dv, varlen, "n")))
     dqk = backend.kernel("attn_bwd_dq", **features)
-    dqk.launch(_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q4.device, dict(
+    dqk.launch(launch_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q4.device, dict(
         common, DQ=dq, DBIAS=spare["values"] if bias_grad is None else bias_grad,
         **_named_strides("dq", dq, varlen),
         **(dict(stride_dbz=0, stride_dbh=0, stride_dbm=0) if bias_grad is None
@@ -522,7 +522,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     one program, without atomics.
     """
     backend: Backend = backend_for(q)
-    b, h, hk, sq, sk, d = _dims(q, k, varlen)
+    b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
     if grads is None:
         grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     if bias_grad is not None:
@@ -533,12 +533,12 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         return grads
     bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
     sm_scale = default_scale(d) if scale is None else float(scale)
-    q4, k4, v4, o4, do4 = (_prepared(_view4(t, varlen)) for t in (q, k, v, out, grad_out))
+    q4, k4, v4, o4, do4 = (prepared(_view4(t, varlen)) for t in (q, k, v, out, grad_out))
     if lse.stride(-1) != 1:
         lse = lse.contiguous()
     delta = torch.empty_like(lse)
     g4 = tuple(_view4(g, varlen) for g in grads)
-    dq, dk, dv = (g if _meets_assumptions(g) else _fresh(g) for g in g4)
+    dq, dk, dv = (g if meets_assumptions(g) else fresh_like(g) for g in g4)
     bias4 = None if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
     if backend.native:
         backend.backward(*(_unview4(t, varlen) for t in (do4, q4, k4, v4, o4)), lse, delta,

@@ -13,7 +13,15 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-from . import device as _device
+from .device import arch_of
+from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
+from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, OK as NATIVE_OK,
+                     UNSUPPORTED as NATIVE_UNSUPPORTED, BwdParams, DropoutUniformParams,
+                     FwdParams, KvcacheParams, NativeError, Problem as NativeProblem,
+                     Runtime as NativeRuntime, check as check_status, error as native_error,
+                     make_problem, tensor_view)
+from .torch_native import is_active as torch_native_active
+from .torch_native import launch_count as torch_native_launch_count
 from ._version import ABI_VERSION
 
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
@@ -42,21 +50,19 @@ INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
 def _native_totals() -> collections.Counter:
     """GPU launches per kernel counted by libaotriton_rocm: the Python route's
     runtime and the torch extension's (the C++ route)."""
-    from . import torch_native
-
     totals: collections.Counter = collections.Counter()
     for kernel in _COUNTED + KVCACHE_KERNELS:
         if _native_names:
             totals[kernel] += _native_runtime().launch_count(kernel)
-        if torch_native.is_active():
-            totals[kernel] += torch_native.launch_count(kernel)
+        if torch_native_active():
+            totals[kernel] += torch_native_launch_count(kernel)
     return totals
 
 
 def _native_name() -> str:
     archs = set(_native_names.values())
     if not archs and torch.cuda.is_available():
-        archs = {f"aot:{_device.arch_of(torch.cuda.current_device())}"}
+        archs = {f"aot:{arch_of(torch.cuda.current_device())}"}
     return "+".join(sorted(archs)) or "aot"
 
 
@@ -181,9 +187,7 @@ class Backend:
 @functools.lru_cache(maxsize=1)
 def _native_runtime():
     """The process's libaotriton_rocm runtime (one for every device)."""
-    from . import native
-
-    return native.Runtime()
+    return NativeRuntime()
 
 
 def _raw_stream(index: int) -> int:
@@ -207,12 +211,11 @@ class AOTBackend(Backend):
     native = True
 
     def __init__(self, device_index: int):
-        from . import native
         from .archive import Archive, ArchiveError, identity_problems
         from .images import find_archives
 
         self.device_index = device_index
-        self.arch = _device.arch_of(device_index)
+        self.arch = arch_of(device_index)
         self.name = f"aot:{self.arch}"
         self.problem: str | None = None
         self._reasons: dict[tuple, str | None] = {}
@@ -240,7 +243,7 @@ class AOTBackend(Backend):
             if str(path) not in _added_archives:
                 self.runtime.add_archive(path)
                 _added_archives.add(str(path))
-        except (OSError, native.NativeError) as e:
+        except (OSError, NativeError) as e:
             self.problem = f"the kernel image for {self.arch} is unusable: {e}"
             return
         _native_names[device_index] = self.name
@@ -263,10 +266,8 @@ class AOTBackend(Backend):
     def _probe(self, dtype: str, head_dim: int, bias: bool, dropout: bool) -> str | None:
         """Whether the archive has every kernel of a forward and backward at
         this functional point (a shape-only problem: nothing is read)."""
-        from . import native
-
-        code = native.DTYPES[{"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype]]
-        p = native.Problem()
+        code = NATIVE_DTYPES[{"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype]]
+        p = NativeProblem()
         for view in (p.q, p.k, p.v):
             view.data, view.dtype, view.rank = 16, code, 4
             view.sizes[:] = (1, 1, 1, head_dim)
@@ -277,33 +278,31 @@ class AOTBackend(Backend):
             p.bias.strides[:] = (0, 0, 0, 1)
         p.scale, p.dropout_p = 1.0, 0.5 if dropout else 0.0
         p.window_left = p.window_right = -1
-        needs = native.NEED_BACKWARD | (native.NEED_DEBUG_MASK if dropout else 0)
+        needs = NEED_BACKWARD | (NEED_DEBUG_MASK if dropout else 0)
         status = self.runtime.supported(self.device_index, p, needs)
-        return None if status == native.OK else native.error(status).message
+        return None if status == NATIVE_OK else native_error(status).message
 
     def _probe_kvcache(self, dtype: str, head_dim: int) -> str | None:
         """Whether the archive has the KV-cache kernels for this dtype and
         head dim (a shape-only request to the library: nothing is read)."""
-        from . import native
-
-        code = native.DTYPES[{"fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")]
+        code = NATIVE_DTYPES[{"fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")]
         row = -(-head_dim // 16) * 16
-        p = native.KvcacheParams()
+        p = KvcacheParams()
         for name, sizes in (("q", (1, 1, 1, head_dim)), ("out", (1, 1, 1, head_dim)),
                             ("k_cache", (1, 16, 1, head_dim)), ("v_cache", (1, 16, 1, head_dim))):
             view = getattr(p, name)
             view.data, view.dtype, view.rank = 16, code, 4
             view.sizes[:] = sizes
             view.strides[:] = (16 * row, row, row, 1)
-        p.lse.data, p.lse.dtype, p.lse.rank = 16, native.DTYPES["float32"], 3
+        p.lse.data, p.lse.dtype, p.lse.rank = 16, NATIVE_DTYPES["float32"], 3
         p.lse.sizes[:3], p.lse.strides[:3] = (1, 1, 1), (1, 1, 1)
-        p.k_end.data, p.k_end.dtype, p.k_end.rank = 16, native.DTYPES["int32"], 1
+        p.k_end.data, p.k_end.dtype, p.k_end.rank = 16, NATIVE_DTYPES["int32"], 1
         p.k_end.sizes[0], p.k_end.strides[0] = 1, 1
         p.scale, p.num_splits = 1.0, 1
         p.window_left = p.window_right = -1
         try:
             self.runtime.kvcache_splits(p)
-        except native.NativeError as e:
+        except NativeError as e:
             return e.message or str(e)
         return None
 
@@ -314,19 +313,17 @@ class AOTBackend(Backend):
                 window, scale, dropout_p, softcap=0.0, alibi_slopes=None) -> None:
         """Launch the forward on tensors the kernels can read in place: q/k/v/out
         (B, H, S, D), or packed (total, H, D) with ``varlen``."""
-        from . import native
-
-        params = native.FwdParams()
+        params = FwdParams()
         params.device = self.device_index
         params.stream = self._stream()
         params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
                                          scale, dropout_p)
-        params.out, params.lse = native.tensor_view(out), native.tensor_view(lse)
+        params.out, params.lse = tensor_view(out), tensor_view(lse)
         if debug_mask is not None:
-            params.debug_mask = native.tensor_view(debug_mask)
-        params.alibi_slopes = native.tensor_view(alibi_slopes)
+            params.debug_mask = tensor_view(debug_mask)
+        params.alibi_slopes = tensor_view(alibi_slopes)
         params.softcap = softcap
-        native.check(self.runtime.fwd(params))
+        check_status(self.runtime.fwd(params))
 
     def forward_kvcache(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
                         block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
@@ -334,9 +331,7 @@ class AOTBackend(Backend):
         """The KV-cache forward in libaotriton_rocm (see kvcache.forward):
         the split count from the library, the workspace allocated here.
         Returns (out, lse, splits)."""
-        from . import native
-
-        p = native.KvcacheParams()
+        p = KvcacheParams()
         p.device = self.device_index
         p.stream = self._stream()
         for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
@@ -344,7 +339,7 @@ class AOTBackend(Backend):
                         ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
                         ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q)):
             if t is not None:
-                setattr(p, name, native.tensor_view(t))
+                setattr(p, name, tensor_view(t))
         p.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
         p.scale, p.softcap = scale, softcap
         p.window_left, p.window_right = window
@@ -356,17 +351,15 @@ class AOTBackend(Backend):
             o_shape, l_shape = kvcache_workspace_shapes(batch, heads, splits, max_seqlen_q, d)
             o_part = torch.empty(o_shape, dtype=torch.float32, device=q.device)
             l_part = torch.empty(l_shape, dtype=torch.float32, device=q.device)
-            p.out_partial, p.lse_partial = native.tensor_view(o_part), native.tensor_view(l_part)
+            p.out_partial, p.lse_partial = tensor_view(o_part), tensor_view(l_part)
             p.num_splits = splits
-        native.check(self.runtime.fwd_kvcache(p))
+        check_status(self.runtime.fwd_kvcache(p))
         return out, lse, splits
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
                  varlen, bottom_right, window, scale, dropout_p, softcap=0.0,
                  alibi_slopes=None) -> None:
-        from . import native
-
-        params = native.BwdParams()
+        params = BwdParams()
         params.device = self.device_index
         params.stream = self._stream()
         params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
@@ -375,36 +368,32 @@ class AOTBackend(Backend):
                         ("grad_q", grads[0]), ("grad_k", grads[1]), ("grad_v", grads[2]),
                         ("grad_bias", bias_grad), ("alibi_slopes", alibi_slopes)):
             if t is not None:
-                setattr(params, name, native.tensor_view(t))
+                setattr(params, name, tensor_view(t))
         params.softcap = softcap
-        native.check(self.runtime.bwd(params))
+        check_status(self.runtime.bwd(params))
 
 
     def dropout_uniform(self, out, seed, offset, *, dropout_p, encode_keep) -> None:
         """The attention kernels' dropout draws into ``out`` (see
         :func:`aotriton_rocm.dropout_masks.fill_dropout_uniform`)."""
-        from . import native
-
         if self.problem:
-            raise native.NativeError(native.UNSUPPORTED, "AOTR_UNSUPPORTED", self.problem)
-        params = native.DropoutUniformParams()
+            raise NativeError(NATIVE_UNSUPPORTED, "AOTR_UNSUPPORTED", self.problem)
+        params = DropoutUniformParams()
         params.device = self.device_index
         params.stream = self._stream()
-        params.out = native.tensor_view(out)
-        params.philox_seed = native.tensor_view(seed, native.DTYPES["int64"])
-        params.philox_offset = native.tensor_view(offset, native.DTYPES["int64"])
+        params.out = tensor_view(out)
+        params.philox_seed = tensor_view(seed, NATIVE_DTYPES["int64"])
+        params.philox_offset = tensor_view(offset, NATIVE_DTYPES["int64"])
         params.dropout_p = float(dropout_p)
         params.encode_keep = int(bool(encode_keep))
         if not hasattr(self.runtime._lib, "aotr_dropout_uniform"):
-            raise native.NativeError(native.UNSUPPORTED, "AOTR_UNSUPPORTED",
+            raise NativeError(NATIVE_UNSUPPORTED, "AOTR_UNSUPPORTED",
                                      "this libaotriton_rocm has no aotr_dropout_uniform")
-        native.check(self.runtime.dropout_uniform(params))
+        check_status(self.runtime.dropout_uniform(params))
 
 
 def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dropout_p):
-    from . import native
-
-    return native.make_problem(
+    return make_problem(
         q, k, v, scale=scale, bottom_right=bottom_right, window=window, bias=bias,
         dropout_p=dropout_p, rng=rng,
         cu_seqlens=None if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k),
@@ -422,16 +411,14 @@ class InterpreterBackend(Backend):
     name = "interpreter:cpu"
 
     def __init__(self):
-        from . import kernel_spec
-
-        spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
-        self._functions = {name: kernel_spec.interpreted_function(ks)
+        spec = load_variants(kernels_dir())
+        self._functions = {name: interpreted_function(ks)
                            for name, ks in spec.kernels.items()}
         self._arg_names = {name: frozenset(n for n, _ in ks.args)
                            for name, ks in spec.kernels.items()}
         self._variants: dict[tuple, object] = {}
         self._reasons: dict[tuple, str | None] = {}
-        for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
+        for v in spec.variants_for(INTERPRETER_ARCH):
             # the first config is the default
             self._variants.setdefault(_functional_key(v.kernel, v.functional), v)
 

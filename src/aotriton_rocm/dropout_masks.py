@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import attention
+from .attention import Varlen, launch_grid
 from .backends import DROPOUT_UNIFORM, backend_for
 
 __all__ = ["S_DMASK_ALIGN", "s_dmask_block_n", "flash_attn_s_dmask", "fill_dropout_uniform",
@@ -110,7 +110,7 @@ def _suffix_block_max(scores: torch.Tensor, block_n: int) -> torch.Tensor:
 
 def flash_attn_s_dmask(kernel_mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor, *,
                        scale: float, mask: tuple[int, int, int],
-                       varlen: Optional[attention.Varlen] = None,
+                       varlen: Optional[Varlen] = None,
                        score_mod: Optional[ScoreMod] = None) -> torch.Tensor:
     """flash-attn's S_dmask (see the module docstring) from the kernel's
     debug mask ``kernel_mask`` ((B, H, max_seqlen_q, max_seqlen_k), negative
@@ -174,7 +174,7 @@ def fill_dropout_uniform(out: torch.Tensor, seed, offset, *, dropout_p: float = 
         raise RuntimeError(f"aotriton-rocm: cannot write the dropout draws: {reason}")
     b, h, sq, sk = out.shape
     kernel = backend.kernel(DROPOUT_UNIFORM, dtype="fp32", head_dim=16)
-    kernel.launch(attention._grid(-(-sq // kernel.config["BLOCK_M"]), b * h), out.device,
+    kernel.launch(launch_grid(-(-sq // kernel.config["BLOCK_M"]), b * h), out.device,
                   dict(R=out, RNG_SEED=seed_t, RNG_OFFSET=offset_t, batch=b, num_heads=h,
                        max_seqlen_q=sq, max_seqlen_k=sk, dropout_p=float(dropout_p),
                        encode_keep=int(bool(encode_keep))))

@@ -27,15 +27,22 @@ import operator
 
 import torch
 
-from . import attention, dropout_masks
+from .attention import (MAX_HEAD_DIM, Varlen, default_scale, flash_attn_window, mask_args,
+                        new_bias_grad, new_rng_state, problem_dims)
+from .attention import backward as attention_backward, forward as attention_forward
+from .attention import unsupported_reason as attention_unsupported_reason
+from .dropout_masks import flash_attn_s_dmask
+# flash-attn's module also holds the KV-cache entry point.
+from .kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
 
 __all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
-           "flash_attn_varlen_qkvpacked_func"]
+           "flash_attn_varlen_qkvpacked_func",
+           "flash_attn_with_kvcache"]
 
 _DTYPES = "fp16/bf16/fp32"
 SUPPORTED = (f"{_DTYPES} tensors, head dims that are multiples of 8 up to "
-             f"{attention.MAX_HEAD_DIM} (fp32: 256), nheads a multiple of nheads_k (GQA/MQA), "
+             f"{MAX_HEAD_DIM} (fp32: 256), nheads a multiple of nheads_k (GQA/MQA), "
              "softmax_scale, causal, window_size, softcap >= 0, alibi_slopes (float32, "
              "(nheads,) or (batch, nheads)), 0 <= dropout_p < 1, return_attn_probs; "
              "block_table (paged k/v, forward only, no dropout) in flash_attn_varlen_func")
@@ -69,18 +76,18 @@ class AttentionFunction(torch.autograd.Function):
                 alibi_slopes=None):
         state = None
         if dropout_p:
-            state = attention.new_rng_state(q.device)
+            state = new_rng_state(q.device)
         elif return_debug_mask:
             # Nothing is dropped at p = 0: any state gives the same mask, so
             # leave torch's generator alone.
             state = torch.zeros(2, dtype=torch.int64, device=q.device)
         debug = None
         if return_debug_mask:
-            b, h, _, sq, sk, _ = attention._dims(q, k, varlen)
+            b, h, _, sq, sk, _ = problem_dims(q, k, varlen)
             # Zeroed: the kernel writes only the key blocks a row visits.
             debug = torch.zeros((b, h, sq, sk), dtype=q.dtype, device=q.device)
         rng = None if state is None else (state[0], state[1])
-        out, lse = attention.forward(q, k, v, is_causal=is_causal, scale=scale,
+        out, lse = attention_forward(q, k, v, is_causal=is_causal, scale=scale,
                                      causal_alignment=causal_alignment, window_size=window_size,
                                      bias=bias, dropout_p=dropout_p, rng=rng, debug_mask=debug,
                                      varlen=varlen, softcap=softcap, alibi_slopes=alibi_slopes)
@@ -100,8 +107,8 @@ class AttentionFunction(torch.autograd.Function):
         bias_grad = None
         if want_bias_grad:
             b, h, sq, _ = q.shape
-            bias_grad = attention.new_bias_grad((b, h, sq, k.shape[2]), q.dtype, q.device)
-        dq, dk, dv = attention.backward(
+            bias_grad = new_bias_grad((b, h, sq, k.shape[2]), q.dtype, q.device)
+        dq, dk, dv = attention_backward(
             grad_out, q, k, v, out, lse, is_causal=is_causal, scale=scale,
             causal_alignment=causal_alignment, window_size=window_size, bias=bias,
             bias_grad=bias_grad, dropout_p=dropout_p,
@@ -182,12 +189,12 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                    "to flash_attn_varlen_func")
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     debug = bool(return_attn_probs) and dropout_p > 0
-    reason = attention.unsupported_reason(qt, kt, vt, dropout_p=dropout_p,
+    reason = attention_unsupported_reason(qt, kt, vt, dropout_p=dropout_p,
                                           is_causal=bool(causal), return_debug_mask=debug,
                                           softcap=softcap, alibi_slopes=alibi_slopes)
     if reason:
         _fail(api, reason)
-    window = attention.flash_attn_window(*window, k.size(1))
+    window = flash_attn_window(*window, k.size(1))
     out, lse, dmask = AttentionFunction.apply(qt, kt, vt, None, softmax_scale, bool(causal),
                                               "bottom_right", window, dropout_p, None, debug,
                                               softcap, alibi_slopes)
@@ -225,11 +232,11 @@ def _s_dmask(kernel_mask, q, k, softmax_scale, causal, window, varlen, softcap=0
     an empty (0,) tensor of q's dtype."""
     if kernel_mask is None:
         return torch.empty((0,), dtype=q.dtype, device=q.device)
-    _, _, _, sq, sk, d = attention._dims(q, k, varlen)
-    scale = attention.default_scale(d) if softmax_scale is None else float(softmax_scale)
-    mask = attention.mask_args(causal, sq, sk, "bottom_right", window)
+    _, _, _, sq, sk, d = problem_dims(q, k, varlen)
+    scale = default_scale(d) if softmax_scale is None else float(softmax_scale)
+    mask = mask_args(causal, sq, sk, "bottom_right", window)
     with torch.no_grad():
-        return dropout_masks.flash_attn_s_dmask(kernel_mask, q.detach(), k.detach(),
+        return flash_attn_s_dmask(kernel_mask, q.detach(), k.detach(),
                                                 scale=scale, mask=mask, varlen=varlen,
                                                 score_mod=_score_mod(softcap, alibi_slopes))
 
@@ -296,7 +303,6 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     api = "flash_attn_varlen_func"
     dropout_p, window, softcap = _check_common(api, q, k, v, dropout_p, window_size, softcap)
     if block_table is not None:
-        from .kvcache_api import varlen_paged_forward
         if dropout_p:
             _fail(api, "dropout with block_table (a paged KV cache) is not covered")
         out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -316,15 +322,15 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     except (TypeError, ValueError):
         _fail(api, "max_seqlen_q and max_seqlen_k must be ints")
-    varlen = attention.Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
-    reason = attention.unsupported_reason(q, k, v, dropout_p=dropout_p, is_causal=bool(causal),
+    varlen = Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    reason = attention_unsupported_reason(q, k, v, dropout_p=dropout_p, is_causal=bool(causal),
                                           varlen=varlen, softcap=softcap,
                                           alibi_slopes=alibi_slopes,
                                           return_debug_mask=bool(return_attn_probs) and dropout_p > 0)
     if reason:
         _fail(api, reason)
     ends = _varlen_bounds(api, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_q, max_k)
-    window = attention.flash_attn_window(*window, max_k)
+    window = flash_attn_window(*window, max_k)
     total_q = q.shape[0]
     if ends is not None:
         # Rows past the last offset belong to no sequence: the kernels never
@@ -418,9 +424,3 @@ def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs)
-
-
-# flash-attn's module also holds the KV-cache entry point.
-from .kvcache_api import flash_attn_with_kvcache  # noqa: E402
-
-__all__.append("flash_attn_with_kvcache")

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import attention
+from .attention import unsupported_reason
 from .flash_attn_interface import AttentionFunction
 
 try:  # prototype API in torch; absent or moved in some versions
@@ -86,7 +86,7 @@ def _plan(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         if attn_mask.dtype not in (torch.bool, query.dtype):
             return (f"attn_mask dtype {attn_mask.dtype} is neither bool nor the query's "
                     f"({query.dtype}) (torch decides)"), None
-    reason = attention.unsupported_reason(query, key, value, dropout_p=float(dropout_p),
+    reason = unsupported_reason(query, key, value, dropout_p=float(dropout_p),
                                           is_causal=bool(is_causal), attn_mask=bias)
     if reason:
         return reason, None

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from . import attention
+from .attention import (INT32_MAX, default_scale, fresh_like, launch_grid, meets_assumptions,
+                        placeholders, prepared)
 from .backends import KVCACHE_KERNELS, backend_for, kvcache_workspace_shapes as workspace_shapes
 
 # Head dims the KV-cache kernels cover (multiples of 8), and their dtypes.
@@ -128,7 +129,7 @@ def unsupported_reason(q, k_cache, v_cache, *, k_end, k_start=None, cache_batch_
         if a.stride(-1) != 1:
             return "alibi_slopes needs a unit last stride"
     for t in (q, k_cache, v_cache):
-        if max(t.stride(), default=0) > attention.INT32_MAX:
+        if max(t.stride(), default=0) > INT32_MAX:
             return "strides too large for the kernels' 32-bit stride arguments"
     backend = backend_for(q)
     if backend is None:
@@ -184,13 +185,13 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     cap = sq + capacity
     left = -1 if left < 0 else min(left, cap)
     right = -1 if right < 0 else min(right, cap)
-    sm_scale = attention.default_scale(d) if scale is None else float(scale)
+    sm_scale = default_scale(d) if scale is None else float(scale)
     backend = backend_for(q)
     # Tensors the kernels read in place (copies where the layout does not
     # meet their assumptions; the caches only then: a large cache should be
     # laid out so that it does), unit-stride index vectors.
-    q_k, kc, vc = (attention._prepared(t) for t in (q, k_cache, v_cache))
-    o = out if attention._meets_assumptions(out) else attention._fresh(out)
+    q_k, kc, vc = (prepared(t) for t in (q, k_cache, v_cache))
+    o = out if meets_assumptions(out) else fresh_like(out)
     k_end, k_start, cache_batch_idx, block_table, alibi_slopes = (
         None if t is None else t.contiguous()
         for t in (k_end, k_start, cache_batch_idx, block_table, alibi_slopes))
@@ -209,7 +210,7 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
         num_splits = auto_num_splits(b, hk, sq * (h // hk), capacity, main.config["BLOCK_M"],
                                      main.config["BLOCK_N"], compute_units(q.device))
     num_splits = max(1, min(int(num_splits), MAX_SPLITS))
-    spare = attention._placeholders(q.device, q.dtype)
+    spare = placeholders(q.device, q.dtype)
     cu = spare["cu"]
     part_o = part_lse = torch.zeros(16, dtype=torch.float32, device=q.device)
     if num_splits > 1:
@@ -221,7 +222,7 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     stride_az = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
     rows = sq * (h // hk)
     cu_q = cu if not varlen else cu_seqlens_q
-    main.launch(attention._grid(_cdiv(rows, main.config["BLOCK_M"]) * num_splits, b * hk),
+    main.launch(launch_grid(_cdiv(rows, main.config["BLOCK_M"]) * num_splits, b * hk),
                 q.device, dict(
         Q=q_k, K=kc, V=vc, O=o, LSE=lse, O_PART=part_o, LSE_PART=part_lse, CU_Q=cu_q,
         K_START=cu if k_start is None else k_start, K_END=k_end,
@@ -237,7 +238,7 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
         sm_scale=sm_scale, softcap=float(softcap), num_splits=num_splits))
     if num_splits > 1:
         comb = backend.kernel("attn_fwd_kvcache_combine", dtype=dtype, head_dim=d, seqlen_q=sq)
-        comb.launch(attention._grid(_cdiv(sq, comb.config["BLOCK_M"]), b * h), q.device, dict(
+        comb.launch(launch_grid(_cdiv(sq, comb.config["BLOCK_M"]), b * h), q.device, dict(
             O_PART=part_o, LSE_PART=part_lse, O=o, LSE=lse, CU_Q=cu_q, **_named_bshd("o", o),
             stride_lz=lse_strides[0], stride_lh=lse_strides[1], batch=b, num_heads=h,
             max_seqlen_q=sq, varlen=int(varlen), head_dim=d, num_splits=num_splits))

@@ -12,7 +12,9 @@ import operator
 
 import torch
 
-from . import attention, kvcache
+from .attention import flash_attn_window
+from .kvcache import PAGE_MULTIPLE, forward as kvcache_forward
+from .kvcache import unsupported_reason as kvcache_unsupported_reason
 
 __all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
 
@@ -196,9 +198,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if paged and (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2):
         _fail("block_table must be an int32 (batch, max_num_blocks) tensor")
     page = k_cache.shape[1]
-    if paged and (page == 0 or page % kvcache.PAGE_MULTIPLE):
+    if paged and (page == 0 or page % PAGE_MULTIPLE):
         _fail(f"the page size (k_cache.shape[1] = {page}) must be a positive multiple of "
-              f"{kvcache.PAGE_MULTIPLE}")
+              f"{PAGE_MULTIPLE}")
     capacity = block_table.shape[1] * page if paged else page
     seqlen_new = _check_new(k, v, k_cache, batch)
     if seqlen_new and cache_seqlens is None:
@@ -206,12 +208,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _check_rotary(rotary_cos, rotary_sin, q, seqlen_new > 0)
     seqlens = _seqlens(cache_seqlens, batch, capacity, q.device)
     k_end = seqlens if not seqlen_new else seqlens + seqlen_new
-    reason = kvcache.unsupported_reason(q, k_cache, v_cache, k_end=k_end, k_start=cache_leftpad,
+    reason = kvcache_unsupported_reason(q, k_cache, v_cache, k_end=k_end, k_start=cache_leftpad,
                                         cache_batch_idx=cache_batch_idx, block_table=block_table,
                                         alibi_slopes=alibi_slopes)
     if reason:
         _fail(reason)
-    window = attention.flash_attn_window(left, right, capacity)
+    window = flash_attn_window(left, right, capacity)
     local = bool(causal) or window != (-1, -1)
     with torch.no_grad():
         if seqlen_new:
@@ -226,7 +228,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             _check_room(positions, slots, k_cache, block_table, capacity)
             k_cache.index_put_(slots, k)
             v_cache.index_put_(slots, v)
-        out, lse, _ = kvcache.forward(
+        out, lse, _ = kvcache_forward(
             q, k_cache, v_cache, k_end, k_start=cache_leftpad, cache_batch_idx=cache_batch_idx,
             block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale,
             causal=bool(causal), window_size=window, softcap=softcap, num_splits=num_splits)
@@ -253,13 +255,13 @@ def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_se
     if not isinstance(block_table, torch.Tensor):
         fail("block_table must be an int32 (batch, max_num_blocks) tensor")
     k_end = cu_seqlens_k.diff()
-    reason = kvcache.unsupported_reason(q, k_cache, v_cache, k_end=k_end, block_table=block_table,
+    reason = kvcache_unsupported_reason(q, k_cache, v_cache, k_end=k_end, block_table=block_table,
                                         alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q)
     if reason:
         fail(reason)
     capacity = block_table.shape[1] * k_cache.shape[1]
-    window = attention.flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
-    out, lse, _ = kvcache.forward(q, k_cache, v_cache, k_end, block_table=block_table,
+    window = flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
+    out, lse, _ = kvcache_forward(q, k_cache, v_cache, k_end, block_table=block_table,
                                   scale=softmax_scale, causal=causal, window_size=window,
                                   softcap=softcap, alibi_slopes=alibi_slopes,
                                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q))

@@ -23,8 +23,19 @@ import warnings
 
 import torch
 
-from . import attention, kvcache, torch_compat
-from . import device as _device
+from .attention import (Varlen, flash_attn_window, new_bias_grad, new_rng_state,
+                        problem_dims)
+from .attention import backward as attention_backward, forward as attention_forward
+from .attention import unsupported_reason as attention_unsupported_reason
+from .backends import backend_for
+from .device import gpu_available
+from .dropout_masks import fill_dropout_uniform
+from .images import find_archives
+from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
+from .native import NativeError
+from .torch_compat import check_torch
+from .torch_native import activate as activate_torch_native
+from .torch_native import available as torch_native_available
 
 IMPL_NAME = "AOTRITON_ROCM"
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
@@ -87,7 +98,7 @@ def _flash_rng_outputs(device: torch.device):
     """A fresh Philox state as the flash ops return it on this build (see
     :func:`_rng_layout`): a seed and an offset, or a (2,) ``rng_state``
     holding both and an unused ()."""
-    state = attention.new_rng_state(device)
+    state = new_rng_state(device)
     (seed_shape, seed_dtype), (_, offset_dtype) = _rng_layout()
     if seed_shape == (2,):
         return state.view(seed_dtype), torch.empty((), dtype=offset_dtype, device=device)
@@ -107,7 +118,7 @@ def _varlen(cum_seq_q, cum_seq_k, max_q, max_k):
         return None
     if cum_seq_q is None or cum_seq_k is None:
         raise Unsupported("cum_seq_q and cum_seq_k must be given together")
-    return attention.Varlen(cum_seq_q, cum_seq_k, int(max_q), int(max_k))
+    return Varlen(cum_seq_q, cum_seq_k, int(max_q), int(max_k))
 
 
 class Unsupported(Exception):
@@ -127,7 +138,7 @@ def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
             return f"{name} is not supported yet"
     if varlen is None and (query.dim() != 4 or key.dim() != 4 or value.dim() != 4):
         return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
-    return attention.unsupported_reason(
+    return attention_unsupported_reason(
         _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), dropout_p=dropout_p,
         return_debug_mask=return_debug_mask, varlen=varlen, alibi_slopes=alibi_slopes)
 
@@ -159,7 +170,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     if reason:
         raise Unsupported(reason)
     seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = flash_attn_window(window_size_left, window_size_right, seqlen_k)
     out = torch.empty_like(query)
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
     rng = None
@@ -169,9 +180,9 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     if return_debug_mask:
         # (B, H, Sq, Sk); a variable-length batch (B, H, max_q, max_k), sequence
         # b at the top left of [b].
-        b, h, _, sq, sk, _ = attention._dims(_bhsd(query, varlen), _bhsd(key, varlen), varlen)
+        b, h, _, sq, sk, _ = problem_dims(_bhsd(query, varlen), _bhsd(key, varlen), varlen)
         debug = torch.zeros((b, h, sq, sk), dtype=query.dtype, device=query.device)
-    _, lse = attention.forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
+    _, lse = attention_forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
                                is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
                                causal_alignment="bottom_right", window_size=window,
                                dropout_p=dropout_p, rng=rng,
@@ -231,15 +242,15 @@ def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
     if k_end is None:  # dense keys, num_splits alone: every key
         k_end = torch.full((query.shape[0],), key.shape[1], dtype=torch.int32, device=key.device)
     cu_q = None if varlen is None else varlen.cu_seqlens_q
-    reason = kvcache.unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
+    reason = kvcache_unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
                                         cache_batch_idx=batch_idx, block_table=block_table,
                                         alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q)
     if reason:
         raise Unsupported(reason)
     capacity = block_table.shape[1] * key.shape[1] if paged else k_cache.shape[1]
-    window = attention.flash_attn_window(window_size_left, window_size_right,
+    window = flash_attn_window(window_size_left, window_size_right,
                                          max_k if max_k > 0 else capacity)
-    out, lse, _ = kvcache.forward(
+    out, lse, _ = kvcache_forward(
         query, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=batch_idx,
         block_table=block_table, alibi_slopes=alibi_slopes, scale=scale, causal=bool(is_causal),
         window_size=window, num_splits=int(num_splits or 0), cu_seqlens_q=cu_q,
@@ -259,9 +270,9 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     if reason:
         raise Unsupported(reason)
     seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = flash_attn_window(window_size_left, window_size_right, seqlen_k)
     grads = tuple(torch.empty_like(t) for t in (query, key, value))
-    attention.backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
+    attention_backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
                        _bhsd(value, varlen), _bhsd(out, varlen), logsumexp,
                        is_causal=is_causal, scale=scale,
                        grads=tuple(_bhsd(g, varlen) for g in grads),
@@ -276,7 +287,7 @@ def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp
     S, D) tensors of any covered dtype (fp32 too), an additive bias (attn_mask)
     broadcast to (B, H, Sq, Sk), top-left causal, dropout. Outputs are laid
     out as torch's meta kernel lays them out. Raises :class:`Unsupported`."""
-    reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
+    reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
                                           is_causal=is_causal, attn_mask=attn_bias)
     if reason:
         raise Unsupported(reason)
@@ -287,11 +298,11 @@ def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp
     lse = torch.empty((b, h, rows if compute_log_sumexp else 0), dtype=torch.float32,
                       device=query.device)
     if dropout_p:
-        state = attention.new_rng_state(query.device)
+        state = new_rng_state(query.device)
         seed, offset = state[0], state[1]
     else:
         seed = offset = _unused_int64(query.device)
-    attention.forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
+    attention_forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
                       causal_alignment="top_left", bias=attn_bias, dropout_p=dropout_p,
                       rng=(seed, offset) if dropout_p else None,
                       lse=lse if compute_log_sumexp else None)
@@ -304,7 +315,7 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     """``aten::_scaled_dot_product_efficient_attention_backward`` on our
     kernels (see :func:`efficient_attention_forward`): dQ, dK, dV and, when
     asked for, the bias gradient. Raises :class:`Unsupported`."""
-    reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
+    reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
                                           is_causal=is_causal, attn_mask=attn_bias)
     if reason:
         raise Unsupported(reason)
@@ -314,11 +325,11 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     if attn_bias is not None and grad_input_mask[3]:
         # Shaped like attn_bias (as torch's meta kernel); the kernels write
         # the full (B, H, Sq, Sk) gradient, summed over broadcast dims here.
-        bias_grad = attention.new_bias_grad(attn_bias.shape, attn_bias.dtype, query.device)
+        bias_grad = new_bias_grad(attn_bias.shape, attn_bias.dtype, query.device)
         full = (*query.shape[:3], key.size(2))
         full_grad = (bias_grad if tuple(attn_bias.shape) == full
-                     else attention.new_bias_grad(full, attn_bias.dtype, query.device))
-    attention.backward(grad_out, query, key, value, out, logsumexp, is_causal=is_causal,
+                     else new_bias_grad(full, attn_bias.dtype, query.device))
+    attention_backward(grad_out, query, key, value, out, logsumexp, is_causal=is_causal,
                        scale=scale, grads=grads, causal_alignment="top_left", bias=attn_bias,
                        bias_grad=full_grad, dropout_p=dropout_p,
                        rng=(philox_seed, philox_offset) if dropout_p else None)
@@ -362,19 +373,17 @@ def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
     and offset torch's efficient kernel returned when our override fell back
     to it, as far as they can be read without a device synchronisation: CUDA
     builds outside graph capture)."""
-    from . import backends, dropout_masks, native
-
     if mask.dtype != torch.float32 or mask.dim() != 4 or not mask.is_contiguous():
         raise Unsupported("the mask is not a contiguous float32 4-D tensor")
     if (int(seed), int(offset)) in _TORCH_PHILOX:
         raise Unsupported("torch's kernel drew this mask (the efficient op fell back to it)")
-    backend = backends.backend_for(mask)
+    backend = backend_for(mask)
     if backend is None or getattr(backend, "problem", None):
         raise Unsupported(getattr(backend, "problem", None) or f"no backend for {mask.device}")
     try:
-        return dropout_masks.fill_dropout_uniform(mask, seed, offset, dropout_p=dropout_p,
+        return fill_dropout_uniform(mask, seed, offset, dropout_p=dropout_p,
                                                   encode_keep=bool(torch.version.hip))
-    except native.NativeError as exc:
+    except NativeError as exc:
         raise RuntimeError(
             f"aotriton-rocm: cannot regenerate the dropout mask our kernels drew ({exc}); "
             "install the kernel image that matches this aotriton-rocm") from None
@@ -384,7 +393,7 @@ def _cpu_reason(query, key, value, dropout_p, attn_mask) -> str | None:
     if dropout_p:
         # The CPU op returns no RNG state for its backward to regenerate the mask from.
         return "dropout on the CPU op is not covered"
-    return attention.unsupported_reason(query, key, value, attn_mask=attn_mask)
+    return attention_unsupported_reason(query, key, value, attn_mask=attn_mask)
 
 
 def _routed(op: str, implementation):
@@ -562,7 +571,7 @@ class _Overrides:
     # aten::_scaled_dot_product_flash_attention
     def _flash_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False,
                    return_debug_mask=False, *, scale=None):
-        reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
+        reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
                                               is_causal=is_causal,
                                               return_debug_mask=return_debug_mask)
         if reason:
@@ -579,7 +588,7 @@ class _Overrides:
         if return_debug_mask:
             debug = torch.zeros((*query.shape[:3], key.size(2)), dtype=query.dtype,
                                 device=query.device)
-        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
+        out, lse = attention_forward(query, key, value, is_causal=is_causal, scale=scale,
                                      causal_alignment="bottom_right", dropout_p=dropout_p,
                                      rng=rng, debug_mask=debug if return_debug_mask else None)
         return out, lse, None, None, query.size(2), key.size(2), seed, offset, debug
@@ -588,13 +597,13 @@ class _Overrides:
     def _flash_bwd(self, keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q,
                    cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
                    *, scale=None):
-        reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
+        reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
                                               is_causal=is_causal)
         if reason:
             return self._fallback(_FLASH_BWD, keyset, reason, grad_out, query, key, value, out,
                                   logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                   is_causal, philox_seed, philox_offset, scale=scale)
-        return attention.backward(grad_out, query, key, value, out, logsumexp,
+        return attention_backward(grad_out, query, key, value, out, logsumexp,
                                   is_causal=is_causal, scale=scale,
                                   causal_alignment="bottom_right", dropout_p=dropout_p,
                                   rng=_rng_inputs(philox_seed, philox_offset) if dropout_p else None)
@@ -621,7 +630,7 @@ class _Overrides:
             return self._fallback(_CPU_FLASH, keyset, reason, query, key, value, dropout_p,
                                   is_causal, attn_mask=attn_mask, scale=scale)
         # torch's CPU flash op (like its math backend) aligns causal top-left.
-        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
+        out, lse = attention_forward(query, key, value, is_causal=is_causal, scale=scale,
                                      causal_alignment="top_left", bias=attn_mask)
         b, h, sq, _ = query.shape
         # torch's CPU kernel returns logsumexp as a (B, Sq, H) buffer viewed (B, H, Sq).
@@ -640,7 +649,7 @@ class _Overrides:
         # torch's CPU meta kernel lays gradients out as (B, S, H, D).
         grads = tuple(torch.empty_permuted(t.size(), (0, 2, 1, 3), dtype=t.dtype)
                       for t in (query, key, value))
-        return attention.backward(grad_out, query, key, value, out, logsumexp,
+        return attention_backward(grad_out, query, key, value, out, logsumexp,
                                   is_causal=is_causal, scale=scale, grads=grads,
                                   causal_alignment="top_left", bias=attn_mask)
 
@@ -653,21 +662,19 @@ def _native_wanted() -> bool:
     with the extension installed, unless AOTRITON_ROCM_TORCH_NATIVE=0."""
     if os.environ.get(NATIVE_ENV, "") == "0" or not has_registry():
         return False
-    from . import torch_native
-    return torch_native.available()
+    return torch_native_available()
 
 
 def _activate_native(overrides: _Overrides, kernels: dict):
     """The C++ kernels on the CUDA key, with ``kernels`` as their Python
     route; None (and a warning) if the extension cannot be activated."""
-    from . import images, torch_native
     for op in kernels:  # torch's kernels, for the Python route's fallback
         overrides._capture(op, "CUDA")
     try:
-        return torch_native.activate(
+        return activate_torch_native(
             {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=_rng_layout(),
             efficient_lse_align=1 if torch.version.hip else 32,
-            archives=[str(p) for p in images.find_archives().values()])
+            archives=[str(p) for p in find_archives().values()])
     except (OSError, RuntimeError) as exc:
         warnings.warn(f"aotriton-rocm: the C++ route is unavailable ({exc}); "
                       "using the Python route", stacklevel=3)
@@ -685,7 +692,7 @@ def _cpu_wanted() -> bool:
 def _register_fn() -> _Overrides:
     # Called by torch's registry on activation; also by enable() without it.
     global _active
-    torch_compat.check_torch(torch.__version__)  # refuse an unsupported torch (clear message)
+    check_torch(torch.__version__)  # refuse an unsupported torch (clear message)
     if _active is not None:
         _active.remove()
     _active = _Overrides(cpu=_cpu_wanted(), native=_native_wanted())
@@ -711,8 +718,8 @@ def enable(cpu_interpreter: bool = False) -> None:
     GPU is a RuntimeError: nothing of ours would run there.
     """
     global _cpu_requested
-    torch_compat.check_torch(torch.__version__)  # UnsupportedTorchError names what to do
-    if not cpu_interpreter and os.environ.get(CPU_ENV, "") != "1" and not _device.gpu_available():
+    check_torch(torch.__version__)  # UnsupportedTorchError names what to do
+    if not cpu_interpreter and os.environ.get(CPU_ENV, "") != "1" and not gpu_available():
         # Our overrides sit on the CUDA key: with no GPU they would never run,
         # and "enabled" would be a lie while torch's CPU kernel does the work.
         raise RuntimeError(

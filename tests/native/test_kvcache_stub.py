@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import aotriton_rocm  # noqa: E402
-from aotriton_rocm import backends, device, images, kvcache, native  # noqa: E402
+from aotriton_rocm import backends, images, kvcache, native  # noqa: E402
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
@@ -240,7 +240,7 @@ def test_the_python_gpu_route_is_the_native_one(stub, setup, monkeypatch):
     workspace allocated by the Python side)."""
     stub_path, lib = stub
     rt, _, records, archive = setup
-    monkeypatch.setattr(device, "arch_of", lambda i: "sm_90")
+    monkeypatch.setattr(backends, "arch_of", lambda i: "sm_90")
     monkeypatch.setattr(images, "find_archives", lambda refresh=False: {"sm_90": archive})
     monkeypatch.setattr(backends, "_native_runtime", lambda: rt)
     monkeypatch.setattr(backends, "_added_archives", {str(archive)})

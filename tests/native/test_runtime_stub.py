@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aotriton_rocm import attention, backends, device, images, native  # noqa: E402
+from aotriton_rocm import attention, backends, images, native  # noqa: E402
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
@@ -221,7 +221,7 @@ def test_the_python_gpu_route_is_the_native_one(stub, tmp_path, monkeypatch):
     recs = [_record(v, f"k{i}") for i, v in enumerate(_variants())]
     archive = tmp_path / "sm_90.aotr"
     write_archive(archive, MANIFEST, [(r, _image(r.symbol)) for r in recs])
-    monkeypatch.setattr(device, "arch_of", lambda i: "sm_90")
+    monkeypatch.setattr(backends, "arch_of", lambda i: "sm_90")
     monkeypatch.setattr(images, "find_archives", lambda refresh=False: {"sm_90": archive})
     monkeypatch.setattr(backends, "_native_runtime", lambda: _runtime(stub_path, archive))
     monkeypatch.setattr(backends, "_added_archives", {str(archive)})

@@ -19,7 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aotriton_rocm import attention, backends, device, images, native, torch_integration, torch_native  # noqa: E402,E501
+from aotriton_rocm import attention, backends, images, native, torch_integration, torch_native  # noqa: E402
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
@@ -158,7 +158,7 @@ def cpu_route(ext, native_build, tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "_native_runtime", lambda: runtime)
     monkeypatch.setattr(backends, "_added_archives", {str(archive)})
     monkeypatch.setattr(backends.AOTBackend, "_stream", lambda self: 0)
-    monkeypatch.setattr(device, "arch_of", lambda i: "sm_90")
+    monkeypatch.setattr(backends, "arch_of", lambda i: "sm_90")
     monkeypatch.setattr(images, "find_archives", lambda refresh=False: {"sm_90": archive})
     aot = backends.AOTBackend(0)
     monkeypatch.setattr(attention, "backend_for", lambda t: aot)
@@ -402,9 +402,9 @@ def test_dropout_and_uncovered_calls_take_the_python_route(cpu_route):
 def test_enable_uses_the_cpp_route_on_the_registry(ext, monkeypatch):
     if not torch_integration.has_registry():
         pytest.skip("torch has no flash-attention registry")
-    monkeypatch.setattr(images, "find_archives", lambda refresh=False: {})
+    monkeypatch.setattr(torch_integration, "find_archives", lambda refresh=False: {})
     # enable() refuses a machine with no GPU: the registrations are what is checked here
-    monkeypatch.setattr(device, "gpu_available", lambda: True)
+    monkeypatch.setattr(torch_integration, "gpu_available", lambda: True)
     before = [_has(op, "CUDA") for op in ATEN]
     for _ in range(2):
         torch_integration.enable()
