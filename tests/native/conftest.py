@@ -98,3 +98,23 @@ def torch_ext(native_build) -> Path:
               f"-DTORCH_INCLUDE_DIR={include}"], "configuring native/ with the torch extension")
         _run(["cmake", "--build", native_build, "-j2"], "building the torch extension")
     return native_build / "libaotriton_rocm_torch.so"
+
+
+@pytest.fixture
+def stub(native_build, monkeypatch):
+    """The library under test with the stub driver (an sm_90 device with 132
+    compute units that records launches instead of running them): (driver
+    path, the driver's ctypes handle, reset)."""
+    import ctypes
+
+    from aotriton_rocm import native
+    from aotriton_rocm._version import ABI_VERSION
+
+    path = native_build / "tests" / "libaotr_stub_driver.so"
+    monkeypatch.setenv(native.ENV_VAR, str(native_build / f"libaotriton_rocm.so.{ABI_VERSION}"))
+    monkeypatch.setenv("AOTR_STUB_CUDA_ARCH", "9.0")
+    monkeypatch.setenv("AOTR_STUB_COMPUTE_UNITS", "132")
+    monkeypatch.setattr(native, "_lib", None)
+    lib = ctypes.CDLL(str(path))
+    lib.aotr_stub_reset()
+    return path, lib

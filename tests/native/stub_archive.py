@@ -99,3 +99,12 @@ def assert_same_launches(a, b, recs, ignore=("Delta",)) -> None:
         for name in ignore:
             va.pop(name, None), vb.pop(name, None)
         assert va == vb, (sym, {n: (va[n], vb[n]) for n in va if va[n] != vb[n]})
+
+
+def stub_runtime(stub_path, archive):
+    """A libaotriton_rocm runtime on the stub driver, serving `archive`."""
+    from aotriton_rocm import native
+
+    rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
+    rt.add_archive(archive)
+    return rt

@@ -13,21 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aotriton_rocm import kernel_spec, native  # noqa: E402
-from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
-from stub_archive import MANIFEST, decode, image, launches, record, variants  # noqa: E402
-
-
-@pytest.fixture
-def stub(native_build, monkeypatch):
-    path = native_build / "tests" / "libaotr_stub_driver.so"
-    monkeypatch.setenv(native.ENV_VAR, str(native_build / f"libaotriton_rocm.so.{ABI_VERSION}"))
-    monkeypatch.setenv("AOTR_STUB_CUDA_ARCH", "9.0")
-    monkeypatch.setattr(native, "_lib", None)
-    lib = ctypes.CDLL(str(path))
-    lib.aotr_stub_reset()
-    return path, lib
+from stub_archive import (MANIFEST, decode, image, launches, record, stub_runtime,  # noqa: E402
+                          variants)
 
 
 def _uniform_variant():
@@ -39,9 +28,7 @@ def _uniform_variant():
 def _runtime(stub_path, tmp_path, recs):
     archive = tmp_path / "sm_90.aotr"
     write_archive(archive, MANIFEST, [(r, image(r.symbol)) for r in recs])
-    rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
-    rt.add_archive(archive)
-    return rt
+    return stub_runtime(stub_path, archive)
 
 
 def _params(out, seed, offset, p=0.25, encode=0):

@@ -18,24 +18,12 @@ torch = pytest.importorskip("torch")
 
 import aotriton_rocm  # noqa: E402
 from aotriton_rocm import backends, images, kvcache, native  # noqa: E402
-from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
-from stub_archive import MANIFEST, decode, image, launches, record, variants  # noqa: E402
+from stub_archive import (MANIFEST, decode, image, launches, record, stub_runtime,  # noqa: E402
+                          variants)
 
 KERNELS = ("attn_fwd_kvcache", "attn_fwd_kvcache_combine")
-
-
-@pytest.fixture
-def stub(native_build, monkeypatch):
-    path = native_build / "tests" / "libaotr_stub_driver.so"
-    monkeypatch.setenv(native.ENV_VAR, str(native_build / f"libaotriton_rocm.so.{ABI_VERSION}"))
-    monkeypatch.setenv("AOTR_STUB_CUDA_ARCH", "9.0")
-    monkeypatch.setenv("AOTR_STUB_COMPUTE_UNITS", "132")
-    monkeypatch.setattr(native, "_lib", None)
-    lib = ctypes.CDLL(str(path))
-    lib.aotr_stub_reset()
-    return path, lib
 
 
 @pytest.fixture
@@ -46,9 +34,7 @@ def setup(stub, tmp_path):
     assert {r.kernel for r in recs} == set(KERNELS)
     archive = tmp_path / "sm_90.aotr"
     write_archive(archive, MANIFEST, [(r, image(r.symbol)) for r in recs])
-    rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
-    rt.add_archive(archive)
-    return rt, lib, {r.symbol: r for r in recs}, archive
+    return stub_runtime(stub_path, archive), lib, {r.symbol: r for r in recs}, archive
 
 
 def _f32(x):
@@ -171,8 +157,7 @@ def test_packed_queries_and_batch_over_the_grid_y_limit(setup):
 def test_automatic_splits(stub, setup, monkeypatch, b, hk, g, sq, cus):
     rt, lib, records, archive = setup
     monkeypatch.setenv("AOTR_STUB_COMPUTE_UNITS", str(cus))
-    rt = native.Runtime(driver_library=str(stub[0]), backend=native.BACKEND_CUDA)
-    rt.add_archive(archive)
+    rt = stub_runtime(stub[0], archive)
     h, d, cap = hk * g, 128, 8192
     q = _t(b, sq, h, d)
     p = _params(q, _t(b, cap, hk, d), _t(b, cap, hk, d), _t(b, sq, h, d), torch.empty(b, h, sq),

@@ -15,32 +15,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aotriton_rocm import attention, backends, images, native  # noqa: E402
-from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
 from stub_archive import MANIFEST, decode as _decode, image as _image, launches as _launches  # noqa: E402
-from stub_archive import record as _record, variants  # noqa: E402
+from stub_archive import record as _record, stub_runtime as _runtime, variants  # noqa: E402
 
 
 def _variants(head_dims=(64,)):
     return variants(head_dims=head_dims)
-
-
-@pytest.fixture
-def stub(native_build, monkeypatch):
-    path = native_build / "tests" / "libaotr_stub_driver.so"
-    monkeypatch.setenv(native.ENV_VAR, str(native_build / f"libaotriton_rocm.so.{ABI_VERSION}"))
-    monkeypatch.setenv("AOTR_STUB_CUDA_ARCH", "9.0")
-    monkeypatch.setattr(native, "_lib", None)
-    lib = ctypes.CDLL(str(path))
-    lib.aotr_stub_reset()
-    return path, lib
-
-
-def _runtime(stub_path, archive):
-    rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
-    rt.add_archive(archive)
-    return rt
 
 
 def _zhm(t, prefix, varlen=False):

@@ -23,7 +23,8 @@ from aotriton_rocm import attention, backends, images, native, torch_integration
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
-from stub_archive import MANIFEST, assert_same_launches, kernel_of, launches, records as stub_records  # noqa: E402,E501
+from stub_archive import (MANIFEST, assert_same_launches, kernel_of, launches,  # noqa: E402
+                          records as stub_records, stub_runtime)
 
 EXPORTS = {"aotr_torch_activate", "aotr_torch_deactivate", "aotr_torch_is_active",
            "aotr_torch_last_error", "aotr_torch_launch_count", "aotr_torch_fallback_count"}
@@ -153,8 +154,7 @@ def cpu_route(ext, native_build, tmp_path, monkeypatch):
     recs = stub_records(bias=(False, True), dropout=(False, True))
     write_archive(archive, MANIFEST, recs)
 
-    runtime = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
-    runtime.add_archive(archive)
+    runtime = stub_runtime(stub_path, archive)
     monkeypatch.setattr(backends, "_native_runtime", lambda: runtime)
     monkeypatch.setattr(backends, "_added_archives", {str(archive)})
     monkeypatch.setattr(backends.AOTBackend, "_stream", lambda self: 0)
