@@ -317,3 +317,24 @@ def test_selection_records_every_candidate(built):
     (sm,) = per["sm_90"]["selection"]
     (run,) = sm["select"]
     assert [w for w in run[3] if w] == ["measured: the tuning file names BLOCK=256,num_warps=4,num_stages=1"]
+
+
+def test_static_report_of_the_toy_build(built, capsys):
+    # the report reads the AMD archives only; the rejected (spilling) hog
+    # candidate is listed under the shipped one with its scratch and finding
+    from aotriton_rocm.tooling import static_report as R
+    out, res = built
+    reports = R.read_build(out)
+    assert [r.arch for r in reports] == ["gfx942", "gfx1100"]
+    (hog,) = [c for c in reports[1].choices if c.kernel == "hog"]
+    (spilled,) = hog.others
+    assert hog.chosen.config["BLOCK_M"] == 8 and spilled.config["BLOCK_M"] == 32
+    assert spilled.figures.scratch > 0 and spilled.figures.vgpr_spills > 0
+    assert spilled.why.startswith(f"rejected: uses {spilled.figures.scratch} bytes of scratch memory")
+    assert hog.chosen.figures.scratch == 0 and hog.chosen.figures.loop is None  # no loop in hog
+    assert cli_main(["report", str(out), "--arch", "gfx1100"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^hog +fp16 +q any +8 WIDTH=256 w1 s1 .* chosen \(static\)$", text, re.M), text
+    assert re.search(r"^ +vs 32 WIDTH=256 w1 s1 .* rejected: uses \d+ bytes of scratch", text, re.M), text
+    assert cli_main(["report", str(out), "--arch", "sm_90"]) == 2
+    assert "sm_90 is not an AMD arch" in capsys.readouterr().err
