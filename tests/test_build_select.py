@@ -263,3 +263,78 @@ def test_cost_model_order():
         T.choose([cand("x", 64, findings=spill)], kernel="k", functional={})
     assert T.grid_axis(["cdiv(max_seqlen_k, BLOCK_N)", "1", "1"]) == ("seqlen_k", "BLOCK_N")
     assert T.grid_axis(["4", "1", "1"]) == (None, None)
+
+
+def test_why_not_chosen():
+    def cand(key, rows, cols=64, occ=2, order=0, scratch=0, findings=(), waived=None, warps=4):
+        return T.Candidate(key=key, config={"BLOCK_M": rows}, order=order, rows=rows, cols=cols,
+                           num_warps=warps, occupancy=occ, scratch=scratch, findings=list(findings),
+                           waived=waived or {})
+
+    big, small = cand("128x64", 128), cand("64x64", 64, order=1)
+    assert T.why_not_chosen(big, small, 64, "static") == "pads more rows at these seqlens (128-row tile vs 64)"
+    assert T.why_not_chosen(small, big, None, "static") == "fewer useful rows (64-row tile vs 128)"
+    assert T.why_not_chosen(cand("a", 128, occ=1), small, None, "static") == \
+        "lower occupancy (1 < 2 waves/SIMD)"
+    assert T.why_not_chosen(cand("n", 128, cols=32), big, None, "static") == "smaller loop tile (32 < 64)"
+    assert T.why_not_chosen(cand("w", 128, warps=8), big, None, "static") == "more warps (8 > 4)"
+    assert T.why_not_chosen(cand("later", 128, order=3), big, None, "static").startswith("declared later")
+    spill = [("spills", "uses 400 bytes of scratch")]
+    assert T.why_not_chosen(cand("s", 128, findings=spill), small, None, "static") == \
+        "rejected: uses 400 bytes of scratch"
+    waived = cand("w1", 128, scratch=400, findings=spill, waived={"spills": "r"})
+    assert T.why_not_chosen(waived, small, None, "static").startswith("ships only under a waiver")
+    assert T.why_not_chosen(small, big, None, "measured") == "measured: the tuning file names BLOCK_M=128"
+    # per run of choose(): every other candidate, in words (one text for the
+    # buckets of a run where they agree)
+    runs = T.choose([big, small], kernel="k", functional={})
+    assert T.losses([big, small], runs) == [
+        {"128x64": "pads more rows at these seqlens (128-row tile vs 64)"},
+        {"64x64": "fewer useful rows (64-row tile vs 128)"}]
+
+
+def test_selection_records_every_candidate(built):
+    out, res = built
+    per = res.report["per_arch"]
+    (point,) = per["gfx942"]["selection"]
+    assert point["kernel"] == "scale_add" and point["functional"] == {"dtype": "fp16", "head_dim": 64}
+    blocks = [re.search(r"BLOCK=(\d+)", c["key"]).group(1) for c in point["candidates"]]
+    assert sorted(blocks) == ["128", "512"]
+    for c in point["candidates"]:  # the build's cache holds every candidate's code object
+        assert (out / "cache" / c["cache_key"][:2] / f"{c['cache_key']}.bin").is_file()
+    tun = Archive.open(res.archives["gfx942"]).manifest["tuning"]["choices"][0]["select"]
+    assert [run[:3] for run in point["select"]] == tun
+    i128, i512 = blocks.index("128"), blocks.index("512")
+    (b1, _, _, why1), (b2, _, _, why2) = point["select"]
+    assert (b1, why1[i128], why1[i512]) == (256, None, "pads more rows at these seqlens (512-row tile vs 128)")
+    assert (b2, why2[i512], why2[i128]) == (None, None, "fewer useful rows (128-row tile vs 512)")
+    # the spilling candidate: rejected with its finding
+    (hog,) = [p for p in per["gfx1100"]["selection"] if p["kernel"] == "hog"]
+    why = dict(zip([c["key"] for c in hog["candidates"]], hog["select"][0][3]))
+    assert re.fullmatch(r"rejected: uses \d+ bytes of scratch memory per lane .*",
+                        next(w for k, w in why.items() if "BLOCK_M=32" in k))
+    # measured: the other candidate lost to the tuning file
+    (sm,) = per["sm_90"]["selection"]
+    (run,) = sm["select"]
+    assert [w for w in run[3] if w] == ["measured: the tuning file names BLOCK=256,num_warps=4,num_stages=1"]
+
+
+def test_static_report_of_the_toy_build(built, capsys):
+    # the report reads the AMD archives only; the rejected (spilling) hog
+    # candidate is listed under the shipped one with its scratch and finding
+    from aotriton_rocm.tooling import static_report as R
+    out, res = built
+    reports = R.read_build(out)
+    assert [r.arch for r in reports] == ["gfx942", "gfx1100"]
+    (hog,) = [c for c in reports[1].choices if c.kernel == "hog"]
+    (spilled,) = hog.others
+    assert hog.chosen.config["BLOCK_M"] == 8 and spilled.config["BLOCK_M"] == 32
+    assert spilled.figures.scratch > 0 and spilled.figures.vgpr_spills > 0
+    assert spilled.why.startswith(f"rejected: uses {spilled.figures.scratch} bytes of scratch memory")
+    assert hog.chosen.figures.scratch == 0 and hog.chosen.figures.loop is None  # no loop in hog
+    assert cli_main(["report", str(out), "--arch", "gfx1100"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^hog +fp16 +q any +8 WIDTH=256 w1 s1 .* chosen \(static\)$", text, re.M), text
+    assert re.search(r"^ +vs 32 WIDTH=256 w1 s1 .* rejected: uses \d+ bytes of scratch", text, re.M), text
+    assert cli_main(["report", str(out), "--arch", "sm_90"]) == 2
+    assert "sm_90 is not an AMD arch" in capsys.readouterr().err

@@ -54,6 +54,9 @@ COMMANDS: Dict[str, Command] = {c.name: c for c in (
             ".tooling.abi_check", "AbiCheckOptions", "run_abi_check"),
     Command("validate", "statically validate the AMD code objects of kernel archives",
             ".tooling.validate", "ValidateOptions", "run_validate"),
+    Command("report", "AMD static speed report of a build: occupancy, registers, LDS, MFMA per loop "
+            "iteration of every shipped kernel beside the configs it was chosen over; --against "
+            "OTHER_BUILD for what changed", ".tooling.static_report", "ReportOptions", "run_report"),
     Command("pin", "requirement and conda spec lines for a torch version", ".tooling.pin",
             "PinOptions", "run_pin"),
     Command("release", "gated release: build, package, install-check, abi-check, changelog, "

@@ -11,7 +11,8 @@ from .build_plan import BuildPlan
 from .build_validate import Validation
 from .compile import CompileTask
 from .targets import ArchSpec
-from .tuning import COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, grid_axis, load_measured
+from .tuning import (COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, grid_axis, load_measured,
+                     losses)
 from ..kernel_spec import Variant
 
 __all__ = ["select_shipped"]
@@ -19,8 +20,10 @@ __all__ = ["select_shipped"]
 
 def select_shipped(plan: BuildPlan, validation: Validation) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
     """Per arch: the chosen keys, the manifest's "tuning" section, the
-    shipped exceptions, the rejected candidates and how many choices were
-    measured/static; and one error per functional point where nothing can ship."""
+    shipped exceptions, the rejected candidates, how many choices were
+    measured/static and every candidate with why it lost (``points``, for
+    the build report); and one error per functional point where nothing can
+    ship."""
     errors: List[str] = []
     selection = {a.name: _select(a, plan.items[a.name], validation.checked, plan.spec,
                                  load_measured(plan.sources.kernels_dir, a.name), errors)
@@ -38,12 +41,16 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
     """Choose the shipped candidates of one arch (tuning.choose per functional
     point); appends to ``errors`` where nothing can ship. Returns the chosen
     keys, the manifest's "tuning" section, the shipped exceptions, the
-    rejected candidates and how many choices were measured/static."""
+    rejected candidates, how many choices were measured/static and the
+    candidates of every point with why each lost per run."""
     groups: Dict[Tuple[str, Tuple], List[Variant]] = {}
-    for v, _ in items:
+    cache_key_of: Dict[str, str] = {}
+    for v, t in items:
         groups.setdefault((v.kernel, tuple(v.functional.items())), []).append(v)
+        cache_key_of[v.key] = t.cache_key
     chosen: set = set()
     choices: List[Dict[str, Any]] = []
+    points: List[Dict[str, Any]] = []
     rejected: List[Dict[str, Any]] = []
     counts = {"measured": 0, "static": 0}
     axes: Dict[str, str] = {}
@@ -87,6 +94,7 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
             chosen.add(key)
             counts[source] += 1
         choices.append({"kernel": kname, "functional": dict(func), "select": runs})
+        points.append(_point(kname, func, cands, runs, cache_key_of))
         for c in cands:
             if c.key not in chosen and c.findings:
                 rejected.append({"key": c.key, "findings": [m for _, m in c.unwaived]})
@@ -95,4 +103,17 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
     manifest = {"schema": 1, "cost_model": COST_MODEL, "seqlen_buckets": list(SEQLEN_BUCKETS),
                 "axes": axes, "measured": measured.how if measured.path else None, "choices": choices}
     return {"chosen": chosen, "manifest": manifest, "exceptions": exceptions, "rejected": rejected,
-            "counts": counts}
+            "counts": counts, "points": points}
+
+
+def _point(kernel: str, functional: Dict[str, Any], cands: Sequence[Candidate],
+           runs: Sequence[Sequence[Any]], cache_key_of: Dict[str, str]) -> Dict[str, Any]:
+    """The build report's record of one functional point: its candidates
+    (variant key, cache key: the report reads their code objects from
+    OUT/cache) and per run of the choice, why each candidate lost (aligned
+    with "candidates", null for the one chosen)."""
+    why = losses(cands, runs)
+    return {"kernel": kernel, "functional": dict(functional),
+            "candidates": [{"key": c.key, "cache_key": cache_key_of[c.key]} for c in cands],
+            "select": [[bound, key, source, [w.get(c.key) for c in cands]]
+                       for (bound, key, source), w in zip(runs, why)]}

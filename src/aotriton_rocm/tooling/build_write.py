@@ -133,5 +133,6 @@ def write_archives(plan: BuildPlan, compiled: Compiled, validation: Validation,
             "manifest": str(mp.relative_to(out)), "archive_bytes": ar.archive_bytes,
             "code_bytes": sum(len(c) for _, c in pairs), "warnings": plan.warnings[a.name],
             "validation": summarize_validation([r for r, _ in pairs]) if a.backend == "hip" else None,
+            "selection": sel["points"],
         }
     return results, report

@@ -22,7 +22,7 @@ __all__ = ["CACHE_SCHEMA", "CompileCache", "cache_key", "kernel_sources_hash"]
 
 # Bump when what a cache entry holds changes (e.g. new stats parsed from the
 # code object), so stale entries are recompiled.
-CACHE_SCHEMA = 3  # 3: stats["wmma"], meta["compile_seconds"]
+CACHE_SCHEMA = 4  # 3: stats["wmma"], meta["compile_seconds"]; 4: stats["loop"]
 
 
 def kernel_sources_hash(kernels_dir) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import kernel_spec
+from .amdgcn import hot_loop_stats
 
 __all__ = [
     "COMPILE_ENV",
@@ -25,6 +26,7 @@ __all__ = [
     "CompileOutput",
     "worker_init",
     "scrubbed_env_names",
+    "compile_task",
     "compile_variant",
     "load_kernel_function",
     "parse_amdgcn_stats",
@@ -149,7 +151,26 @@ def parse_amdgcn_stats(text: str) -> Dict[str, Any]:
         stats["amdgcn_target"] = m.group(1)
     stats["mfma"] = bool(_MFMA_RE.search(text))
     stats["wmma"] = bool(_WMMA_RE.search(text))
+    # The hot loop's instructions per iteration (amdgcn.py); None: no loop.
+    stats["loop"] = hot_loop_stats(text)
     return stats
+
+
+def compile_task(task: CompileTask):
+    """``triton.compile`` of one task: the compiled kernel (its ``asm`` holds
+    the code object and, for AMD, the amdgcn text)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = load_kernel_function(task.kernels_dir, task.module, task.function)
+    names = [n for n, _ in task.signature]
+    if list(getattr(fn, "arg_names", names)) != names:
+        raise RuntimeError(f"{task.module}:{task.function} takes {list(fn.arg_names)}, "
+                           f"the build expected {names}")
+    src = ASTSource(fn=fn, signature=dict(task.signature), constexprs=dict(task.constexprs),
+                    attrs={(i,): [["tt.divisibility", 16]] for i in task.div_indices})
+    return triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
 
 
 def compile_variant(task: CompileTask) -> CompileOutput:
@@ -158,18 +179,7 @@ def compile_variant(task: CompileTask) -> CompileOutput:
     t0 = time.perf_counter()
     out = CompileOutput(cache_key=task.cache_key, variant_key=task.variant_key, arch=task.arch)
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-
-        fn = load_kernel_function(task.kernels_dir, task.module, task.function)
-        names = [n for n, _ in task.signature]
-        if list(getattr(fn, "arg_names", names)) != names:
-            raise RuntimeError(f"{task.module}:{task.function} takes {list(fn.arg_names)}, "
-                               f"the build expected {names}")
-        src = ASTSource(fn=fn, signature=dict(task.signature), constexprs=dict(task.constexprs),
-                        attrs={(i,): [["tt.divisibility", 16]] for i in task.div_indices})
-        k = triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
+        k = compile_task(task)
         backend = task.target[0]
         code = k.asm["hsaco" if backend == "hip" else "cubin"]
         md = k.metadata

@@ -59,6 +59,8 @@ __all__ = [
     "tuning_files_bytes",
     "choose",
     "static_rank",
+    "why_not_chosen",
+    "losses",
 ]
 
 SEQLEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -127,6 +129,55 @@ def static_rank(c: Candidate, bound: Optional[int]) -> Tuple:
     occ = OCCUPANCY_ENOUGH if c.occupancy is None else min(c.occupancy, OCCUPANCY_ENOUGH)
     return (1 if c.exceptions else 0, c.scratch if c.exceptions else 0, -occ,
             c.rows - useful, -useful, -c.cols, c.num_warps, c.order)
+
+
+def _config_text(config: Mapping[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def why_not_chosen(loser: Candidate, winner: Candidate, bound: Optional[int], source: str) -> str:
+    """Why ``loser`` did not ship where ``winner`` did (bucket ``bound``,
+    chosen by ``source``), in words: its unwaived findings, the measured
+    choice, or the first step of the static cost model it loses on."""
+    if not loser.eligible:
+        return "rejected: " + "; ".join(m for _, m in loser.unwaived)
+    if source == "measured":
+        return f"measured: the tuning file names {_config_text(winner.config)}"
+    lr, wr = static_rank(loser, bound), static_rank(winner, bound)
+    step = next(i for i, (a, b) in enumerate(zip(lr, wr)) if a != b)
+    return [
+        lambda: "ships only under a waiver (ranks after clean candidates)",
+        lambda: f"more scratch under its waiver ({loser.scratch} > {winner.scratch} bytes per lane)",
+        lambda: f"lower occupancy ({loser.occupancy} < {winner.occupancy} waves/SIMD)",
+        lambda: f"pads more rows at these seqlens ({loser.rows}-row tile vs {winner.rows})",
+        lambda: f"fewer useful rows ({loser.rows}-row tile vs {winner.rows})",
+        lambda: f"smaller loop tile ({loser.cols} < {winner.cols})",
+        lambda: f"more warps ({loser.num_warps} > {winner.num_warps})",
+        lambda: "declared later in variants.toml (ties otherwise)",
+    ][step]()
+
+
+def losses(candidates: Sequence[Candidate], runs: Sequence[Sequence[Any]],
+           buckets: Sequence[int] = SEQLEN_BUCKETS) -> List[Dict[str, str]]:
+    """Per run of :func:`choose` (same order): candidate key -> why it was not
+    chosen there, for every other candidate; where the reason differs between
+    the buckets of a run, the distinct reasons joined by "; "."""
+    by_key = {c.key: c for c in candidates}
+    bounds: List[Optional[int]] = list(buckets) + [None]
+    out: List[Dict[str, str]] = []
+    start = 0
+    for bound, key, source in runs:
+        end = bounds.index(bound) + 1
+        winner = by_key[key]
+        why: Dict[str, str] = {}
+        for c in candidates:
+            if c.key == key:
+                continue
+            texts = [why_not_chosen(c, winner, b, source) for b in bounds[start:end]]
+            why[c.key] = "; ".join(dict.fromkeys(texts))
+        out.append(why)
+        start = end
+    return out
 
 
 @dataclass(frozen=True)
