@@ -182,6 +182,45 @@ def test_measured_config_must_exist(built, tmp_path):
         B.build("6.4", ["sm_90"], out, source_root=root, jobs=1, progress=False)
 
 
+def test_tuned_config_is_compiled_beside_the_fallback(built, tmp_path):
+    """A tuning file's full config (what `aotriton-rocm tune` writes) is a
+    candidate of its own: compiled, validated and shipped although
+    variants.toml has no table for it; the variants.toml configs are still
+    compiled (the static fallback); the buckets no entry covers get the
+    cost model's choice among all of them."""
+    tuned = dict(MEASURED, choices=[
+        {"kernel": "scale_add", "functional": {"dtype": ["fp16"], "head_dim": [64]},
+         "seqlen_max": 1024, "config": {"BLOCK": 512, "num_warps": 4, "num_stages": 1},
+         "measured": [{"seqlen": 1024, "us": 1.0}]}])
+    root = make_root(tmp_path / "root", SCALE_ADD, measured=tuned)
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    res = B.build("6.4", ["sm_90"], out, source_root=root, jobs=1, progress=False)
+    assert res.compiled == 1  # the tuned config; the two variants.toml ones were cached
+    rep = res.report["per_arch"]["sm_90"]
+    assert rep["candidates"] == 3 and rep["choices"] == {"measured": 1, "static": 1}
+    a = Archive.open(res.archives["sm_90"])
+    (choice,) = a.manifest["tuning"]["choices"]
+    assert [(b, re.search(r"BLOCK=(\d+)", k).group(1), s) for b, k, s in choice["select"]] == \
+        [(1024, "512", "measured"), (None, "512", "static")]
+
+
+def test_tuned_config_that_cannot_ship_falls_back(built, tmp_path):
+    tuned = dict(MEASURED, choices=[
+        {"kernel": "hog", "functional": {"dtype": ["fp16"]},
+         "config": {"BLOCK_M": 32, "WIDTH": 256, "num_warps": 1, "num_stages": 1}}])
+    root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", "") + HOG_SMALL,
+                     measured=None)
+    (root / "kernels" / "tuning" / "gfx1100.json").write_text(json.dumps(dict(tuned, arch="gfx1100")))
+    out = tmp_path / "out"
+    shutil.copytree(built[0] / "cache", out / "cache")
+    res = B.build("6.4", ["gfx1100"], out, source_root=root, jobs=1, progress=False)
+    a = Archive.open(res.archives["gfx1100"])
+    assert [r.config["BLOCK_M"] for r in a.kernels if r.kernel == "hog"] == [8]
+    (note,) = [w for w in res.report["per_arch"]["gfx1100"]["warnings"] if "hog" in w]
+    assert "cannot ship here" in note and "the static choice ships instead" in note
+
+
 def test_spill_fails_the_build_without_a_waiver(built, tmp_path):
     root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", ""))
     out = tmp_path / "out"

@@ -8,6 +8,7 @@ every launch, so a caller can prove that our kernels ran rather than torch's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 from typing import Iterable, NamedTuple
 
@@ -102,7 +103,7 @@ class FunctionalKey(NamedTuple):
     enable_dropout: bool | None
 
 
-def _functional_key(kernel: str, functional: dict) -> FunctionalKey:
+def functional_key(kernel: str, functional: dict) -> FunctionalKey:
     """The key of a variant's functional values."""
     def flag(name):
         return None if name not in functional else bool(functional[name])
@@ -124,7 +125,7 @@ def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout:
     return (masked,)
 
 
-def _pick(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool = False,
+def pick(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool = False,
           dropout: bool = False, score_mods: bool = False):
     return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim, bias, dropout,
                                                    score_mods) if k in table), None)
@@ -135,7 +136,7 @@ def _missing(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool,
     """The first kernel a forward (+ backward) needs that `table` lacks, or None."""
     needed = (kernel,) if kernel != "attn_fwd" else KERNELS
     for name in needed:
-        if _pick(table, name, dtype, head_dim, bias, dropout) is None:
+        if pick(table, name, dtype, head_dim, bias, dropout) is None:
             return (f"no {name} kernel for dtype={dtype}, head_dim={head_dim}"
                     + (", with a bias" if bias else "") + (", with dropout" if dropout else ""))
     return None
@@ -420,7 +421,7 @@ class InterpreterBackend(Backend):
         self._reasons: dict[tuple, str | None] = {}
         for v in spec.variants_for(INTERPRETER_ARCH):
             # the first config is the default
-            self._variants.setdefault(_functional_key(v.kernel, v.functional), v)
+            self._variants.setdefault(functional_key(v.kernel, v.functional), v)
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         missing = _memo_missing(self._reasons, self._variants, kernel, dtype, head_dim, bias,
@@ -433,7 +434,7 @@ class InterpreterBackend(Backend):
 
     def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
                seqlen_k=0, score_mods=False):
-        variant = _pick(self._variants, kernel, dtype, head_dim, bias, dropout, score_mods)
+        variant = pick(self._variants, kernel, dtype, head_dim, bias, dropout, score_mods)
         constexprs = dict(variant.constexprs)
         if "UPCAST_DOT" in constexprs:
             constexprs["UPCAST_DOT"] = True
@@ -478,8 +479,25 @@ def _interpreter_backend() -> Backend:
                                "pip install 'aotriton-rocm[cpu]'")
 
 
+_OVERRIDE: list[Backend] = []
+
+
+@contextlib.contextmanager
+def using(backend: Backend):
+    """Within the block, every op's kernels run on ``backend``, whatever the
+    tensors' device (``aotriton-rocm tune`` times candidate configs this
+    way); not thread-safe, not for production calls."""
+    _OVERRIDE.append(backend)
+    try:
+        yield backend
+    finally:
+        _OVERRIDE.remove(backend)
+
+
 def backend_for(t: torch.Tensor) -> Backend | None:
     """The backend that runs kernels on the tensor's device."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
     if t.is_cuda:
         return _aot_backend(t.get_device())
     if t.device.type == "cpu":

@@ -57,6 +57,9 @@ COMMANDS: Dict[str, Command] = {c.name: c for c in (
     Command("report", "AMD static speed report of a build: occupancy, registers, LDS, MFMA per loop "
             "iteration of every shipped kernel beside the configs it was chosen over; --against "
             "OTHER_BUILD for what changed", ".tooling.static_report", "ReportOptions", "run_report"),
+    Command("tune", "time each kernel's candidate configs per sequence-length bucket on this "
+            "GPU, check the winners, write kernels/tuning/<arch>.json", ".tooling.tune",
+            "TuneOptions", "run_tune"),
     Command("pin", "requirement and conda spec lines for a torch version", ".tooling.pin",
             "PinOptions", "run_pin"),
     Command("release", "gated release: build, package, install-check, abi-check, changelog, "

@@ -41,6 +41,7 @@ __all__ = [
     "kernels_dir",
     "load_variants",
     "variant_key",
+    "parse_config",
     "OPTION_KEYS",
     "SCRATCH_ARGS",
     "WAIVER_KINDS",
@@ -181,16 +182,25 @@ class VariantSpec:
     kernels: Dict[str, KernelSpec]
     raw_bytes: bytes = field(repr=False, default=b"")
 
-    def variants_for(self, arch: ArchSpec) -> List[Variant]:
+    def variants_for(self, arch: ArchSpec,
+                     extra_configs: Optional[Dict[str, Tuple[ConfigSpec, ...]]] = None
+                     ) -> List[Variant]:
+        """Every (kernel, functional point, config) of ``arch``: the configs
+        of variants.toml, then ``extra_configs`` (per kernel, e.g. measured
+        tuning winners or a search space), each config once per point."""
         out: List[Variant] = []
         seen = set()
+        extra = extra_configs or {}
         for ks in self.kernels.values():
+            declared = len(ks.configs)
             for func in ks.functional_combinations():
-                for cfg in ks.configs:
+                for i, cfg in enumerate(ks.configs + tuple(extra.get(ks.name, ()))):
                     if not cfg.matches(arch, func):
                         continue
                     v = _make_variant(ks, arch, func, cfg, self.path)
                     if v.key in seen:
+                        if i >= declared:
+                            continue  # an extra config that variants.toml already has
                         raise VariantSpecError(
                             f"{self.path}: kernel {ks.name}: two configs give the same variant "
                             f"{v.key!r} for {arch.name}")
@@ -321,6 +331,33 @@ def _parse_when(when: Any, functional: Dict[str, Tuple[Any, ...]], where: str):
     return tuple(out)
 
 
+def parse_config(c: Any, constexprs: Tuple[str, ...], functional: Dict[str, Tuple[Any, ...]],
+                 where: str) -> ConfigSpec:
+    """One ``[[kernels.NAME.configs]]`` table (or a table of the same form
+    elsewhere, e.g. the tuning search space): archs, optional head_dims,
+    when and allow, and constexpr / compile-option values."""
+    if not isinstance(c, dict):
+        raise VariantSpecError(f"{where}: a config is a table")
+    archs = c.get("archs")
+    if not archs:
+        raise VariantSpecError(f"{where} lacks 'archs'")
+    hd = c.get("head_dims")
+    values = tuple((k, v) for k, v in c.items() if k not in CONFIG_META_KEYS)
+    for k, v in values:
+        if k not in OPTION_KEYS and k not in constexprs:
+            raise VariantSpecError(
+                f"{where}: {k!r} is neither a constexpr of the kernel ({', '.join(constexprs)}) "
+                f"nor a compile option ({', '.join(OPTION_KEYS)})")
+    for k in REQUIRED_OPTIONS:
+        if k not in c:
+            raise VariantSpecError(f"{where} lacks {k!r}")
+    allow, allow_only = _parse_allow(c.get("allow"), functional, where)
+    return ConfigSpec(archs=tuple(str(a) for a in archs),
+                      head_dims=tuple(int(h) for h in hd) if hd is not None else None,
+                      values=values, allow=allow, allow_only=allow_only,
+                      when=_parse_when(c.get("when"), functional, where))
+
+
 def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
     where = f"{path}: [kernels.{name}]"
 
@@ -374,27 +411,8 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
             if k not in fnames or v not in fnames[k]:
                 raise VariantSpecError(f"{where}: exclude {ex!r}: {k}={v!r} is not a functional value")
         exclude.append(tuple(ex.items()))
-    configs = []
-    for i, c in enumerate(t.get("configs") or ()):
-        cw = f"{where} configs[{i}]"
-        archs = c.get("archs")
-        if not archs:
-            raise VariantSpecError(f"{cw} lacks 'archs'")
-        hd = c.get("head_dims")
-        values = tuple((k, v) for k, v in c.items() if k not in CONFIG_META_KEYS)
-        for k, v in values:
-            if k not in OPTION_KEYS and k not in constexprs:
-                raise VariantSpecError(
-                    f"{cw}: {k!r} is neither a constexpr of the kernel ({', '.join(constexprs)}) "
-                    f"nor a compile option ({', '.join(OPTION_KEYS)})")
-        for k in REQUIRED_OPTIONS:
-            if k not in c:
-                raise VariantSpecError(f"{cw} lacks {k!r}")
-        allow, allow_only = _parse_allow(c.get("allow"), fnames, cw)
-        configs.append(ConfigSpec(archs=tuple(str(a) for a in archs),
-                                  head_dims=tuple(int(h) for h in hd) if hd is not None else None,
-                                  values=values, allow=allow, allow_only=allow_only,
-                                  when=_parse_when(c.get("when"), fnames, cw)))
+    configs = [parse_config(c, constexprs, fnames, f"{where} configs[{i}]")
+               for i, c in enumerate(t.get("configs") or ())]
     if not configs:
         raise VariantSpecError(f"{where} has no [[kernels.{name}.configs]]")
     return KernelSpec(name=name, module=module, function=function.strip(), args=tuple(args),

@@ -134,9 +134,12 @@ TRITON_CACHE_PREFIX = "triton-cache-"
 
 
 def compile_plan(plan: BuildPlan, cache: CompileCache, out: Path, executor: Executor, *,
-                 progress: bool = True, stream: Optional[TextIO] = None) -> Compiled:
+                 progress: bool = True, stream: Optional[TextIO] = None,
+                 triton_cache: Optional[Path] = None) -> Compiled:
     """Compile the cache misses of ``plan`` into ``cache`` (scratch under
-    ``OUT/.tmp``), reporting on ``stream`` (default: stderr)."""
+    ``OUT/.tmp``), reporting on ``stream`` (default: stderr). Triton's own
+    cache is scratch too, unless ``triton_cache`` names one to keep (the
+    tuner loads the compiled kernels from it to launch them)."""
     compiled, misses = load_cached(plan, cache)
     progress = Progress(len(misses), desc="compile", stream=stream if stream is not None else sys.stderr,
                         enabled=progress)
@@ -152,7 +155,12 @@ def compile_plan(plan: BuildPlan, cache: CompileCache, out: Path, executor: Exec
     tmp_root = out / ".tmp"
     tmp_root.mkdir(parents=True, exist_ok=True)
     # the pid in the name lets the next run remove it if this one is killed
-    triton_cache = tempfile.mkdtemp(prefix=f"{TRITON_CACHE_PREFIX}{os.getpid()}-", dir=tmp_root)
+    keep_triton_cache = triton_cache is not None
+    if keep_triton_cache:
+        Path(triton_cache).mkdir(parents=True, exist_ok=True)
+        triton_cache = str(triton_cache)
+    else:
+        triton_cache = tempfile.mkdtemp(prefix=f"{TRITON_CACHE_PREFIX}{os.getpid()}-", dir=tmp_root)
     n_jobs = executor.workers
     if executor.kind == "local":
         outputs = _iter_compile_local(misses, n_jobs, triton_cache)
@@ -183,7 +191,8 @@ def compile_plan(plan: BuildPlan, cache: CompileCache, out: Path, executor: Exec
         if close is not None:
             close()
         progress.close()
-        shutil.rmtree(triton_cache, ignore_errors=True)
+        if not keep_triton_cache:
+            shutil.rmtree(triton_cache, ignore_errors=True)
         try:
             tmp_root.rmdir()
         except OSError:

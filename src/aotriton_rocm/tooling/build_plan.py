@@ -18,9 +18,10 @@ from .cache import cache_key, kernel_sources_hash
 from .compile import COMPILE_ENV, CompileTask
 from .source_tree import find_source_root
 from .targets import ArchSpec, Profile, load_targets
-from .tuning import tuning_files_bytes
+from .tuning import TuningError, load_measured, measured_configs, tuning_files_bytes
 
 __all__ = ["BuildError", "Sources", "Subset", "BuildPlan", "plan_build", "build_inputs_hash",
+           "compile_task_for",
            "parse_shard", "shard_keys"]
 
 
@@ -173,7 +174,7 @@ def build_inputs_hash(kernels_dir: Path, variants_bytes: bytes, targets_bytes: b
     return h.hexdigest()
 
 
-def _task_for(v: Variant, params: List[str], arch: ArchSpec, kernels_dir: Path, sources_hash: str,
+def compile_task_for(v: Variant, params: List[str], arch: ArchSpec, kernels_dir: Path, sources_hash: str,
               triton_version: str) -> CompileTask:
     arg_types = dict(v.args)
     signature = tuple((p, "constexpr" if p in v.constexprs else arg_types[p]) for p in params)
@@ -211,7 +212,11 @@ def plan_build(profile: Optional[str], archs: Optional[Sequence[str]], sources: 
     items: Dict[str, List[Tuple[Variant, CompileTask]]] = {}
     warnings: Dict[str, List[str]] = {}
     for a in arch_specs:
-        every = spec.variants_for(a)
+        try:
+            tuned = measured_configs(load_measured(sources.kernels_dir, a.name), spec)
+        except TuningError as e:
+            raise BuildError(str(e)) from None
+        every = spec.variants_for(a, tuned)
         if only:
             only.check_names(every)
         vs = [v for v in every if only.accepts(v)]
@@ -223,7 +228,7 @@ def plan_build(profile: Optional[str], archs: Optional[Sequence[str]], sources: 
                 f"{spec.path}: no config matches {a.name} (family {a.family}); add "
                 f"[[kernels.*.configs]] with archs = [\"{a.family}\"] or [\"{a.name}\"], or drop {a.name}")
         warnings[a.name] = [f"kernel {k} has no config for {a.name}" for k in spec.kernels_without_variants(a)]
-        items[a.name] = [(v, _task_for(v, params_of[v.kernel], a, sources.kernels_dir, sources_hash,
+        items[a.name] = [(v, compile_task_for(v, params_of[v.kernel], a, sources.kernels_dir, sources_hash,
                                        triton_version)) for v in vs]
     return BuildPlan(profile=prof, archs=list(arch_specs), spec=spec, sources=sources,
                      triton_version=triton_version, sources_hash=sources_hash,

@@ -53,6 +53,7 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
     points: List[Dict[str, Any]] = []
     rejected: List[Dict[str, Any]] = []
     counts = {"measured": 0, "static": 0}
+    notes: List[str] = []
     axes: Dict[str, str] = {}
     cand_of: Dict[str, Candidate] = {}
     for (kname, _), vs in groups.items():
@@ -78,7 +79,7 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
             continue
         func = vs[0].functional
         try:
-            runs = choose(cands, kernel=kname, functional=func, measured=measured)
+            runs = choose(cands, kernel=kname, functional=func, measured=measured, notes=notes)
         except TuningError as e:
             errors.append(f"{a.name} {kname} [{_functional_text(func)}]: {e}")
             continue
@@ -103,7 +104,7 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
     manifest = {"schema": 1, "cost_model": COST_MODEL, "seqlen_buckets": list(SEQLEN_BUCKETS),
                 "axes": axes, "measured": measured.how if measured.path else None, "choices": choices}
     return {"chosen": chosen, "manifest": manifest, "exceptions": exceptions, "rejected": rejected,
-            "counts": counts, "points": points}
+            "counts": counts, "points": points, "notes": notes}
 
 
 def _point(kernel: str, functional: Dict[str, Any], cands: Sequence[Candidate],

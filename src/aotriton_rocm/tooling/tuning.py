@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ..kernel_spec import REQUIRED_OPTIONS, ConfigSpec, VariantSpec, VariantSpecError, parse_config
+
 __all__ = [
     "SEQLEN_BUCKETS",
     "OCCUPANCY_ENOUGH",
@@ -56,6 +58,8 @@ __all__ = [
     "MeasuredData",
     "grid_axis",
     "load_measured",
+    "measured_configs",
+    "dump_measured",
     "tuning_files_bytes",
     "choose",
     "static_rank",
@@ -217,7 +221,7 @@ class MeasuredData:
         return next((e for e in self.entries if e.applies(kernel, functional, bound)), None)
 
 
-def load_measured(kernels_dir, arch: str) -> MeasuredData:
+def load_measured(kernels_dir, arch: str, path: Optional[Path] = None) -> MeasuredData:
     """The measured tuning data for ``arch`` (empty if it has no file).
 
     Format (JSON)::
@@ -231,7 +235,7 @@ def load_measured(kernels_dir, arch: str) -> MeasuredData:
     The first entry that applies to (kernel, functional point, bucket) names
     the config (a subset of its keys is enough) of the candidate to ship.
     """
-    p = Path(kernels_dir) / "tuning" / f"{arch}.json"
+    p = Path(path) if path is not None else Path(kernels_dir) / "tuning" / f"{arch}.json"
     if not p.is_file():
         return MeasuredData(path=None, arch=arch)
     try:
@@ -273,12 +277,15 @@ def tuning_files_bytes(kernels_dir) -> bytes:
 
 def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[str, Any],
            measured: Optional[MeasuredData] = None,
-           buckets: Sequence[int] = SEQLEN_BUCKETS) -> List[List[Any]]:
+           buckets: Sequence[int] = SEQLEN_BUCKETS,
+           notes: Optional[List[str]] = None) -> List[List[Any]]:
     """Per bucket the candidate to ship; returns the merged runs
     ``[[max_seqlen or None, key, "measured"|"static"], ...]`` (the last run's
-    bound is None). Raises TuningError when measured data names a config that
-    no candidate has or that cannot ship, and ValueError when no candidate can
-    ship at all (the caller reports the findings)."""
+    bound is None). A measured config that cannot ship here (a validator
+    finding) falls back to the static choice, with a line in ``notes``.
+    Raises TuningError when measured data names a config that no candidate
+    has, and ValueError when no candidate can ship at all (the caller
+    reports the findings)."""
     ok = [c for c in candidates if c.eligible]
     if not ok:
         raise ValueError("no eligible candidate")
@@ -295,11 +302,15 @@ def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[
                     f"{'; '.join(c.key for c in candidates)}); fix the tuning file or add the "
                     f"config to kernels/variants.toml")
             best = picked[0]
-            if not best.eligible:
-                raise TuningError(
-                    f"{measured.path}: choices[{entry.index}] names {best.key}, which cannot ship: "
-                    f"{'; '.join(m for _, m in best.unwaived)}")
             source = "measured"
+            if not best.eligible:
+                # the fallback: what the static cost model ships
+                note = (f"{measured.path}: choices[{entry.index}] names {best.key}, which cannot "
+                        f"ship here ({'; '.join(m for _, m in best.unwaived)}); the static choice "
+                        "ships instead")
+                if notes is not None and note not in notes:
+                    notes.append(note)
+                best, source = min(ok, key=lambda c: static_rank(c, bound)), "static"
         else:
             best = min(ok, key=lambda c: static_rank(c, bound))
             source = "static"
@@ -308,3 +319,47 @@ def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[
         else:
             runs.append([bound, best.key, source])
     return runs
+
+
+def measured_configs(measured: MeasuredData, spec: VariantSpec) -> Dict[str, Tuple[ConfigSpec, ...]]:
+    """The configs the tuning file names, per kernel, as candidates of the
+    points each entry applies to: the build compiles them besides the
+    configs of variants.toml (which give the static fallback), so a tuned
+    winner needs no table of its own there. An entry whose config lacks
+    the compile options (``num_warps``, ``num_stages``) only picks among
+    the variants.toml configs."""
+    out: Dict[str, List[ConfigSpec]] = {}
+    for e in measured.entries:
+        if not all(k in dict(e.config) for k in REQUIRED_OPTIONS):
+            continue
+        where = f"{measured.path}: choices[{e.index}]"
+        ks = spec.kernels.get(e.kernel)
+        if ks is None:
+            raise TuningError(f"{where}: kernel {e.kernel!r} is not in {spec.path}")
+        axes = dict(ks.functional)
+        table: Dict[str, Any] = {"archs": [measured.arch], **dict(e.config)}
+        when = {k: list(v) for k, v in e.functional if k in axes}
+        if when:
+            table["when"] = when
+        try:
+            out.setdefault(e.kernel, []).append(parse_config(table, ks.constexprs, axes, where))
+        except VariantSpecError as exc:
+            raise TuningError(f"{exc} (a tuned config needs every tile constexpr, num_warps and "
+                              f"num_stages)") from None
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def dump_measured(doc: Mapping[str, Any]) -> str:
+    """A tuning file's text: the header fields one per line, then one line
+    per choice (a re-tune shows in a diff as the lines of the points that
+    changed)."""
+    lines = ["{"]
+    for k, v in doc.items():
+        if k != "choices":
+            lines.append(f"  {json.dumps(k)}: {json.dumps(v)},")
+    choices = list(doc.get("choices") or ())
+    lines.append('  "choices": [')
+    lines.extend(f"    {json.dumps(ch)}{',' if i < len(choices) - 1 else ''}"
+                 for i, ch in enumerate(choices))
+    lines.extend(["  ]", "}"])
+    return "\n".join(lines) + "\n"

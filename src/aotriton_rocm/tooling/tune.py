@@ -1,0 +1,459 @@
+"""``aotriton-rocm tune``: time each functional point's candidate configs on
+the GPU of an arch, per sequence-length bucket, check each winner against a
+float64 reference, and write ``kernels/tuning/<arch>.json``.
+
+Candidates: the point's configs in ``kernels/variants.toml`` (the static
+fallback the build keeps) and those of ``kernels/tuning/space.toml``. They
+are compiled as the build compiles them (content-addressed cache under
+``--work``), launched through the runtime's own op code (tune_workloads.py)
+and timed in CUDA graphs (tune_launch.py). The build then compiles the
+winners plus the variants.toml configs and ships, per bucket, the measured
+winner (tuning.py). ``--device cpu`` runs the same flow through Triton's
+interpreter at toy sizes (timings meaningless; for testing the flow).
+Build-time only.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+
+from ..errors import CommandError, UsageError
+from ..files import atomic_write_text
+from ..kernel_spec import Variant, load_variants
+from .tuning import SEQLEN_BUCKETS, dump_measured, load_measured
+
+__all__ = ["TuneOptions", "add_tune_arguments", "run_tune", "DEFAULT_SEQLENS"]
+
+DEFAULT_SEQLENS = (128, 512, 1024, 2048, 4096, 8192, 16384)
+# --device cpu tunes the configs of the NVIDIA test target, which the CPU
+# interpreter backend serves too
+CPU_FLOW_ARCH = "sm_90"
+FP32_TOKEN_SHARE = 4  # fp32 (IEEE FMA dots, ~15x slower) is timed at a quarter of the tokens
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    arch: Optional[str] = None
+    device: str = "cuda"
+    only: Tuple[str, ...] = ()
+    seqlens: Tuple[int, ...] = DEFAULT_SEQLENS
+    tokens: int = 16384
+    hidden: int = 2048
+    out: Optional[Path] = None
+    work: Path = Path("build/tune")
+    jobs: Optional[int] = None
+    source_root: Optional[Path] = None
+    budget_ms: float = 2.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "TuneOptions":
+        try:
+            seqlens = tuple(int(x) for x in args.seqlens.split(",") if x.strip())
+        except ValueError:
+            raise UsageError(f"--seqlens {args.seqlens!r}: want comma-separated integers") from None
+        return cls(arch=args.arch, device=args.device, only=tuple(args.only or ()), seqlens=seqlens,
+                   tokens=args.tokens, hidden=args.hidden,
+                   out=Path(args.out) if args.out else None, work=Path(args.work), jobs=args.jobs,
+                   source_root=Path(args.source_root) if args.source_root else None,
+                   budget_ms=args.budget_ms)
+
+    @property
+    def command(self) -> str:
+        """The command line that reproduces the measurement (paths aside)."""
+        parts = ["aotriton-rocm tune"] + [f"--only {o}" for o in self.only]
+        if self.seqlens != DEFAULT_SEQLENS:
+            parts.append(f"--seqlens {','.join(map(str, self.seqlens))}")
+        if (self.tokens, self.hidden) != (16384, 2048):
+            parts.append(f"--tokens {self.tokens} --hidden {self.hidden}")
+        if self.device != "cuda":
+            parts.append(f"--device {self.device}")
+        return " ".join(parts)
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--arch", default=None,
+                        help="the arch to tune; must be the GPU's (default: the GPU's)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cuda: time on the GPU (the real thing); cpu: the same flow through "
+                             "Triton's interpreter at toy sizes, to test it (timings meaningless)")
+    parser.add_argument("--only", action="append", default=None, metavar="NAME=VALUE[|VALUE],...",
+                        help="only these functional points (build --only syntax), e.g. "
+                             "kernel=attn_fwd,dtype=bf16,head_dim=128")
+    parser.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)),
+                        help="sequence lengths timed, each a bucket bound of the dispatcher "
+                             f"({', '.join(map(str, SEQLEN_BUCKETS))}) or above the last (the "
+                             "open bucket); default %(default)s")
+    parser.add_argument("--tokens", type=int, default=16384,
+                        help="batch * seqlen of the timed shapes (default %(default)s)")
+    parser.add_argument("--hidden", type=int, default=2048,
+                        help="heads * head dim of the timed shapes (default %(default)s)")
+    parser.add_argument("--out", default=None,
+                        help="the tuning file to write (default kernels/tuning/<arch>.json of the "
+                             "source tree); entries of points not tuned now are kept")
+    parser.add_argument("--work", default="build/tune",
+                        help="compile caches (default %(default)s)")
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="compile processes")
+    parser.add_argument("--source-root", default=None, help="the checkout (default: found from cwd)")
+    parser.add_argument("--budget-ms", type=float, default=2.0,
+                        help="GPU time per timed graph (default %(default)s)")
+    return parser
+
+
+@dataclass
+class PointResult:
+    kernel: str
+    functional: Dict[str, Any]
+    runs: List[Dict[str, Any]] = field(default_factory=list)  # the file's choices
+    error: Optional[str] = None
+
+
+def _bucket_of(seqlen: int) -> Optional[int]:
+    """The dispatcher bucket (its bound) a timed seqlen stands for; None: the open one."""
+    if seqlen > SEQLEN_BUCKETS[-1]:
+        return None
+    if seqlen not in SEQLEN_BUCKETS:
+        raise UsageError(f"--seqlens: {seqlen} is not a bucket bound ({', '.join(map(str, SEQLEN_BUCKETS))}) "
+                         f"nor above {SEQLEN_BUCKETS[-1]} (the open bucket)")
+    return seqlen
+
+
+def _config_text(config: Dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def _device_record(torch, device) -> Dict[str, Any]:
+    rec: Dict[str, Any] = {"torch": torch.__version__}
+    try:
+        rec["triton"] = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if device.type == "cuda":
+        rec["name"] = torch.cuda.get_device_name(device)
+        rec["runtime"] = f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
+    else:
+        rec["name"] = "CPU (Triton interpreter: timings are not meaningful)"
+    rec["date"] = datetime.date.today().isoformat()
+    return rec
+
+
+class _Launchers:
+    """Launchers by variant key: compiled ahead (in parallel, as the build
+    compiles) on a GPU, loaded on first use; the interpreter on the CPU."""
+
+    def __init__(self, variants: Sequence[Variant], arch, spec, sources, params_of, options,
+                 device, stream: TextIO):
+        self.spec, self.params_of, self.device = spec, params_of, device
+        self.variants = {v.key: v for v in variants}
+        self.rejected: Dict[str, str] = {}
+        self._made: Dict[str, Any] = {}
+        self._tasks: Dict[str, Any] = {}
+        if device.type == "cuda":
+            self._compile(variants, arch, sources, options, stream)
+
+    def _compile(self, variants, arch, sources, options, stream) -> None:
+        from .build_compile import Executor, compile_plan
+        from .build_plan import BuildPlan, compile_task_for
+        from .cache import CompileCache, kernel_sources_hash
+        from .compile import shared_memory_finding, worker_init
+        from .targets import load_targets
+
+        version = importlib.metadata.version("triton")
+        sources_hash = kernel_sources_hash(sources.kernels_dir)
+        self._tasks = {v.key: compile_task_for(v, self.params_of[v.kernel], arch, sources.kernels_dir,
+                                               sources_hash, version) for v in variants}
+        profile, _ = load_targets(sources.targets_path).resolve(None, [arch.name])
+        plan = BuildPlan(profile=profile, archs=[arch], spec=self.spec, sources=sources,
+                         triton_version=version, sources_hash=sources_hash, inputs_hash="",
+                         items={arch.name: [(v, self._tasks[v.key]) for v in variants]})
+        work = options.work.resolve()
+        triton_cache = work / "triton-cache"
+        compiled = compile_plan(plan, CompileCache(work / "cache"), work,
+                                Executor(jobs=options.jobs), stream=stream,
+                                triton_cache=triton_cache)
+        findings = {}
+        if arch.backend == "hip":  # the AMD validator needs the build extra's ELF reader
+            from .build_validate import validate_plan
+            findings = {key: "; ".join(m for _, m in res)
+                        for (_, key), (_, res) in validate_plan(plan, compiled).checked.items() if res}
+        for v in variants:
+            task = self._tasks[v.key]
+            if task.cache_key not in compiled.results:
+                self.rejected[v.key] = "did not compile"
+                continue
+            meta, _ = compiled.results[task.cache_key]
+            finding = findings.get(v.key) or shared_memory_finding(meta, arch.name,
+                                                                   arch.max_shared_bytes)
+            if finding and not (arch.backend == "hip" and v.allow):
+                self.rejected[v.key] = finding
+        # Launch what the workers compiled: same environment, same Triton cache.
+        worker_init(str(triton_cache))
+
+    def get(self, key: str):
+        if key not in self._made:
+            from .tune_launch import compiled_launcher, interpreted_launcher
+            v = self.variants[key]
+            if self.device.type == "cuda":
+                from .compile import compile_task
+                self._made[key] = compiled_launcher(v, compile_task(self._tasks[key]),
+                                                    self.params_of[v.kernel])
+            else:
+                self._made[key] = interpreted_launcher(v, self.spec.kernels[v.kernel])
+        return self._made[key]
+
+
+def _scalars(args: Dict[str, Any], torch) -> Dict[str, Any]:
+    return {k: v for k, v in args.items() if not isinstance(v, torch.Tensor)}
+
+
+def _tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launchers: _Launchers,
+                workload, sizes: Sequence[Optional[int]], options: TuneOptions, torch,
+                device, say) -> PointResult:
+    from ..backends import using
+    from .tune_launch import Launch, TuneBackend, time_launch_us
+
+    result = PointResult(cands[0].kernel, dict(cands[0].functional))
+    failed = {v.key: launchers.rejected[v.key] for v in cands if v.key in launchers.rejected}
+    live = [v for v in cands if v.key not in failed]
+    if fallback.key in failed:
+        result.error = f"the variants.toml config {fallback.key} cannot run: {failed[fallback.key]}"
+        return result
+    per_size: List[Tuple[Optional[int], Dict[str, float]]] = []
+    for size in sizes:
+        inputs = workload.prepare(size)
+        total = {v.key: 0.0 for v in live}
+        for causal in workload.variants:
+            tb = TuneBackend(base)
+            tb.forced[key] = launchers.get(fallback.key)
+            with using(tb):
+                workload.run(inputs, causal)
+            real = tb.last(key)
+            tb.dry = True
+            for v in live:
+                if v.key in failed:
+                    continue
+                tb.launches.clear()
+                tb.forced[key] = launchers.get(v.key)
+                with using(tb):
+                    workload.run(inputs, causal)
+                dry = tb.last(key)
+                if _scalars(dry.args, torch) != _scalars(real.args, torch):
+                    raise CommandError(f"tune: {v.key}: the op passes other scalar arguments with "
+                                       "this config; the workload cannot replay it")
+                try:
+                    total[v.key] += time_launch_us(launchers.get(v.key),
+                                                   Launch(real.kernel, key, dry.grid, real.args),
+                                                   device=device, budget_ms=options.budget_ms)
+                except Exception as exc:  # e.g. out of shared memory when the module loads
+                    failed[v.key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+        del inputs
+        per_size.append((size, {k: t for k, t in total.items() if k not in failed}))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    checked: Dict[str, Tuple[bool, str]] = {}
+
+    def check(v: Variant, size) -> Tuple[bool, str]:
+        if v.key not in checked:
+            tb = TuneBackend(base)
+            tb.forced[key] = launchers.get(v.key)
+            with using(tb):
+                ok, text, out = workload.check(size)
+            if workload.same_bits and v.key != fallback.key:
+                tb.forced[key] = launchers.get(fallback.key)
+                with using(tb):
+                    _, _, ref = workload.check(size)
+                same = bool(torch.equal(out, ref))
+                ok, text = ok and same, text + ("; same bits as the variants.toml config" if same
+                                                else "; differs from the variants.toml config")
+            checked[v.key] = (ok, text)
+        return checked[v.key]
+
+    by_key = {v.key: v for v in cands}
+    winners: List[Tuple[Optional[int], Variant, Dict[str, float], str]] = []
+    for size, times in per_size:
+        ranked = sorted((k for k in times if k not in failed), key=times.get)
+        for k in ranked:
+            ok, text = check(by_key[k], size)
+            if ok:
+                winners.append((size, by_key[k], times, text))
+                break
+            failed[k] = f"check failed: {text}"
+        else:
+            result.error = f"no candidate passed the check at seqlen {size}: " + \
+                "; ".join(f"{k.rsplit('|', 1)[-1]}: {why}" for k, why in failed.items())
+            return result
+    # one choice per run of buckets with the same winner; the last covers the rest
+    for i, (size, w, times, text) in enumerate(winners):
+        runner = next((k for k in sorted(times, key=times.get) if k != w.key), None)
+        row = {"seqlen": size if size is not None else "open", "at": workload.shape(size),
+               "us": round(times[w.key], 2), "fallback_us": round(times[fallback.key], 2)}
+        if runner:
+            row.update(runner_up=_config_text(by_key[runner].config),
+                       runner_up_us=round(times[runner], 2))
+        last = i == len(winners) - 1
+        bound = None if last else _bucket_of(size)
+        if result.runs and result.runs[-1]["config"] == w.config:
+            result.runs[-1]["seqlen_max"] = bound
+            result.runs[-1]["measured"].append(row)
+        else:
+            result.runs.append({"kernel": w.kernel,
+                                "functional": {k: [v] for k, v in w.functional.items()},
+                                "seqlen_max": bound, "config": dict(w.config), "measured": [row],
+                                "check": text, "candidates": len(cands)})
+        say(f"  {size if size is not None else 'any'}: {_config_text(w.config)} "
+            f"{times[w.key]:.1f} us (variants.toml config {times[fallback.key]:.1f} us)")
+    rejected = {k.rsplit("|", 1)[-1]: why for k, why in failed.items()}
+    if rejected:
+        result.runs[-1]["rejected"] = rejected
+    return result
+
+
+def _merged(out: Path, arch: str, results: List[PointResult], all_points: Sequence[Variant],
+            header: Dict[str, Any]) -> Dict[str, Any]:
+    """The new file: this run's choices first, then the entries of the file
+    already at ``out`` that still apply to a point this run did not tune."""
+    tuned = {(r.kernel, tuple(sorted(r.functional.items()))) for r in results if not r.error}
+    choices = [c for r in results if not r.error for c in r.runs]
+    old = load_measured(out.parent.parent, arch, path=out)
+    kept_how = ""
+    if old.path is not None:
+        raw = json.loads(old.path.read_text(encoding="utf-8"))
+        for entry, doc in zip(old.entries, raw.get("choices") or ()):
+            if any(v.kernel == entry.kernel
+                   and (v.kernel, tuple(sorted(v.functional.items()))) not in tuned
+                   and any(entry.applies(v.kernel, v.functional, b)
+                           for b in list(SEQLEN_BUCKETS) + [None])
+                   for v in all_points):
+                choices.append(doc)
+                kept_how = raw.get("how", "")
+    doc = dict(header)
+    if kept_how and kept_how != header["how"]:
+        doc["how"] = f"{header['how']} Entries without \"measured\": {kept_how}"
+    doc["choices"] = choices
+    return doc
+
+
+def _runs_beside(k, point) -> bool:
+    """Can the workload of ``point`` launch kernel ``k`` (same dtype and head
+    dim; the workloads of kernels without flags run no bias, no dropout)?"""
+    if (k.dtype, k.head_dim) != (point.dtype, point.head_dim):
+        return False
+    return all(kf is None or kf == bool(pf)
+               for kf, pf in ((k.has_bias, point.has_bias), (k.enable_dropout, point.enable_dropout)))
+
+
+def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
+    """Tune, write the file; 0 if every point got a checked winner, else 1
+    (the points that did are still written)."""
+    import torch
+
+    from ..backends import functional_key
+    from ..device import arch_of
+    from .build_plan import Sources, Subset
+    from .targets import load_targets
+    from .tune_space import load_space
+    from .tune_workloads import workload_for
+
+    stream = stream if stream is not None else sys.stderr
+
+    def say(text: str) -> None:
+        print(text, file=stream, flush=True)
+
+    device = torch.device(options.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("no GPU here: tune times the kernels on a GPU of the arch it tunes "
+                             "(--device cpu runs the flow through the interpreter, for testing)")
+        device = torch.device("cuda", torch.cuda.current_device())
+        gpu_arch = arch_of(device.index)
+        if options.arch and options.arch != gpu_arch:
+            raise UsageError(f"--arch {options.arch}, but the GPU is {gpu_arch}: tune measures the "
+                             "GPU it runs on")
+        arch_name = gpu_arch
+    else:
+        arch_name = options.arch or CPU_FLOW_ARCH
+    sizes: List[Optional[int]] = []
+    for s in sorted(set(options.seqlens)):
+        b = _bucket_of(s)
+        if b is None and None in sizes:
+            raise UsageError(f"--seqlens: only one length above {SEQLEN_BUCKETS[-1]} (the open bucket)")
+        sizes.append(b)
+    if not sizes:
+        raise UsageError("--seqlens: give at least one")
+    open_seqlen = max([s for s in options.seqlens if s > SEQLEN_BUCKETS[-1]] or [SEQLEN_BUCKETS[-1] * 2])
+
+    sources = Sources.find(options.source_root)
+    spec = load_variants(sources.kernels_dir)
+    params_of = spec.check_sources()
+    _, (arch,) = load_targets(sources.targets_path).resolve(None, [arch_name])
+    subset = Subset.parse(options.only)
+    every = spec.variants_for(arch, load_space(spec))
+    if subset:
+        subset.check_names(every)
+    declared = spec.variants_for(arch)
+    declared_keys = {v.key for v in declared}
+    points: Dict[Any, List[Variant]] = {}
+    for v in every:
+        if subset.accepts(v):
+            points.setdefault(functional_key(v.kernel, v.functional), []).append(v)
+    if not points:
+        raise UsageError(f"--only {subset.text()}: no functional point of {arch.name}")
+    # what the other kernels of a workload run: the first variants.toml config of each point
+    support: Dict[Any, Variant] = {}
+    for v in declared:
+        support.setdefault(functional_key(v.kernel, v.functional), v)
+    support = {k: v for k, v in support.items()
+               if k.kernel == "dropout_uniform" or any(_runs_beside(k, p) for p in points)}
+    launchable = {v.key: v for vs in points.values() for v in vs}
+    launchable.update({v.key: v for v in support.values()})
+    say(f"tune {arch.name} on {device}: {len(points)} functional points, "
+        f"{sum(len(v) for v in points.values())} candidates, seqlens "
+        f"{', '.join(str(s) if s else str(open_seqlen) for s in sizes)}")
+    launchers = _Launchers(list(launchable.values()), arch, spec, sources, params_of, options,
+                           device, stream)
+    base = {k: launchers.get(v.key) for k, v in support.items() if v.key not in launchers.rejected}
+
+    results: List[PointResult] = []
+    for i, (key, cands) in enumerate(points.items(), 1):
+        fallback = next((v for v in cands if v.key in declared_keys), cands[0])
+        cands = [fallback] + [v for v in cands if v is not fallback]
+        func = cands[0].functional
+        say(f"[{i}/{len(points)}] {key.kernel} {','.join(f'{k}={v}' for k, v in func.items())}: "
+            f"{len(cands)} candidates")
+        tokens = options.tokens // (FP32_TOKEN_SHARE if func.get("dtype") == "fp32" else 1)
+        workload = workload_for(key.kernel, func, device, tokens=tokens, hidden=options.hidden,
+                                open_seqlen=open_seqlen)
+        try:
+            res = _tune_point(key, cands, fallback, base, launchers, workload,
+                              sizes if workload.per_seqlen else [None], options, torch, device, say)
+        except torch.cuda.OutOfMemoryError as exc:
+            res = PointResult(key.kernel, dict(func), error=f"out of GPU memory: {exc}")
+        if res.error:
+            say(f"  error: {res.error}")
+        results.append(res)
+
+    out = options.out or sources.kernels_dir / "tuning" / f"{arch.name}.json"
+    tokens_text = f"batch * seqlen = {options.tokens} tokens (fp32: {options.tokens // FP32_TOKEN_SHARE})"
+    header = {
+        "schema": 1, "arch": arch.name,
+        "how": (f"Measured by `aotriton-rocm tune` on {_device_record(torch, device)['name']}: per "
+                f"functional point and sequence-length bucket, the fastest of the candidates "
+                f"(variants.toml + tuning/space.toml), compiled as the build compiles them and "
+                f"timed in CUDA graphs at {tokens_text}, heads * head dim = {options.hidden}, "
+                "causal and non-causal times added; each winner checked against float64 math "
+                "(see \"measured\" and \"check\" per choice)."),
+        "device": _device_record(torch, device),
+        "command": options.command,
+    }
+    doc = _merged(out, arch.name, results, declared, header)
+    atomic_write_text(out, dump_measured(doc))
+    bad = [r for r in results if r.error]
+    say(f"wrote {out}: {len(results) - len(bad)} of {len(results)} points tuned"
+        + (f"; failed: {', '.join(r.kernel + ' ' + str(r.functional) for r in bad)}" if bad else ""))
+    return 1 if bad else 0

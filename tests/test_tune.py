@@ -1,0 +1,141 @@
+"""`aotriton-rocm tune`: the search space, the tuning file it writes, and the
+whole flow (compile or interpret, launch through the runtime's op code,
+time, check against float64 math, write) on the CPU interpreter and, where
+there is one, on the GPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+import torch  # noqa: E402
+
+from aotriton_rocm import device  # noqa: E402
+from aotriton_rocm.errors import UsageError  # noqa: E402
+from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E402
+from aotriton_rocm.tooling import tuning as T  # noqa: E402
+from aotriton_rocm.tooling.targets import load_targets  # noqa: E402
+from aotriton_rocm.tooling.tune import TuneOptions, run_tune  # noqa: E402
+from aotriton_rocm.tooling.tune_space import load_space  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sm90():
+    return load_targets(ROOT / "ci" / "targets.toml").resolve(None, ["sm_90"])[1][0]
+
+
+def test_space_adds_candidates_to_every_shipped_sm90_point():
+    spec = load_variants(ROOT / "kernels")
+    arch = _sm90()
+    declared = spec.variants_for(arch)
+    every = spec.variants_for(arch, load_space(spec))
+    points = {(v.kernel, tuple(v.functional.items())) for v in declared}
+    assert points == {(v.kernel, tuple(v.functional.items())) for v in every}
+    per_point = {}
+    for v in every:
+        per_point.setdefault((v.kernel, tuple(v.functional.items())), []).append(v)
+    # every shipped point has something to choose from; declared configs come first
+    assert min(len(vs) for vs in per_point.values()) >= 3
+    assert len({v.key for v in every}) == len(every)
+
+
+def test_space_rejects_unknown_names(tmp_path):
+    spec = load_variants(ROOT / "kernels")
+    bad = tmp_path / "space.toml"
+    bad.write_text('[[attn_fwd]]\narchs = ["cuda"]\nconfigs = [{ BLOCK_Q = 64, num_warps = 4, '
+                   'num_stages = 2 }]\n')
+    with pytest.raises(VariantSpecError, match="BLOCK_Q.*neither a constexpr"):
+        load_space(spec, bad)
+    bad.write_text('[[no_such_kernel]]\narchs = ["cuda"]\nconfigs = []\n')
+    with pytest.raises(VariantSpecError, match="no such kernel"):
+        load_space(spec, bad)
+
+
+def test_dump_is_one_choice_per_line_and_loads_back(tmp_path):
+    doc = {"schema": 1, "arch": "sm_90", "how": "h", "device": {"name": "x"},
+           "choices": [{"kernel": "attn_fwd", "functional": {"dtype": ["fp16"]}, "seqlen_max": 512,
+                        "config": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}},
+                       {"kernel": "attn_fwd", "functional": {"dtype": ["fp16"]}, "seqlen_max": None,
+                        "config": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}}]}
+    text = T.dump_measured(doc)
+    assert json.loads(text) == doc
+    lines = text.splitlines()
+    assert sum(1 for line in lines if line.strip().startswith('{"kernel"')) == 2
+    (tmp_path / "tuning").mkdir()
+    (tmp_path / "tuning" / "sm_90.json").write_text(text)
+    m = T.load_measured(tmp_path, "sm_90")
+    assert [e.seqlen_max for e in m.entries] == [512, None]
+    configs = T.measured_configs(m, load_variants(ROOT / "kernels"))
+    assert [dict(c.values) for c in configs["attn_fwd"]] == [c["config"] for c in doc["choices"]]
+
+
+def test_seqlens_must_be_bucket_bounds():
+    with pytest.raises(UsageError, match="not a bucket bound"):
+        run_tune(TuneOptions(device="cpu", seqlens=(1000,), only=("kernel=attn_fwd",)))
+
+
+def _tuned_root(tmp_path) -> Path:
+    root = tmp_path / "root"
+    for part in ("kernels", "ci"):
+        shutil.copytree(ROOT / part, root / part)
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def test_cpu_flow_writes_checked_choices_and_keeps_other_entries(tmp_path, monkeypatch):
+    root = _tuned_root(tmp_path)
+    out = root / "kernels" / "tuning" / "sm_90.json"
+    before = T.load_measured(root / "kernels", "sm_90")
+    monkeypatch.chdir(root)
+    only = ("kernel=attn_fwd,dtype=fp16,head_dim=16,has_bias=false,enable_dropout=true",)
+    rc = run_tune(TuneOptions(device="cpu", only=only, seqlens=(16, 32), tokens=64, hidden=32,
+                              work=tmp_path / "work"))
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    mine = [c for c in doc["choices"] if "measured" in c]
+    assert mine and all(c["kernel"] == "attn_fwd" and c["functional"]["enable_dropout"] == [True]
+                        and c["functional"]["head_dim"] == [16] for c in mine)
+    assert mine[-1]["seqlen_max"] is None
+    for c in mine:
+        # dropout is checked against float64 math with the kernels' own keep mask
+        assert c["check"].startswith("S=") and " > " not in c["check"]
+        for row in c["measured"]:
+            assert 0 < row["us"] <= row["fallback_us"]
+    # entries for points not tuned now stay, after the new ones
+    assert len(doc["choices"]) == len(mine) + len(before.entries)
+    assert doc["device"]["name"].startswith("CPU") and "--device cpu" in doc["command"]
+    # and the build reads it: every choice names a compilable config
+    configs = T.measured_configs(T.load_measured(root / "kernels", "sm_90"),
+                                 load_variants(root / "kernels"))
+    assert len(configs["attn_fwd"]) == len(mine) + 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not device.gpu_available(), reason="no GPU visible to torch")
+def test_gpu_flow(tmp_path, monkeypatch):
+    """On the GPU: the point's candidates compiled as the build compiles
+    them, timed in CUDA graphs, the winner checked; the winner is the
+    fastest of the candidates timed and no slower than the fallback."""
+    root = _tuned_root(tmp_path)
+    monkeypatch.chdir(root)
+    arch = device.arch_of(torch.cuda.current_device())
+    out = tmp_path / "t.json"
+    only = ("kernel=attn_fwd,dtype=bf16,head_dim=128,pad_head=false,has_bias=false,"
+            "enable_dropout=false",)
+    assert run_tune(TuneOptions(only=only, seqlens=(1024, 16384), out=out,
+                                work=tmp_path / "work")) == 0
+    doc = json.loads(out.read_text())
+    assert doc["arch"] == arch and doc["device"]["name"] == torch.cuda.get_device_name()
+    assert doc["choices"] and doc["choices"][-1]["seqlen_max"] is None
+    for c in doc["choices"]:
+        assert c["candidates"] >= 3 and " > " not in c["check"]
+        for row in c["measured"]:
+            assert 0 < row["us"] <= row["fallback_us"]
+            if "runner_up_us" in row:
+                assert row["us"] <= row["runner_up_us"]
