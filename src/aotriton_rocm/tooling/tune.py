@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 from ..errors import CommandError, UsageError
 from ..files import atomic_write_text
 from ..kernel_spec import Variant, load_variants
-from .tuning import SEQLEN_BUCKETS, dump_measured, load_measured
+from .tuning import SEQLEN_BUCKETS, dump_measured, load_measured_text
 
 __all__ = ["TuneOptions", "add_tune_arguments", "run_tune", "DEFAULT_SEQLENS"]
 
@@ -315,15 +315,16 @@ def _tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launch
 
 
 def _merged(out: Path, arch: str, results: List[PointResult], all_points: Sequence[Variant],
-            header: Dict[str, Any]) -> Dict[str, Any]:
+            header: Dict[str, Any], previous: Optional[str]) -> Dict[str, Any]:
     """The new file: this run's choices first, then the entries of the file
-    already at ``out`` that still apply to a point this run did not tune."""
+    that was at ``out`` (``previous``, its text) that still apply to a point
+    this run did not tune."""
     tuned = {(r.kernel, tuple(sorted(r.functional.items()))) for r in results if not r.error}
     choices = [c for r in results if not r.error for c in r.runs]
-    old = load_measured(out.parent.parent, arch, path=out)
     kept_how = ""
-    if old.path is not None:
-        raw = json.loads(old.path.read_text(encoding="utf-8"))
+    if previous is not None:
+        old = load_measured_text(previous, arch, out)
+        raw = json.loads(previous)
         for entry, doc in zip(old.entries, raw.get("choices") or ()):
             if any(v.kernel == entry.kernel
                    and (v.kernel, tuple(sorted(v.functional.items()))) not in tuned
@@ -346,6 +347,23 @@ def _runs_beside(k, point) -> bool:
         return False
     return all(kf is None or kf == bool(pf)
                for kf, pf in ((k.has_bias, point.has_bias), (k.enable_dropout, point.enable_dropout)))
+
+
+def _header(options: TuneOptions, torch, device, arch: str) -> Dict[str, Any]:
+    rec = _device_record(torch, device)
+    tokens = f"batch * seqlen = {options.tokens} tokens (fp32: {options.tokens // FP32_TOKEN_SHARE})"
+    timed = ("compiled as the build compiles them and timed in CUDA graphs" if device.type == "cuda"
+             else "run by Triton's interpreter (timings not meaningful)")
+    return {
+        "schema": 1, "arch": arch,
+        "how": (f"Measured by `aotriton-rocm tune` on {rec['name']}: per functional point and "
+                "sequence-length bucket, the fastest of the candidates (variants.toml + "
+                f"tuning/space.toml), {timed} at {tokens}, heads * head dim = {options.hidden}, "
+                "causal and non-causal times added; each winner checked against float64 math "
+                "(\"measured\" and \"check\" per choice)."),
+        "device": rec,
+        "command": options.command,
+    }
 
 
 def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
@@ -419,6 +437,9 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
                            device, stream)
     base = {k: launchers.get(v.key) for k, v in support.items() if v.key not in launchers.rejected}
 
+    out = options.out or sources.kernels_dir / "tuning" / f"{arch.name}.json"
+    header = _header(options, torch, device, arch.name)
+    previous = out.read_text(encoding="utf-8") if out.is_file() else None
     results: List[PointResult] = []
     for i, (key, cands) in enumerate(points.items(), 1):
         fallback = next((v for v in cands if v.key in declared_keys), cands[0])
@@ -437,22 +458,9 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
         if res.error:
             say(f"  error: {res.error}")
         results.append(res)
-
-    out = options.out or sources.kernels_dir / "tuning" / f"{arch.name}.json"
-    tokens_text = f"batch * seqlen = {options.tokens} tokens (fp32: {options.tokens // FP32_TOKEN_SHARE})"
-    header = {
-        "schema": 1, "arch": arch.name,
-        "how": (f"Measured by `aotriton-rocm tune` on {_device_record(torch, device)['name']}: per "
-                f"functional point and sequence-length bucket, the fastest of the candidates "
-                f"(variants.toml + tuning/space.toml), compiled as the build compiles them and "
-                f"timed in CUDA graphs at {tokens_text}, heads * head dim = {options.hidden}, "
-                "causal and non-causal times added; each winner checked against float64 math "
-                "(see \"measured\" and \"check\" per choice)."),
-        "device": _device_record(torch, device),
-        "command": options.command,
-    }
-    doc = _merged(out, arch.name, results, declared, header)
-    atomic_write_text(out, dump_measured(doc))
+        # written after every point: an interrupted run keeps what it measured
+        atomic_write_text(out, dump_measured(_merged(out, arch.name, results, declared, header,
+                                                     previous)))
     bad = [r for r in results if r.error]
     say(f"wrote {out}: {len(results) - len(bad)} of {len(results)} points tuned"
         + (f"; failed: {', '.join(r.kernel + ' ' + str(r.functional) for r in bad)}" if bad else ""))

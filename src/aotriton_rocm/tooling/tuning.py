@@ -58,6 +58,7 @@ __all__ = [
     "MeasuredData",
     "grid_axis",
     "load_measured",
+    "load_measured_text",
     "measured_configs",
     "dump_measured",
     "tuning_files_bytes",
@@ -239,8 +240,17 @@ def load_measured(kernels_dir, arch: str, path: Optional[Path] = None) -> Measur
     if not p.is_file():
         return MeasuredData(path=None, arch=arch)
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TuningError(f"{p}: unreadable tuning data: {e}") from None
+    return load_measured_text(text, arch, p)
+
+
+def load_measured_text(text: str, arch: str, p) -> MeasuredData:
+    """:func:`load_measured` of a file's text (``p``: its path, for messages)."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
         raise TuningError(f"{p}: unreadable tuning data: {e}") from None
     if not isinstance(doc, dict) or doc.get("schema") != TUNING_SCHEMA:
         raise TuningError(f"{p}: expected a JSON object with \"schema\": {TUNING_SCHEMA}")
@@ -261,7 +271,7 @@ def load_measured(kernels_dir, arch: str, path: Optional[Path] = None) -> Measur
         entries.append(MeasuredEntry(kernel=ch["kernel"],
                                      functional=tuple((k, tuple(v)) for k, v in func.items()),
                                      seqlen_max=smax, config=tuple(ch["config"].items()), index=i))
-    return MeasuredData(path=p, arch=arch, how=str(doc.get("how", "")), entries=tuple(entries))
+    return MeasuredData(path=Path(p), arch=arch, how=str(doc.get("how", "")), entries=tuple(entries))
 
 
 def tuning_files_bytes(kernels_dir) -> bytes:
