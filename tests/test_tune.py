@@ -111,7 +111,7 @@ def test_cpu_flow_writes_checked_choices_and_keeps_other_entries(tmp_path, monke
     assert [(c["kernel"], tuple((k, tuple(v)) for k, v in c["functional"].items()),
              c.get("seqlen_max"), tuple(c["config"].items())) for c in doc["choices"][len(mine):]] \
         == [(e.kernel, e.functional, e.seqlen_max, e.config) for e in before.entries]
-    assert doc["device"]["name"].startswith("CPU") and "--device cpu" in doc["command"]
+    assert doc["device"]["name"].startswith("CPU") and "--device cpu" in doc["commands"][-1]
     # and the build reads it: every choice names a compilable config
     configs = T.measured_configs(T.load_measured(root / "kernels", "sm_90"),
                                  load_variants(root / "kernels"))

@@ -19,6 +19,7 @@ import datetime
 import importlib.metadata
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
@@ -334,6 +335,10 @@ def _merged(out: Path, arch: str, results: List[PointResult], all_points: Sequen
                 choices.append(doc)
                 kept_how = raw.get("how", "")
     doc = dict(header)
+    if previous is not None:
+        prev = json.loads(previous)
+        earlier = prev.get("commands") or ([prev["command"]] if "command" in prev else [])
+        doc["commands"] = [c for c in earlier if c not in header["commands"]] + header["commands"]
     if kept_how and kept_how != header["how"]:
         doc["how"] = f"{header['how']} Entries without \"measured\": {kept_how}"
     doc["choices"] = choices
@@ -351,18 +356,17 @@ def _runs_beside(k, point) -> bool:
 
 def _header(options: TuneOptions, torch, device, arch: str) -> Dict[str, Any]:
     rec = _device_record(torch, device)
-    tokens = f"batch * seqlen = {options.tokens} tokens (fp32: {options.tokens // FP32_TOKEN_SHARE})"
     timed = ("compiled as the build compiles them and timed in CUDA graphs" if device.type == "cuda"
              else "run by Triton's interpreter (timings not meaningful)")
     return {
         "schema": 1, "arch": arch,
         "how": (f"Measured by `aotriton-rocm tune` on {rec['name']}: per functional point and "
                 "sequence-length bucket, the fastest of the candidates (variants.toml + "
-                f"tuning/space.toml), {timed} at {tokens}, heads * head dim = {options.hidden}, "
-                "causal and non-causal times added; each winner checked against float64 math "
-                "(\"measured\" and \"check\" per choice)."),
+                f"tuning/space.toml), {timed} (the shape in each choice's \"measured\"; "
+                "causal and non-causal times added); each winner checked against float64 math "
+                "(\"check\")."),
         "device": rec,
-        "command": options.command,
+        "commands": [options.command],
     }
 
 
@@ -435,13 +439,15 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
         f"{', '.join(str(s) if s else str(open_seqlen) for s in sizes)}")
     launchers = _Launchers(list(launchable.values()), arch, spec, sources, params_of, options,
                            device, stream)
-    base = {k: launchers.get(v.key) for k, v in support.items() if v.key not in launchers.rejected}
+    base = {k: (lambda key=v.key: launchers.get(key)) for k, v in support.items()
+            if v.key not in launchers.rejected}
 
     out = options.out or sources.kernels_dir / "tuning" / f"{arch.name}.json"
     header = _header(options, torch, device, arch.name)
     previous = out.read_text(encoding="utf-8") if out.is_file() else None
     results: List[PointResult] = []
     for i, (key, cands) in enumerate(points.items(), 1):
+        started = time.monotonic()
         fallback = next((v for v in cands if v.key in declared_keys), cands[0])
         cands = [fallback] + [v for v in cands if v is not fallback]
         func = cands[0].functional
@@ -457,6 +463,7 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
             res = PointResult(key.kernel, dict(func), error=f"out of GPU memory: {exc}")
         if res.error:
             say(f"  error: {res.error}")
+        say(f"  ({time.monotonic() - started:.0f} s)")
         results.append(res)
         # written after every point: an interrupted run keeps what it measured
         atomic_write_text(out, dump_measured(_merged(out, arch.name, results, declared, header,

@@ -75,8 +75,8 @@ class TuneBackend(Backend):
     name = "tune"
     native = False
 
-    def __init__(self, launchers: Dict[FunctionalKey, Launcher]):
-        self.launchers = launchers
+    def __init__(self, launchers: Dict[FunctionalKey, Callable[[], Launcher]]):
+        self.launchers = launchers  # loaded on first use
         self.forced: Dict[FunctionalKey, Launcher] = {}
         self.launches: List[Launch] = []
         self.dry = False
@@ -86,11 +86,12 @@ class TuneBackend(Backend):
 
     def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
                seqlen_k=0, score_mods=False) -> KernelHandle:
-        table = {**self.launchers, **self.forced}
-        launcher = pick(table, kernel, dtype, head_dim, bias, dropout, score_mods)
-        if launcher is None:
+        table = {**self.launchers, **{k: (lambda v=v: v) for k, v in self.forced.items()}}
+        load = pick(table, kernel, dtype, head_dim, bias, dropout, score_mods)
+        if load is None:
             raise RuntimeError(f"tune: nothing compiled for {kernel} dtype={dtype} "
                                f"head_dim={head_dim} bias={bias} dropout={dropout}")
+        launcher = load()
         key = functional_key(launcher.variant.kernel, launcher.variant.functional)
 
         def launch(grid, device, args):
