@@ -315,43 +315,42 @@ def _tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launch
     return result
 
 
+def _point_of(choice: Dict[str, Any]) -> Optional[Tuple[str, Tuple]]:
+    """The one functional point an entry names, or None if it names several."""
+    func = choice.get("functional") or {}
+    if not all(len(v) == 1 for v in func.values()):
+        return None
+    return choice["kernel"], tuple(sorted((k, v[0]) for k, v in func.items()))
+
+
 def _merged(out: Path, arch: str, results: List[PointResult], all_points: Sequence[Variant],
             header: Dict[str, Any], previous: Optional[str]) -> Dict[str, Any]:
     """The new file: this run's choices first, then the entries of the file
-    that was at ``out`` (``previous``, its text) that still apply to a point
-    this run did not tune."""
-    tuned = {(r.kernel, tuple(sorted(r.functional.items()))) for r in results if not r.error}
+    that was at ``out`` (``previous``, its text) that still decide a bucket
+    of some point (entries before them in the file do not cover it all)."""
     choices = [c for r in results if not r.error for c in r.runs]
     kept_how = ""
     if previous is not None:
-        old = load_measured_text(previous, arch, out)
         raw = json.loads(previous)
+        old = load_measured_text(previous, arch, out)
         for entry, doc in zip(old.entries, raw.get("choices") or ()):
+            covered = {_point_of(c) for c in choices if c.get("seqlen_max") is None}
             if any(v.kernel == entry.kernel
-                   and (v.kernel, tuple(sorted(v.functional.items()))) not in tuned
+                   and (v.kernel, tuple(sorted(v.functional.items()))) not in covered
                    and any(entry.applies(v.kernel, v.functional, b)
                            for b in list(SEQLEN_BUCKETS) + [None])
                    for v in all_points):
                 choices.append(doc)
-                kept_how = raw.get("how", "")
+                if "measured" not in doc:
+                    kept_how = raw.get("how", "")
     doc = dict(header)
     if previous is not None:
-        prev = json.loads(previous)
-        earlier = prev.get("commands") or ([prev["command"]] if "command" in prev else [])
+        earlier = raw.get("commands") or ([raw["command"]] if "command" in raw else [])
         doc["commands"] = [c for c in earlier if c not in header["commands"]] + header["commands"]
     if kept_how and kept_how != header["how"]:
         doc["how"] = f"{header['how']} Entries without \"measured\": {kept_how}"
     doc["choices"] = choices
     return doc
-
-
-def _runs_beside(k, point) -> bool:
-    """Can the workload of ``point`` launch kernel ``k`` (same dtype and head
-    dim; the workloads of kernels without flags run no bias, no dropout)?"""
-    if (k.dtype, k.head_dim) != (point.dtype, point.head_dim):
-        return False
-    return all(kf is None or kf == bool(pf)
-               for kf, pf in ((k.has_bias, point.has_bias), (k.enable_dropout, point.enable_dropout)))
 
 
 def _header(options: TuneOptions, torch, device, arch: str) -> Dict[str, Any]:
