@@ -353,6 +353,15 @@ def _merged(out: Path, arch: str, results: List[PointResult], all_points: Sequen
     return doc
 
 
+def _runs_beside(k, point) -> bool:
+    """Can the workload of ``point`` launch kernel ``k`` (same dtype and head
+    dim; the workloads of kernels without flags run no bias, no dropout)?"""
+    if (k.dtype, k.head_dim) != (point.dtype, point.head_dim):
+        return False
+    return all(kf is None or kf == bool(pf)
+               for kf, pf in ((k.has_bias, point.has_bias), (k.enable_dropout, point.enable_dropout)))
+
+
 def _header(options: TuneOptions, torch, device, arch: str) -> Dict[str, Any]:
     rec = _device_record(torch, device)
     timed = ("compiled as the build compiles them and timed in CUDA graphs" if device.type == "cuda"
