@@ -145,3 +145,26 @@ def test_gpu_flow(tmp_path, monkeypatch):
             assert 0 < row["us"] <= row["fallback_us"]
             if "runner_up_us" in row:
                 assert row["us"] <= row["runner_up_us"]
+
+
+def test_amd_candidates_are_compiled_and_validated_before_timing(tmp_path, monkeypatch):
+    """On a ROCm GPU tune compiles for its arch and drops candidates the AMD
+    validator rejects before timing any: the toy kernel's 32-row tile
+    spills on gfx1100 (a real compile here; nothing is launched)."""
+    from support.select_toy import HOG, HOG_SMALL, SCALE_ADD, make_root
+
+    root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", "") + HOG_SMALL,
+                     measured=None)
+    from aotriton_rocm.tooling.build_plan import Sources
+    from aotriton_rocm.tooling.tune import _Launchers
+
+    sources = Sources.find(root)
+    spec = load_variants(sources.kernels_dir)
+    arch = load_targets(sources.targets_path).resolve(None, ["gfx1100"])[1][0]
+    hogs = [v for v in spec.variants_for(arch) if v.kernel == "hog"]
+    launchers = _Launchers(hogs, arch, spec, sources, spec.check_sources(),
+                           TuneOptions(work=tmp_path / "work", jobs=2), torch.device("cuda"),
+                           stream=open(tmp_path / "log", "w"))
+    (spilled,) = launchers.rejected
+    assert "BLOCK_M=32" in spilled and "scratch memory per lane" in launchers.rejected[spilled]
+    assert len(hogs) == 2

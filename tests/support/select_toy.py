@@ -1,0 +1,114 @@
+"""The toy project of the candidate-selection tests: two small kernels
+(one that spills on gfx1100 at its larger tile), their variants.toml
+tables, and a tuning file for sm_90."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+KERNELS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_add(X, Y, Out, n, alpha, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(X + offs, mask=m)
+    y = tl.load(Y + offs, mask=m)
+    tl.store(Out + offs, (x * alpha + y).to(Out.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def hog(X, Out, seqlen_q, alpha, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+    # BLOCK_M x WIDTH fp32 values live across a row reduction: with BLOCK_M = 32
+    # and one wave32 that is 256 per lane, which spills on gfx1100.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, WIDTH)
+    offs = rows[:, None] * WIDTH + cols[None, :]
+    m = rows[:, None] < seqlen_q
+    x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+    s = tl.sum(x * x, axis=1)
+    tl.store(Out + offs, (x * alpha / (s[:, None] + 1.0)).to(Out.dtype.element_ty), mask=m)
+'''
+
+SCALE_ADD = '''
+[kernels.scale_add]
+function = "toy:scale_add"
+args = [["X", "*{dtype}"], ["Y", "*{dtype}"], ["Out", "*{dtype}"], ["n", "i32"], ["alpha", "fp32"]]
+constexprs = ["BLOCK", "HEAD_DIM"]
+divisible_16 = ["X", "Y", "Out", "n"]
+grid = ["cdiv(n, BLOCK)", "1", "1"]
+functional = { dtype = ["fp16"], head_dim = [64] }
+
+[[kernels.scale_add.configs]]
+archs = ["cuda"]
+BLOCK = 128
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["cuda"]
+BLOCK = 256
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["cdna3"]
+BLOCK = 512
+num_warps = 4
+num_stages = 1
+
+[[kernels.scale_add.configs]]
+archs = ["gfx942"]
+BLOCK = 128
+num_warps = 4
+num_stages = 1
+'''
+
+HOG = '''
+[kernels.hog]
+function = "toy:hog"
+args = [["X", "*{dtype}"], ["Out", "*{dtype}"], ["seqlen_q", "i32"], ["alpha", "fp32"]]
+constexprs = ["BLOCK_M", "WIDTH"]
+grid = ["cdiv(seqlen_q, BLOCK_M)", "1", "1"]
+functional = { dtype = ["fp16"] }
+
+[[kernels.hog.configs]]
+archs = ["rdna3"]
+BLOCK_M = 32
+WIDTH = 256
+num_warps = 1
+num_stages = 1
+{allow}
+'''
+
+HOG_SMALL = '''
+[[kernels.hog.configs]]
+archs = ["rdna"]
+BLOCK_M = 8
+WIDTH = 256
+num_warps = 1
+num_stages = 1
+'''
+
+MEASURED = {"schema": 1, "arch": "sm_90", "how": "toy: timed on an H100",
+            "choices": [{"kernel": "scale_add", "functional": {"dtype": ["fp16"], "has_bias": [False]},
+                         "config": {"BLOCK": 256}}]}
+
+
+def make_root(base: Path, variants: str, measured=MEASURED) -> Path:
+    (base / "kernels" / "tuning").mkdir(parents=True)
+    (base / "ci").mkdir()
+    (base / "kernels" / "toy.py").write_text(KERNELS)
+    (base / "kernels" / "variants.toml").write_text(variants)
+    if measured is not None:
+        (base / "kernels" / "tuning" / "sm_90.json").write_text(json.dumps(measured))
+    shutil.copy(ROOT / "ci" / "targets.toml", base / "ci" / "targets.toml")
+    (base / "pyproject.toml").write_text('[project]\nname = "aotriton-rocm"\n')
+    return base
