@@ -168,3 +168,13 @@ def test_amd_candidates_are_compiled_and_validated_before_timing(tmp_path, monke
     (spilled,) = launchers.rejected
     assert "BLOCK_M=32" in spilled and "scratch memory per lane" in launchers.rejected[spilled]
     assert len(hogs) == 2
+    # a config that waives the finding stays a candidate, as the build would ship it
+    allow = 'allow = { spills = true, reason = "toy" }'
+    (root / "kernels" / "variants.toml").write_text(SCALE_ADD + HOG.replace("{allow}", allow)
+                                                    + HOG_SMALL)
+    spec = load_variants(sources.kernels_dir)
+    hogs = [v for v in spec.variants_for(arch) if v.kernel == "hog"]
+    launchers = _Launchers(hogs, arch, spec, sources, spec.check_sources(),
+                           TuneOptions(work=tmp_path / "work", jobs=2), torch.device("cuda"),
+                           stream=open(tmp_path / "log", "w"))
+    assert launchers.rejected == {}

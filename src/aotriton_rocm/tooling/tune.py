@@ -177,21 +177,22 @@ class _Launchers:
         compiled = compile_plan(plan, CompileCache(work / "cache"), work,
                                 Executor(jobs=options.jobs), stream=stream,
                                 triton_cache=triton_cache)
-        findings = {}
+        findings: Dict[str, List[Tuple[str, str]]] = {}
         if arch.backend == "hip":  # the AMD validator needs the build extra's ELF reader
             from .build_validate import validate_plan
-            findings = {key: "; ".join(m for _, m in res)
-                        for (_, key), (_, res) in validate_plan(plan, compiled).checked.items() if res}
+            findings = {key: res for (_, key), (_, res) in validate_plan(plan, compiled).checked.items()}
         for v in variants:
             task = self._tasks[v.key]
             if task.cache_key not in compiled.results:
                 self.rejected[v.key] = "did not compile"
                 continue
             meta, _ = compiled.results[task.cache_key]
-            finding = findings.get(v.key) or shared_memory_finding(meta, arch.name,
-                                                                   arch.max_shared_bytes)
-            if finding and not (arch.backend == "hip" and v.allow):
-                self.rejected[v.key] = finding
+            shared = shared_memory_finding(meta, arch.name, arch.max_shared_bytes)
+            found = findings.get(v.key, []) + ([("lds", shared)] if shared else [])
+            # what the build would refuse to ship (a config's waiver accepts its kinds)
+            unwaived = [m for kind, m in found if kind not in v.allow]
+            if unwaived:
+                self.rejected[v.key] = "; ".join(dict.fromkeys(unwaived))
         # Launch what the workers compiled: same environment, same Triton cache.
         worker_init(str(triton_cache))
 
