@@ -5,24 +5,11 @@ tables, and a tuning file for sm_90."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from .toy_build import SCALE_ADD_KERNEL, TOY_KERNEL, make_root as make_toy_root
 
-KERNELS = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def scale_add(X, Y, Out, n, alpha, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    x = tl.load(X + offs, mask=m)
-    y = tl.load(Y + offs, mask=m)
-    tl.store(Out + offs, (x * alpha + y).to(Out.dtype.element_ty), mask=m)
-
+KERNELS = TOY_KERNEL + '''
 
 @triton.jit
 def hog(X, Out, seqlen_q, alpha, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
@@ -37,14 +24,7 @@ def hog(X, Out, seqlen_q, alpha, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
     tl.store(Out + offs, (x * alpha / (s[:, None] + 1.0)).to(Out.dtype.element_ty), mask=m)
 '''
 
-SCALE_ADD = '''
-[kernels.scale_add]
-function = "toy:scale_add"
-args = [["X", "*{dtype}"], ["Y", "*{dtype}"], ["Out", "*{dtype}"], ["n", "i32"], ["alpha", "fp32"]]
-constexprs = ["BLOCK", "HEAD_DIM"]
-divisible_16 = ["X", "Y", "Out", "n"]
-grid = ["cdiv(n, BLOCK)", "1", "1"]
-functional = { dtype = ["fp16"], head_dim = [64] }
+SCALE_ADD = SCALE_ADD_KERNEL.format(dtypes='["fp16"]') + '''
 
 [[kernels.scale_add.configs]]
 archs = ["cuda"]
@@ -103,12 +83,10 @@ MEASURED = {"schema": 1, "arch": "sm_90", "how": "toy: timed on an H100",
 
 
 def make_root(base: Path, variants: str, measured=MEASURED) -> Path:
-    (base / "kernels" / "tuning").mkdir(parents=True)
-    (base / "ci").mkdir()
-    (base / "kernels" / "toy.py").write_text(KERNELS)
-    (base / "kernels" / "variants.toml").write_text(variants)
+    """The toy project with both kernels and, unless ``measured`` is None,
+    that sm_90 tuning file."""
+    root = make_toy_root(base, variants, kernels=KERNELS)
+    (root / "kernels" / "tuning").mkdir()
     if measured is not None:
-        (base / "kernels" / "tuning" / "sm_90.json").write_text(json.dumps(measured))
-    shutil.copy(ROOT / "ci" / "targets.toml", base / "ci" / "targets.toml")
-    (base / "pyproject.toml").write_text('[project]\nname = "aotriton-rocm"\n')
-    return base
+        (root / "kernels" / "tuning" / "sm_90.json").write_text(json.dumps(measured))
+    return root

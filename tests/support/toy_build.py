@@ -24,14 +24,18 @@ def scale_add(X, Y, Out, n, alpha, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
     tl.store(Out + offs, (x * alpha + y).to(Out.dtype.element_ty), mask=m)
 '''
 
-TOY_VARIANTS = '''
+# The kernel's table; its functional dtypes are the template's {dtypes}.
+SCALE_ADD_KERNEL = '''
 [kernels.scale_add]
 function = "toy:scale_add"
-args = [["X", "*{dtype}"], ["Y", "*{dtype}"], ["Out", "*{dtype}"], ["n", "i32"], ["alpha", "fp32"]]
+args = [["X", "*{{dtype}}"], ["Y", "*{{dtype}}"], ["Out", "*{{dtype}}"], ["n", "i32"], ["alpha", "fp32"]]
 constexprs = ["BLOCK", "HEAD_DIM"]
 divisible_16 = ["X", "Y", "Out", "n"]
 grid = ["cdiv(n, BLOCK)", "1", "1"]
-functional = { dtype = ["fp16", "bf16"], head_dim = [64] }
+functional = {{ dtype = {dtypes}, head_dim = [64] }}
+'''
+
+TOY_VARIANTS = SCALE_ADD_KERNEL.format(dtypes='["fp16", "bf16"]') + '''
 
 [[kernels.scale_add.configs]]
 archs = ["cuda"]
@@ -47,10 +51,10 @@ num_stages = 1
 '''
 
 
-def make_root(base: Path, variants: str = TOY_VARIANTS) -> Path:
+def make_root(base: Path, variants: str = TOY_VARIANTS, kernels: str = TOY_KERNEL) -> Path:
     (base / "kernels").mkdir(parents=True)
     (base / "ci").mkdir()
-    (base / "kernels" / "toy.py").write_text(TOY_KERNEL)
+    (base / "kernels" / "toy.py").write_text(kernels)
     (base / "kernels" / "variants.toml").write_text(variants)
     shutil.copy(ROOT / "ci" / "targets.toml", base / "ci" / "targets.toml")
     (base / "pyproject.toml").write_text('[project]\nname = "aotriton-rocm"\n')

@@ -21,7 +21,7 @@ from .targets import ArchSpec, Profile, load_targets
 from .tuning import TuningError, load_measured, measured_configs, tuning_files_bytes
 
 __all__ = ["BuildError", "Sources", "Subset", "BuildPlan", "plan_build", "build_inputs_hash",
-           "compile_task_for",
+           "compile_task_for", "plan_variants",
            "parse_shard", "shard_keys"]
 
 
@@ -228,8 +228,28 @@ def plan_build(profile: Optional[str], archs: Optional[Sequence[str]], sources: 
                 f"{spec.path}: no config matches {a.name} (family {a.family}); add "
                 f"[[kernels.*.configs]] with archs = [\"{a.family}\"] or [\"{a.name}\"], or drop {a.name}")
         warnings[a.name] = [f"kernel {k} has no config for {a.name}" for k in spec.kernels_without_variants(a)]
-        items[a.name] = [(v, compile_task_for(v, params_of[v.kernel], a, sources.kernels_dir, sources_hash,
-                                       triton_version)) for v in vs]
+        items[a.name] = _items(vs, params_of, a, sources, sources_hash, triton_version)
     return BuildPlan(profile=prof, archs=list(arch_specs), spec=spec, sources=sources,
                      triton_version=triton_version, sources_hash=sources_hash,
                      inputs_hash=inputs_hash, items=items, warnings=warnings)
+
+
+def _items(variants: Sequence[Variant], params_of: Dict[str, List[str]], arch: ArchSpec,
+           sources: Sources, sources_hash: str, triton_version: str) -> List[Tuple[Variant, CompileTask]]:
+    return [(v, compile_task_for(v, params_of[v.kernel], arch, sources.kernels_dir, sources_hash,
+                                 triton_version)) for v in variants]
+
+
+def plan_variants(variants: Sequence[Variant], arch: ArchSpec, spec: VariantSpec,
+                  sources: Sources, params_of: Dict[str, List[str]]) -> BuildPlan:
+    """The plan that compiles exactly ``variants`` for ``arch`` with the
+    installed triton, whatever its version (``tune`` measures what the GPU
+    machine's compiler makes; only ``build`` is pinned). ``params_of``:
+    ``spec.check_sources()``."""
+    profile, _ = load_targets(sources.targets_path).resolve(None, [arch.name])
+    version = _triton_version()
+    sources_hash = kernel_sources_hash(sources.kernels_dir)
+    return BuildPlan(profile=profile, archs=[arch], spec=spec, sources=sources,
+                     triton_version=version, sources_hash=sources_hash, inputs_hash="",
+                     items={arch.name: _items(variants, params_of, arch, sources, sources_hash,
+                                              version)})

@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import _version
 from ..archive import KernelRecord
 from ..kernel_spec import SCRATCH_ARGS, Variant
 from .build_compile import Compiled
 from .build_plan import BuildPlan
-from .codeobject import ArchLimits, validate_kernel
 from .compile import shared_memory_finding, validate_output
 
 __all__ = ["Validation", "validate_plan", "kernel_record"]
@@ -48,18 +46,25 @@ def kernel_record(v: Variant, meta: Dict[str, Any],
 
 
 def validate_plan(plan: BuildPlan, compiled: Compiled) -> Validation:
+    """Every compiled variant of the plan against the compiler the plan
+    names; AMD code objects through the ELF validator (imported only then:
+    its ELF and MessagePack readers are the build extra's)."""
     out = Validation()
     for arch_spec in plan.archs:
-        limits = ArchLimits.from_spec(arch_spec) if arch_spec.backend == "hip" else None
+        limits = None
+        if arch_spec.backend == "hip":
+            from .codeobject import ArchLimits
+            limits = ArchLimits.from_spec(arch_spec)
         for v, t in plan.items[arch_spec.name]:
             if t.cache_key not in compiled.results:
                 continue  # did not compile: already an error
             meta, code = compiled.results[t.cache_key]
             problems = validate_output(meta, code, backend=arch_spec.backend, arch=arch_spec.name,
-                                       triton_version=_version.TRITON_VERSION)
+                                       triton_version=plan.triton_version)
             stats: Dict[str, Any] = {}
             resources: List[Tuple[str, str]] = []
             if limits is not None and not any("not an ELF" in p for p in problems):
+                from .codeobject import validate_kernel
                 val = validate_kernel(code, kernel_record(v, meta), limits,
                                       code_object_version=plan.profile.code_object_version,
                                       allow=v.allow)

@@ -132,7 +132,7 @@ def write_archives(plan: BuildPlan, compiled: Compiled, validation: Validation,
             "write_seconds": round(write_s, 3), "archive": str(ap.relative_to(out)),
             "manifest": str(mp.relative_to(out)), "archive_bytes": ar.archive_bytes,
             "code_bytes": sum(len(c) for _, c in pairs),
-            "warnings": plan.warnings[a.name] + sel.get("notes", []),
+            "warnings": plan.warnings[a.name] + sel["notes"],
             "validation": summarize_validation([r for r, _ in pairs]) if a.backend == "hip" else None,
             "selection": sel["points"],
         }

@@ -159,40 +159,30 @@ class _Launchers:
 
     def _compile(self, variants, arch, sources, options, stream) -> None:
         from .build_compile import Executor, compile_plan
-        from .build_plan import BuildPlan, compile_task_for
-        from .cache import CompileCache, kernel_sources_hash
-        from .compile import shared_memory_finding, worker_init
-        from .targets import load_targets
+        from .build_plan import plan_variants
+        from .cache import CompileCache
+        from .build_validate import validate_plan
+        from .compile import worker_init
 
-        version = importlib.metadata.version("triton")
-        sources_hash = kernel_sources_hash(sources.kernels_dir)
-        self._tasks = {v.key: compile_task_for(v, self.params_of[v.kernel], arch, sources.kernels_dir,
-                                               sources_hash, version) for v in variants}
-        profile, _ = load_targets(sources.targets_path).resolve(None, [arch.name])
-        plan = BuildPlan(profile=profile, archs=[arch], spec=self.spec, sources=sources,
-                         triton_version=version, sources_hash=sources_hash, inputs_hash="",
-                         items={arch.name: [(v, self._tasks[v.key]) for v in variants]})
+        plan = plan_variants(variants, arch, self.spec, sources, self.params_of)
+        self._tasks = {v.key: task for v, task in plan.items[arch.name]}
         work = options.work.resolve()
         triton_cache = work / "triton-cache"
         compiled = compile_plan(plan, CompileCache(work / "cache"), work,
                                 Executor(jobs=options.jobs), stream=stream,
                                 triton_cache=triton_cache)
-        findings: Dict[str, List[Tuple[str, str]]] = {}
-        if arch.backend == "hip":  # the AMD validator needs the build extra's ELF reader
-            from .build_validate import validate_plan
-            findings = {key: res for (_, key), (_, res) in validate_plan(plan, compiled).checked.items()}
+        validation = validate_plan(plan, compiled)
         for v in variants:
-            task = self._tasks[v.key]
-            if task.cache_key not in compiled.results:
+            if (arch.name, v.key) not in validation.checked:
                 self.rejected[v.key] = "did not compile"
                 continue
-            meta, _ = compiled.results[task.cache_key]
-            shared = shared_memory_finding(meta, arch.name, arch.max_shared_bytes)
-            found = findings.get(v.key, []) + ([("lds", shared)] if shared else [])
-            # what the build would refuse to ship (a config's waiver accepts its kinds)
-            unwaived = [m for kind, m in found if kind not in v.allow]
-            if unwaived:
-                self.rejected[v.key] = "; ".join(dict.fromkeys(unwaived))
+            _, findings = validation.checked[(arch.name, v.key)]
+            # what the build would not ship: broken code, or findings no waiver accepts
+            refused = [p.split(": ", 1)[1] for p in validation.errors
+                       if p.startswith(f"{arch.name} {v.key}: ")]
+            refused += [m for kind, m in findings if kind not in v.allow]
+            if refused:
+                self.rejected[v.key] = "; ".join(refused)
         # Launch what the workers compiled: same environment, same Triton cache.
         worker_init(str(triton_cache))
 
@@ -231,20 +221,21 @@ def _tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launch
         total = {v.key: 0.0 for v in live}
         for causal in workload.variants:
             tb = TuneBackend(base)
-            tb.forced[key] = launchers.get(fallback.key)
+            tb.force(key, launchers.get(fallback.key))
             with using(tb):
                 workload.run(inputs, causal)
             real = tb.last(key)
+            real_scalars = _scalars(real.args, torch)
             tb.dry = True
             for v in live:
                 if v.key in failed:
                     continue
                 tb.launches.clear()
-                tb.forced[key] = launchers.get(v.key)
+                tb.force(key, launchers.get(v.key))
                 with using(tb):
                     workload.run(inputs, causal)
                 dry = tb.last(key)
-                if _scalars(dry.args, torch) != _scalars(real.args, torch):
+                if _scalars(dry.args, torch) != real_scalars:
                     raise CommandError(f"tune: {v.key}: the op passes other scalar arguments with "
                                        "this config; the workload cannot replay it")
                 try:
@@ -263,11 +254,11 @@ def _tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launch
     def check(v: Variant, size) -> Tuple[bool, str]:
         if v.key not in checked:
             tb = TuneBackend(base)
-            tb.forced[key] = launchers.get(v.key)
+            tb.force(key, launchers.get(v.key))
             with using(tb):
                 ok, text, out = workload.check(size)
             if workload.same_bits and v.key != fallback.key:
-                tb.forced[key] = launchers.get(fallback.key)
+                tb.force(key, launchers.get(fallback.key))
                 with using(tb):
                     _, _, ref = workload.check(size)
                 same = bool(torch.equal(out, ref))
@@ -324,30 +315,45 @@ def _point_of(choice: Dict[str, Any]) -> Optional[Tuple[str, Tuple]]:
     return choice["kernel"], tuple(sorted((k, v[0]) for k, v in func.items()))
 
 
-def _merged(out: Path, arch: str, results: List[PointResult], all_points: Sequence[Variant],
-            header: Dict[str, Any], previous: Optional[str]) -> Dict[str, Any]:
-    """The new file: this run's choices first, then the entries of the file
-    that was at ``out`` (``previous``, its text) that still decide a bucket
-    of some point (entries before them in the file do not cover it all)."""
+@dataclass(frozen=True)
+class _Previous:
+    """The tuning file that was at ``--out`` when the run started, read once."""
+    raw: Dict[str, Any]
+    entries: Tuple[Tuple[Any, Dict[str, Any]], ...]  # (MeasuredEntry, its JSON object)
+
+    @classmethod
+    def read(cls, out: Path, arch: str) -> Optional["_Previous"]:
+        if not out.is_file():
+            return None
+        text = out.read_text(encoding="utf-8")
+        raw = json.loads(text)
+        return cls(raw, tuple(zip(load_measured_text(text, arch, out).entries, raw.get("choices") or ())))
+
+
+def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, Any]]],
+            header: Dict[str, Any], previous: Optional[_Previous]) -> Dict[str, Any]:
+    """The new file: this run's choices first, then the entries of the
+    previous file that still decide a bucket of some point of ``points``
+    ((kernel, functional) pairs): one the entries before it do not cover."""
     choices = [c for r in results if not r.error for c in r.runs]
-    kept_how = ""
-    if previous is not None:
-        raw = json.loads(previous)
-        old = load_measured_text(previous, arch, out)
-        for entry, doc in zip(old.entries, raw.get("choices") or ()):
-            covered = {_point_of(c) for c in choices if c.get("seqlen_max") is None}
-            if any(v.kernel == entry.kernel
-                   and (v.kernel, tuple(sorted(v.functional.items()))) not in covered
-                   and any(entry.applies(v.kernel, v.functional, b)
-                           for b in list(SEQLEN_BUCKETS) + [None])
-                   for v in all_points):
-                choices.append(doc)
-                if "measured" not in doc:
-                    kept_how = raw.get("how", "")
     doc = dict(header)
-    if previous is not None:
-        earlier = raw.get("commands") or ([raw["command"]] if "command" in raw else [])
-        doc["commands"] = [c for c in earlier if c not in header["commands"]] + header["commands"]
+    if previous is None:
+        doc["choices"] = choices
+        return doc
+    covered = {_point_of(c) for c in choices if c.get("seqlen_max") is None}
+    kept_how = ""
+    for entry, old in previous.entries:
+        if any(kernel == entry.kernel and (kernel, tuple(sorted(func.items()))) not in covered
+               and any(entry.applies(kernel, func, b) for b in list(SEQLEN_BUCKETS) + [None])
+               for kernel, func in points):
+            choices.append(old)
+            if old.get("seqlen_max") is None:
+                covered.add(_point_of(old))
+            if "measured" not in old:
+                kept_how = previous.raw.get("how", "")
+    raw = previous.raw
+    earlier = raw.get("commands") or ([raw["command"]] if "command" in raw else [])
+    doc["commands"] = [c for c in earlier if c not in header["commands"]] + header["commands"]
     if kept_how and kept_how != header["how"]:
         doc["how"] = f"{header['how']} Entries without \"measured\": {kept_how}"
     doc["choices"] = choices
@@ -453,7 +459,9 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
 
     out = options.out or sources.kernels_dir / "tuning" / f"{arch.name}.json"
     header = _header(options, torch, device, arch.name)
-    previous = out.read_text(encoding="utf-8") if out.is_file() else None
+    previous = _Previous.read(out, arch.name)
+    every_point = list({(v.kernel, tuple(sorted(v.functional.items()))): (v.kernel, v.functional)
+                        for v in declared}.values())
     results: List[PointResult] = []
     for i, (key, cands) in enumerate(points.items(), 1):
         started = time.monotonic()
@@ -475,8 +483,7 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
         say(f"  ({time.monotonic() - started:.0f} s)")
         results.append(res)
         # written after every point: an interrupted run keeps what it measured
-        atomic_write_text(out, dump_measured(_merged(out, arch.name, results, declared, header,
-                                                     previous)))
+        atomic_write_text(out, dump_measured(_merged(results, every_point, header, previous)))
     bad = [r for r in results if r.error]
     say(f"wrote {out}: {len(results) - len(bad)} of {len(results)} points tuned"
         + (f"; failed: {', '.join(r.kernel + ' ' + str(r.functional) for r in bad)}" if bad else ""))

@@ -68,26 +68,28 @@ class Launch:
 
 
 class TuneBackend(Backend):
-    """Serves ``launchers`` (one per functional key) to the runtime's op
-    code, ``forced`` ones first, and records every launch. ``dry``: record
+    """Serves ``launchers`` (one per functional key, replaced by
+    :meth:`force`) to the runtime's op code and records every launch. ``dry``: record
     only, run nothing (for the grid a candidate config gets)."""
 
     name = "tune"
     native = False
 
     def __init__(self, launchers: Dict[FunctionalKey, Callable[[], Launcher]]):
-        self.launchers = launchers  # loaded on first use
-        self.forced: Dict[FunctionalKey, Launcher] = {}
+        self._table = dict(launchers)  # loaders: a launcher is loaded on first use
         self.launches: List[Launch] = []
         self.dry = False
+
+    def force(self, key: FunctionalKey, launcher: Launcher) -> None:
+        """Serve ``launcher`` for ``key`` from now on."""
+        self._table[key] = lambda: launcher
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         return None
 
     def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
                seqlen_k=0, score_mods=False) -> KernelHandle:
-        table = {**self.launchers, **{k: (lambda v=v: v) for k, v in self.forced.items()}}
-        load = pick(table, kernel, dtype, head_dim, bias, dropout, score_mods)
+        load = pick(self._table, kernel, dtype, head_dim, bias, dropout, score_mods)
         if load is None:
             raise RuntimeError(f"tune: nothing compiled for {kernel} dtype={dtype} "
                                f"head_dim={head_dim} bias={bias} dropout={dropout}")

@@ -8,9 +8,9 @@ the one launch it is tuning. Shapes follow the standard FlashAttention
 benchmark: ``tokens`` = batch * seqlen, ``hidden`` = heads * head dim.
 
 Checks run the op once more at a small shape inside the bucket with the
-winner forced, against float64 math (PyTorch's tolerance model: the error
-may be a few times that of the same math in the input dtype). Build-time
-only.
+winner forced, against torch's math attention in float64, with the smoke
+test's tolerance model (smoke.tolerance: the error may be a few times that
+of the same math in the input dtype). Build-time only.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import torch
 
 from .. import attention, kvcache
 from ..dropout_masks import fill_dropout_uniform
+from ..smoke import tolerance
 
 __all__ = ["Workload", "workload_for", "DROPOUT_P", "KVCACHE_HEADS", "KVCACHE_SEQLENS"]
 
@@ -31,11 +32,6 @@ KVCACHE_HEADS = (32, 8)  # query heads, key/value heads (a Llama-style GQA decod
 KVCACHE_BATCH = 8
 KVCACHE_SEQLENS = (8192, 65536)
 DRAWS_HEADS = 16
-# PyTorch's SDPA tests: allowed error = FUDGE * the error of the same math in
-# the input dtype (float64 reference), and at least a floor.
-FUDGE = {"out": 4.0, "dq": 180.0, "dk": 16.0, "dv": 4.0}
-FLOOR = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}
-
 
 @dataclass
 class Workload:
@@ -73,28 +69,26 @@ def _head_dim(functional: Dict[str, Any]) -> int:
     return block - 8 if functional.get("pad_head") and block in (64, 128) else block
 
 
-def _allowed(name: str, ours: torch.Tensor, ref64: torch.Tensor, ref_lp: torch.Tensor,
-             dtype: torch.dtype) -> Tuple[bool, str]:
+def _allowed(name: str, ours: torch.Tensor, ref64: torch.Tensor,
+             ref_lp: torch.Tensor) -> Tuple[bool, str]:
     err = (ours.double() - ref64).abs().max().item()
-    tol = max(FUDGE[name] * (ref_lp.double() - ref64).abs().max().item(), FLOOR[dtype])
+    tol = tolerance(name, (ref_lp.double() - ref64).abs().max().item())
     ok = err <= tol and math.isfinite(err)
     return ok, f"{name} {err:.3g} <= {tol:.3g}" if ok else f"{name} {err:.3g} > {tol:.3g}"
 
 
 def _reference(q, k, v, do, *, causal: bool, bias, keep, p: float, dtype):
-    """out (and dq, dk, dv with ``do``) of explicit attention in ``dtype``."""
+    """out (and dq, dk, dv with ``do``) of torch's math attention in ``dtype``
+    (k and v may have fewer heads: GQA)."""
     q, k, v = (t.detach().to(dtype).requires_grad_(do is not None) for t in (q, k, v))
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    if bias is not None:
-        s = s + bias.to(dtype)
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device)
-                          .tril(sk - sq).logical_not(), float("-inf"))
-    a = torch.softmax(s, dim=-1)
-    if keep is not None:
-        a = a * keep.to(dtype) / (1.0 - p)
-    out = a @ v
+    sq, sk = q.shape[-2], k.shape[-2]
+    mask = None if bias is None else bias.to(dtype)
+    if causal:  # bottom-right aligned, as the kernels' causal mask
+        hidden = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq).logical_not()
+        causal_bias = torch.zeros(sq, sk, dtype=dtype, device=q.device).masked_fill(hidden, float("-inf"))
+        mask = causal_bias if mask is None else mask + causal_bias
+    out, _ = torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, mask, p, False, keep, enable_gqa=k.shape[1] != q.shape[1])
     if do is None:
         return {"out": out.detach()}
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), do.to(dtype))
@@ -161,7 +155,7 @@ def _attention(kernel: str, functional: Dict[str, Any], device, tokens, hidden,
             ref_lp = _reference(q, k, v, do if backward else None, causal=causal, bias=bias,
                                 keep=keep, p=p, dtype=dtype)
             for name in checked:
-                good, text = _allowed(name, ours[name], ref64[name], ref_lp[name], dtype)
+                good, text = _allowed(name, ours[name], ref64[name], ref_lp[name])
                 ok &= good
                 texts.append(("causal " if causal else "") + text)
         return ok, f"S={sc}: " + ", ".join(texts), None
@@ -205,14 +199,12 @@ def _kvcache(functional: Dict[str, Any], device) -> Workload:
         texts, ok = [], True
         for n in (1, 3):
             out, _, _ = kvcache.forward(q, kc, vc, k_end, num_splits=n)
-            rep = hq // hk
             args = [t.transpose(1, 2) for t in (q, kc, vc)]
-            args[1], args[2] = (t.repeat_interleave(rep, dim=1) for t in args[1:])
             ref64 = _reference(*args, None, causal=False, bias=None, keep=None, p=0.0,
                                dtype=torch.float64)["out"]
             ref_lp = _reference(*args, None, causal=False, bias=None, keep=None, p=0.0,
                                 dtype=dtype)["out"]
-            good, text = _allowed("out", out.transpose(1, 2), ref64, ref_lp, dtype)
+            good, text = _allowed("out", out.transpose(1, 2), ref64, ref_lp)
             ok &= good
             texts.append(f"{n} split{'s' if n > 1 else ''}: {text}")
         return ok, "Sk=1000: " + ", ".join(texts), None
