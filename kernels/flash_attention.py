@@ -224,6 +224,15 @@ def attn_fwd(
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
+    # Without score modifiers the raw scores go straight into the softmax and
+    # the scale rides on its subtraction: max(s) * c = max(s * c) for c > 0,
+    # and s * c - m is one fused multiply-add, where scaling the tile first
+    # costs a multiply per score (the fast paths are bound by this
+    # elementwise work at head dims 64 and 128 on the H100).
+    if PAD_HEAD or HAS_BIAS:
+        exp_scale = 1.0
+    else:
+        exp_scale = qk_scale
     # Softcap and ALiBi slope in the scores' log2 units (see score_mod).
     cap2 = softcap * LOG2E
     slope2 = alibi_slope(ALIBI, stride_az, stride_ah, z_last, off_h32, has_alibi) * LOG2E
@@ -275,7 +284,10 @@ def attn_fwd(
                 k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
             if UPCAST_DOT:
                 k = k.to(tl.float32)
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            if PAD_HEAD or HAS_BIAS:
+                # Score modifiers work on the scaled scores.
+                qk = qk * qk_scale
             if PAD_HEAD:
                 if softcap > 0.0:
                     qk = softcap_scores(qk, cap2)
@@ -293,7 +305,7 @@ def attn_fwd(
                 keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
                     & (cols[None, :] >= (offs_m + lo_shift)[:, None])
                 qk = tl.where(keep, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max))
+            m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max) * exp_scale)
             if phase == 1 or HAS_BIAS:
                 # A row may have seen no key yet (m_new = -inf): shift by 0
                 # instead, so that p = alpha = 0 rather than NaN.
@@ -301,7 +313,7 @@ def attn_fwd(
             else:
                 # Unmasked blocks come first and every row sees all of them: m_new is finite.
                 m_use = m_new
-            p = tl.math.exp2(qk - m_use[:, None])
+            p = tl.math.exp2(qk * exp_scale - m_use[:, None])
             alpha = tl.math.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             acc = acc * alpha[:, None]
@@ -404,10 +416,15 @@ def attn_bwd_dkdv(
     PAD_HEAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ENABLE_DROPOUT: tl.constexpr,
+    SPLIT_DKDV: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
     # One program per key block of one key/value head; it loops over the
-    # gqa_group query heads that read this head.
+    # gqa_group query heads that read this head. With SPLIT_DKDV it sweeps
+    # them twice, for dV and then for dK, so that one BLOCK_N x BLOCK_D fp32
+    # accumulator is live instead of two: at head dim 256 the pair does not
+    # fit in registers and spills in every tile. The second sweep recomputes
+    # P (one more dot per block: 5 instead of 4), cheaper than the spills.
     start_n = tl.program_id(0) * BLOCK_N
     off_zhk = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     num_heads_k = num_heads // gqa_group
@@ -456,10 +473,8 @@ def attn_bwd_dkdv(
         kv_mask = n_valid[:, None]
 
     k = tl.load(k_blk + (offs_n0[:, None] * stride_kn + offs_d[None, :]), mask=kv_mask, other=0.0)
-    v = tl.load(v_blk + (offs_n0[:, None] * stride_vn + offs_d[None, :]), mask=kv_mask, other=0.0)
     if UPCAST_DOT:
         k = k.to(tl.float32)
-        v = v.to(tl.float32)
     q_offs = offs_m0[:, None] * stride_qm + offs_d[None, :]
     do_offs = offs_m0[:, None] * stride_dom + offs_d[None, :]
     if ENABLE_DROPOUT:
@@ -469,8 +484,6 @@ def attn_bwd_dkdv(
 
     qk_scale = sm_scale * LOG2E
     cap2 = softcap * LOG2E
-    dk = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
-    dv = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
 
     # Row i sees this block's key j iff j - hi_shift <= i <= j - lo_shift
     # (see the module docstring). Q blocks [lo, up) hold every row that sees
@@ -489,107 +502,132 @@ def attn_bwd_dkdv(
     f_hi = tl.maximum(tl.minimum((tl.maximum(start_n - lo_shift + 1, 0) // BLOCK_M) * BLOCK_M, m_full),
                       f_lo)
 
-    for g in range(0, gqa_group):
-        off_h = off_hk * gqa_group + g
-        off_zh = off_z * num_heads + off_h
-        q_base = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
-            + q_start64 * stride_qm64
-        do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
-            + q_start64 * stride_dom64
-        lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
-        delta_base = Delta + off_z * stride_lz + off_h * stride_lh + q_start
-        slope2 = alibi_slope(ALIBI, stride_az, stride_ah, z_last, off_h, has_alibi) * LOG2E
-        if HAS_BIAS:
-            b_base = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
-                + q_start64 * stride_bm.to(tl.int64) + start_n
-        if ENABLE_DROPOUT:
-            # See attn_fwd: the counter of (z, h, i, j) is RNG_OFFSET + e.
-            rng_head = rng_offset + off_zh * max_seqlen_q * max_seqlen_k + start_n
-        for phase in tl.static_range(2):
-            if phase == 0:
-                lo_p = f_lo
-                hi_p = f_hi
-            else:
-                # [lo, f_lo) and [f_hi, up) as one range (x >= f_lo jumps).
-                lo_p = lo
-                hi_p = up - (f_hi - f_lo)
-            for start_x in range(lo_p, hi_p, BLOCK_M):
+    # Sweep `part` accumulates dV when part == 0 and dK when part ==
+    # SPLIT_DKDV: both in one sweep, or dV in the first and dK in the second.
+    # (The conditions are spelled out at each use: Triton 3.9 loses the
+    # accumulators of loops nested under a local name bound to a constexpr.)
+    for part in tl.static_range(1 + SPLIT_DKDV):
+        if part == 0:
+            dv = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
+        if part == SPLIT_DKDV:
+            dk = tl.full([BLOCK_N, BLOCK_D], 0.0, tl.float32)
+            v = tl.load(v_blk + (offs_n0[:, None] * stride_vn + offs_d[None, :]), mask=kv_mask,
+                        other=0.0)
+            if UPCAST_DOT:
+                v = v.to(tl.float32)
+        for g in range(0, gqa_group):
+            off_h = off_hk * gqa_group + g
+            off_zh = off_z * num_heads + off_h
+            q_base = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
+                + q_start64 * stride_qm64
+            do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
+                + q_start64 * stride_dom64
+            lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
+            delta_base = Delta + off_z * stride_lz + off_h * stride_lh + q_start
+            slope2 = alibi_slope(ALIBI, stride_az, stride_ah, z_last, off_h, has_alibi) * LOG2E
+            if HAS_BIAS:
+                b_base = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
+                    + q_start64 * stride_bm.to(tl.int64) + start_n
+            if ENABLE_DROPOUT:
+                # See attn_fwd: the counter of (z, h, i, j) is RNG_OFFSET + e.
+                rng_head = rng_offset + off_zh * max_seqlen_q * max_seqlen_k + start_n
+            for phase in tl.static_range(2):
                 if phase == 0:
-                    start_m = start_x
+                    lo_p = f_lo
+                    hi_p = f_hi
                 else:
-                    start_m = start_x + (start_x >= f_lo).to(tl.int32) * (f_hi - f_lo)
-                start_m = tl.multiple_of(start_m, BLOCK_M)
-                rows = start_m + offs_m0
-                m_off64 = tl.cast(start_m, tl.int64)
-                q_blk = q_base + m_off64 * stride_qm64
-                do_blk = do_base + m_off64 * stride_dom64
-                if phase == 0:
-                    if PAD_HEAD:
-                        q = tl.load(q_blk + q_offs, mask=d_valid[None, :], other=0.0)
-                        do = tl.load(do_blk + do_offs, mask=d_valid[None, :], other=0.0)
+                    # [lo, f_lo) and [f_hi, up) as one range (x >= f_lo jumps).
+                    lo_p = lo
+                    hi_p = up - (f_hi - f_lo)
+                # Split sweeps also rebuild their (BLOCK_M, BLOCK_D) address
+                # tiles in each block instead of holding them in registers
+                # across the loop (no hoisting): at head dim 256 that is
+                # what lets the dK/dV tiles fit without spills on sm_90.
+                for start_x in tl.range(lo_p, hi_p, BLOCK_M, disable_licm=SPLIT_DKDV):
+                    if phase == 0:
+                        start_m = start_x
                     else:
-                        q = tl.load(q_blk + q_offs)
-                        do = tl.load(do_blk + do_offs)
-                    lse = tl.load(lse_base + rows)
-                    delta = tl.load(delta_base + rows)
-                else:
-                    r_valid = rows < seqlen_q
-                    if PAD_HEAD:
-                        qd_mask = r_valid[:, None] & d_valid[None, :]
+                        start_m = start_x + (start_x >= f_lo).to(tl.int32) * (f_hi - f_lo)
+                    start_m = tl.multiple_of(start_m, BLOCK_M)
+                    rows = start_m + offs_m0
+                    m_off64 = tl.cast(start_m, tl.int64)
+                    q_blk = q_base + m_off64 * stride_qm64
+                    do_blk = do_base + m_off64 * stride_dom64
+                    if phase == 0:
+                        if PAD_HEAD:
+                            q = tl.load(q_blk + q_offs, mask=d_valid[None, :], other=0.0)
+                            do = tl.load(do_blk + do_offs, mask=d_valid[None, :], other=0.0)
+                        else:
+                            q = tl.load(q_blk + q_offs)
+                            do = tl.load(do_blk + do_offs)
+                        lse = tl.load(lse_base + rows)
+                        if part == SPLIT_DKDV:
+                            delta = tl.load(delta_base + rows)
                     else:
-                        qd_mask = r_valid[:, None]
-                    q = tl.load(q_blk + q_offs, mask=qd_mask, other=0.0)
-                    do = tl.load(do_blk + do_offs, mask=qd_mask, other=0.0)
-                    # lse = +inf makes P exactly 0 on padded query rows.
-                    lse = tl.load(lse_base + rows, mask=r_valid, other=float("inf"))
-                    delta = tl.load(delta_base + rows, mask=r_valid, other=0.0)
-                if UPCAST_DOT:
-                    q = q.to(tl.float32)
-                    do = do.to(tl.float32)
-                # Transposed scores: (BLOCK_N, BLOCK_M).
-                qkT = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
-                if PAD_HEAD:
-                    if softcap > 0.0:
-                        qkT = softcap_scores(qkT, cap2)
-                cappedT = qkT
-                if HAS_BIAS:
-                    bT = tl.load(b_base + (rows[None, :] * stride_bm + offs_n0[:, None]),
-                                 mask=(rows < seqlen_q)[None, :] & n_valid[:, None], other=0.0)
-                    qkT = qkT + bT.to(tl.float32) * LOG2E
-                if PAD_HEAD:
-                    if has_alibi != 0:
-                        qkT = alibi_scores(qkT, slope2, rows[None, :], offs_n[:, None], alibi_shift)
-                pT = tl.math.exp2(qkT - (lse * LOG2E)[None, :])
-                if phase == 1:
-                    pT = tl.where(((rows + hi_shift)[None, :] >= offs_n[:, None])
-                                  & ((rows + lo_shift)[None, :] <= offs_n[:, None]), pT, 0.0)
-                dpT = tl.dot(v, tl.trans(do), input_precision="ieee")
-                if ENABLE_DROPOUT:
-                    # The forward's Philox draw of each element (see attn_fwd).
-                    cnt = rng_head + m_off64 * max_seqlen_k + (offs_m0[None, :] * max_seqlen_k
-                                                                 + offs_n0[:, None])
-                    kept = philox_uniform(seed, cnt) > dropout_p
-                    pT_lp = (tl.where(kept, pT, 0.0) * drop_scale).to(DO.dtype.element_ty)
-                    dpT = tl.where(kept, dpT * drop_scale, 0.0)
-                else:
-                    pT_lp = pT.to(DO.dtype.element_ty)
-                if UPCAST_DOT:
-                    pT_lp = pT_lp.to(tl.float32)
-                dv = tl.dot(pT_lp, do, dv, input_precision="ieee")
-                dsT = pT * (dpT - delta[None, :])
-                if PAD_HEAD:
-                    if softcap > 0.0:
-                        dsT = softcap_grad(dsT, cappedT, cap2)
-                dsT_lp = dsT.to(Q.dtype.element_ty)
-                if UPCAST_DOT:
-                    dsT_lp = dsT_lp.to(tl.float32)
-                dk = tl.dot(dsT_lp, q, dk, input_precision="ieee")
+                        r_valid = rows < seqlen_q
+                        if PAD_HEAD:
+                            qd_mask = r_valid[:, None] & d_valid[None, :]
+                        else:
+                            qd_mask = r_valid[:, None]
+                        q = tl.load(q_blk + q_offs, mask=qd_mask, other=0.0)
+                        do = tl.load(do_blk + do_offs, mask=qd_mask, other=0.0)
+                        # lse = +inf makes P exactly 0 on padded query rows.
+                        lse = tl.load(lse_base + rows, mask=r_valid, other=float("inf"))
+                        if part == SPLIT_DKDV:
+                            delta = tl.load(delta_base + rows, mask=r_valid, other=0.0)
+                    if UPCAST_DOT:
+                        q = q.to(tl.float32)
+                        do = do.to(tl.float32)
+                    # Transposed scores: (BLOCK_N, BLOCK_M).
+                    qkT = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
+                    if PAD_HEAD:
+                        if softcap > 0.0:
+                            qkT = softcap_scores(qkT, cap2)
+                    cappedT = qkT
+                    if HAS_BIAS:
+                        bT = tl.load(b_base + (rows[None, :] * stride_bm + offs_n0[:, None]),
+                                     mask=(rows < seqlen_q)[None, :] & n_valid[:, None], other=0.0)
+                        qkT = qkT + bT.to(tl.float32) * LOG2E
+                    if PAD_HEAD:
+                        if has_alibi != 0:
+                            qkT = alibi_scores(qkT, slope2, rows[None, :], offs_n[:, None], alibi_shift)
+                    pT = tl.math.exp2(qkT - (lse * LOG2E)[None, :])
+                    if phase == 1:
+                        pT = tl.where(((rows + hi_shift)[None, :] >= offs_n[:, None])
+                                      & ((rows + lo_shift)[None, :] <= offs_n[:, None]), pT, 0.0)
+                    if ENABLE_DROPOUT:
+                        # The forward's Philox draw of each element (see attn_fwd).
+                        cnt = rng_head + m_off64 * max_seqlen_k + (offs_m0[None, :] * max_seqlen_k
+                                                                     + offs_n0[:, None])
+                        kept = philox_uniform(seed, cnt) > dropout_p
+                    if part == 0:
+                        if ENABLE_DROPOUT:
+                            pT_lp = (tl.where(kept, pT, 0.0) * drop_scale).to(DO.dtype.element_ty)
+                        else:
+                            pT_lp = pT.to(DO.dtype.element_ty)
+                        if UPCAST_DOT:
+                            pT_lp = pT_lp.to(tl.float32)
+                        dv = tl.dot(pT_lp, do, dv, input_precision="ieee")
+                    if part == SPLIT_DKDV:
+                        dpT = tl.dot(v, tl.trans(do), input_precision="ieee")
+                        if ENABLE_DROPOUT:
+                            dpT = tl.where(kept, dpT * drop_scale, 0.0)
+                        dsT = pT * (dpT - delta[None, :])
+                        if PAD_HEAD:
+                            if softcap > 0.0:
+                                dsT = softcap_grad(dsT, cappedT, cap2)
+                        dsT_lp = dsT.to(Q.dtype.element_ty)
+                        if UPCAST_DOT:
+                            dsT_lp = dsT_lp.to(tl.float32)
+                        dk = tl.dot(dsT_lp, q, dk, input_precision="ieee")
 
-    dk = dk * sm_scale
-    tl.store(dk_blk + (offs_n0[:, None] * stride_dkn + offs_d[None, :]), dk.to(DK.dtype.element_ty),
-             mask=kv_mask)
-    tl.store(dv_blk + (offs_n0[:, None] * stride_dvn + offs_d[None, :]), dv.to(DV.dtype.element_ty),
-             mask=kv_mask)
+        if part == 0:
+            tl.store(dv_blk + (offs_n0[:, None] * stride_dvn + offs_d[None, :]),
+                     dv.to(DV.dtype.element_ty), mask=kv_mask)
+        if part == SPLIT_DKDV:
+            dk = dk * sm_scale
+            tl.store(dk_blk + (offs_n0[:, None] * stride_dkn + offs_d[None, :]),
+                     dk.to(DK.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit

@@ -147,6 +147,28 @@ def kernel_forward(q, k, v, sm_scale, causal, window=(-1, -1)):
     return o, lse
 
 
+def _bwd_tail(q, k, sm_scale, causal, window):
+    B, H, Sq, D = q.shape
+    Hk, Sk = k.shape[1], k.shape[2]
+    return (H * Sq, Sq, B, H, H // Hk, Sq, Sk, 0, D, *_mask(causal, window), sm_scale, 0.0)
+
+
+def kernel_dkdv(q, k, v, lse, delta, do, sm_scale, causal, window=(-1, -1), split=False):
+    """dK and dV from attn_bwd_dkdv; ``split`` sweeps the queries once per
+    gradient (SPLIT_DKDV)."""
+    B, Hk, Sk, D = k.shape
+    dk, dv = _nan_like(k), _nan_like(v)
+    u = _UNUSED
+    bm, bn = _blocks("attn_bwd_dkdv", D)
+    DKDV[(_cdiv(Sk, bn), B * Hk, 1)](
+        q, k, v, u["values"], do, lse, delta, dk, dv, u["cu"], u["cu"], u["rng"], u["rng"],
+        *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(do), *_s3(dk), *_s3(dv),
+        *_bwd_tail(q, k, sm_scale, causal, window), *_NO_SCORE_MOD,
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, SPLIT_DKDV=split, **_NO_FEATURES,
+        **_d_consts(D))
+    return dk, dv
+
+
 def kernel_backward(q, k, v, o, lse, do, sm_scale, causal, window=(-1, -1)):
     B, H, Sq, D = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
@@ -156,14 +178,10 @@ def kernel_backward(q, k, v, o, lse, do, sm_scale, causal, window=(-1, -1)):
     PRE[(_cdiv(Sq, bm), B * H, 1)](o, do, delta, u["cu"], *_s3(o), *_s3(do), H * Sq, Sq,
                                    B, H, Sq, 0, D, BLOCK_D=_block_d(D), BLOCK_M=bm)
 
-    dq, dk, dv = _nan_like(q), _nan_like(k), _nan_like(v)
-    tail = (H * Sq, Sq, B, H, H // Hk, Sq, Sk, 0, D, *_mask(causal, window), sm_scale, 0.0)
+    dk, dv = kernel_dkdv(q, k, v, lse, delta, do, sm_scale, causal, window)
+    dq = _nan_like(q)
+    tail = _bwd_tail(q, k, sm_scale, causal, window)
     rng = (u["cu"], u["cu"], u["rng"], u["rng"])
-    bm, bn = _blocks("attn_bwd_dkdv", D)
-    DKDV[(_cdiv(Sk, bn), B * Hk, 1)](
-        q, k, v, u["values"], do, lse, delta, dk, dv, *rng,
-        *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(do), *_s3(dk), *_s3(dv), *tail, *_NO_SCORE_MOD,
-        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
     bm, bn = _blocks("attn_bwd_dq", D)
     DQ[(_cdiv(Sq, bm), B * H, 1)](
         q, k, v, u["values"], do, lse, delta, dq, u["values"], *rng,
@@ -249,7 +267,7 @@ def _id(c):
 
 
 def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, seed=0,
-             window=(-1, -1)):
+             window=(-1, -1), split_dkdv=True):
     """Forward + backward through the kernels, judged against the reference."""
     gen = torch.Generator().manual_seed(seed)
     q = _make((B, Sq, H, D), dtype, gen, bshd)
@@ -272,6 +290,12 @@ def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, see
     _check("dq", dq, golden["dq"], lp["dq"], dtype)
     _check("dk", dk, golden["dk"], lp["dk"], dtype)
     _check("dv", dv, golden["dv"], lp["dv"], dtype)
+    if split_dkdv:
+        # The split sweeps do the same arithmetic in the same order.
+        split_dk, split_dv = kernel_dkdv(q, k, v, lse, delta, do, sm_scale, causal, window,
+                                         split=True)
+        torch.testing.assert_close(split_dk, dk, rtol=0, atol=0)
+        torch.testing.assert_close(split_dv, dv, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])

@@ -125,6 +125,8 @@ class KernelSpec:
     configs: Tuple[ConfigSpec, ...]
     # Partial functional points left out of the cartesian product.
     exclude: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()
+    # Values of constexprs that a config may set and most leave alone.
+    constexpr_defaults: Tuple[Tuple[str, Any], ...] = ()
 
     @property
     def source_path_parts(self) -> Tuple[str, ...]:
@@ -258,6 +260,8 @@ def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: Con
     for c in ks.constexprs:
         if c in config:
             constexprs[c] = config[c]
+        elif c in dict(ks.constexpr_defaults):
+            constexprs[c] = dict(ks.constexpr_defaults)[c]
         elif c in FIXED_CONSTEXPRS:
             constexprs[c] = FIXED_CONSTEXPRS[c]
         else:
@@ -386,6 +390,11 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
     clash = [c for c in constexprs if c in names]
     if clash:
         raise VariantSpecError(f"{where}: {clash} listed both as args and constexprs")
+    defaults = t.get("constexpr_defaults") or {}
+    unknown = [c for c in defaults if c not in constexprs]
+    if not isinstance(defaults, dict) or unknown:
+        raise VariantSpecError(f"{where}: constexpr_defaults must be a table of the kernel's "
+                               f"constexprs (not {unknown or defaults!r})")
     div = tuple(str(x) for x in t.get("divisible_16", ()))
     bad = [x for x in div if x not in names]
     if bad:
@@ -417,7 +426,8 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
         raise VariantSpecError(f"{where} has no [[kernels.{name}.configs]]")
     return KernelSpec(name=name, module=module, function=function.strip(), args=tuple(args),
                       constexprs=constexprs, divisible_16=div, grid=grid,
-                      functional=tuple(functional), configs=tuple(configs), exclude=tuple(exclude))
+                      functional=tuple(functional), configs=tuple(configs), exclude=tuple(exclude),
+                      constexpr_defaults=tuple(defaults.items()))
 
 
 def load_variants(kernels_dir, path=None) -> VariantSpec:
