@@ -239,9 +239,8 @@ def _peers() -> list[str]:
     return peers
 
 
-def run(shapes: list[Shape], reps: int) -> list[dict]:
+def run(shapes: list[Shape], reps: int, peers: list[str]) -> list[dict]:
     rows = []
-    peers = _peers()
     for i, shape in enumerate(shapes, 1):
         row = {"shape": asdict(shape), "tflops": {}, "ms": {}, "errors": {}}
         for peer in peers:
@@ -321,6 +320,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=10, help="timed repetitions per cell")
     parser.add_argument("--head-dims", default="", help="only these head dims, e.g. 64,128")
     parser.add_argument("--dtypes", default="fp16,bf16", help="fp16, bf16 or both (default)")
+    parser.add_argument("--peers", default="",
+                        help=f"only these, comma-separated (default: all of {', '.join(_peers())})")
+    parser.add_argument("--label", default="", help="only these shape labels, e.g. standard")
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--plot", type=Path, help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -331,6 +333,14 @@ def main(argv=None) -> int:
     if args.head_dims:
         wanted = {int(x) for x in args.head_dims.split(",")}
         shapes = [s for s in shapes if s.head_dim in wanted]
+    if args.label:
+        shapes = [s for s in shapes if s.label in args.label.split(",")]
+    peers = _peers()
+    if args.peers:
+        unknown = set(args.peers.split(",")) - set(peers)
+        if unknown:
+            parser.error(f"--peers: unknown {sorted(unknown)}; known here: {', '.join(peers)}")
+        peers = [p for p in peers if p in args.peers.split(",")]
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "aotriton_rocm": aotriton_rocm.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -338,7 +348,7 @@ def main(argv=None) -> int:
             "flops": "fwd 4*B*H*Sq*Sk*D (causal: half); bwd 2.5x fwd; fwd+bwd 3.5x fwd"}
     print(f"{meta['gpu']}, torch {meta['torch']}, aotriton-rocm {meta['aotriton_rocm']}; "
           f"TFLOP/s, {meta['timing']}", flush=True)
-    rows = run(shapes, args.reps)
+    rows = run(shapes, args.reps, peers)
     for name in PASSES:
         print(f"\n### {name} (TFLOP/s)\n\n{markdown_table(rows, name)}")
     report = {"meta": meta, "rows": rows}
