@@ -561,8 +561,7 @@ def attn_bwd_dkdv(
                             q = tl.load(q_blk + q_offs)
                             do = tl.load(do_blk + do_offs)
                         lse = tl.load(lse_base + rows)
-                        if part == SPLIT_DKDV:
-                            delta = tl.load(delta_base + rows)
+                        delta = tl.load(delta_base + rows)
                     else:
                         r_valid = rows < seqlen_q
                         if PAD_HEAD:
@@ -573,8 +572,7 @@ def attn_bwd_dkdv(
                         do = tl.load(do_blk + do_offs, mask=qd_mask, other=0.0)
                         # lse = +inf makes P exactly 0 on padded query rows.
                         lse = tl.load(lse_base + rows, mask=r_valid, other=float("inf"))
-                        if part == SPLIT_DKDV:
-                            delta = tl.load(delta_base + rows, mask=r_valid, other=0.0)
+                        delta = tl.load(delta_base + rows, mask=r_valid, other=0.0)
                     if UPCAST_DOT:
                         q = q.to(tl.float32)
                         do = do.to(tl.float32)
@@ -595,11 +593,17 @@ def attn_bwd_dkdv(
                     if phase == 1:
                         pT = tl.where(((rows + hi_shift)[None, :] >= offs_n[:, None])
                                       & ((rows + lo_shift)[None, :] <= offs_n[:, None]), pT, 0.0)
+                    # (dP's dot is issued before dV's: the order the
+                    # unsplit kernel was measured fastest in.)
+                    if part == SPLIT_DKDV:
+                        dpT = tl.dot(v, tl.trans(do), input_precision="ieee")
                     if ENABLE_DROPOUT:
                         # The forward's Philox draw of each element (see attn_fwd).
                         cnt = rng_head + m_off64 * max_seqlen_k + (offs_m0[None, :] * max_seqlen_k
                                                                      + offs_n0[:, None])
                         kept = philox_uniform(seed, cnt) > dropout_p
+                        if part == SPLIT_DKDV:
+                            dpT = tl.where(kept, dpT * drop_scale, 0.0)
                     if part == 0:
                         if ENABLE_DROPOUT:
                             pT_lp = (tl.where(kept, pT, 0.0) * drop_scale).to(DO.dtype.element_ty)
@@ -609,9 +613,6 @@ def attn_bwd_dkdv(
                             pT_lp = pT_lp.to(tl.float32)
                         dv = tl.dot(pT_lp, do, dv, input_precision="ieee")
                     if part == SPLIT_DKDV:
-                        dpT = tl.dot(v, tl.trans(do), input_precision="ieee")
-                        if ENABLE_DROPOUT:
-                            dpT = tl.where(kept, dpT * drop_scale, 0.0)
                         dsT = pT * (dpT - delta[None, :])
                         if PAD_HEAD:
                             if softcap > 0.0:
@@ -621,13 +622,13 @@ def attn_bwd_dkdv(
                             dsT_lp = dsT_lp.to(tl.float32)
                         dk = tl.dot(dsT_lp, q, dk, input_precision="ieee")
 
-        if part == 0:
-            tl.store(dv_blk + (offs_n0[:, None] * stride_dvn + offs_d[None, :]),
-                     dv.to(DV.dtype.element_ty), mask=kv_mask)
         if part == SPLIT_DKDV:
             dk = dk * sm_scale
             tl.store(dk_blk + (offs_n0[:, None] * stride_dkn + offs_d[None, :]),
                      dk.to(DK.dtype.element_ty), mask=kv_mask)
+        if part == 0:
+            tl.store(dv_blk + (offs_n0[:, None] * stride_dvn + offs_d[None, :]),
+                     dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
