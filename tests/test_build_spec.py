@@ -300,6 +300,23 @@ def test_missing_constexpr_value(tmp_path, targets):
         s.variants_for(targets.archs["gfx942"])
 
 
+def test_constexpr_defaults(tmp_path, targets):
+    """A constexpr with a default needs no value in the configs, and those
+    keep their keys; one that sets it gets a key of its own."""
+    text = TOY_TOML.replace('["HEAD_DIM", "BLOCK"]', '["HEAD_DIM", "BLOCK", "EXTRA"]\n'
+                            'constexpr_defaults = { EXTRA = false }')
+    plain = {v.key: v for v in _spec(tmp_path, TOY_TOML).variants_for(targets.archs["gfx942"])}
+    with_default = _spec(tmp_path, text).variants_for(targets.archs["gfx942"])
+    assert sorted(v.key for v in with_default) == sorted(plain)
+    assert all(v.constexprs["EXTRA"] is False for v in with_default)
+    text = text.replace("BLOCK = 64", "BLOCK = 64\nEXTRA = true", 1)
+    keys = [v.key for v in _spec(tmp_path, text).variants_for(targets.archs["gfx942"])]
+    assert any("EXTRA=1" in k for k in keys)
+    with pytest.raises(VariantSpecError, match="constexpr_defaults must be a table of the kernel's"):
+        _spec(tmp_path, TOY_TOML.replace('["HEAD_DIM", "BLOCK"]',
+                                         '["HEAD_DIM", "BLOCK"]\nconstexpr_defaults = { NOPE = 1 }'))
+
+
 def test_check_sources_errors(tmp_path):
     s = _spec(tmp_path, TOY_TOML)
     with pytest.raises(VariantSpecError, match="cannot read"):

@@ -1,0 +1,97 @@
+"""Where one attention pass spends its GPU time, kernel by kernel: ours
+beside torch's FLASH and CUDNN backends, from torch.profiler's CUDA trace.
+
+    python benchmarks/kernel_times.py [--dtype bf16] [--head-dim 128] [--seqlen 16384]
+                                      [--causal] [--pass bwd] [--json FILE]
+
+The shape is one of bench_attention.py's standard ones (B*S = 16k tokens,
+H*D = 2048). Each backend runs the pass a few times after warm-up; the
+table lists each kernel's mean time per pass and share of the pass. Use it
+to see which of our kernels limits a cell of bench_attention.py's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_attention import OURS, TORCH_PEERS, Shape, _inputs, _pass_fns, _sdpa  # noqa: E402
+
+import aotriton_rocm  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+RUNS = 5
+
+
+def kernel_times(peer: str, shape: Shape, pass_name: str) -> dict:
+    """{kernel name: mean microseconds per pass} for one backend."""
+    q, k, v, grad = _inputs(shape)
+    backend = SDPBackend.FLASH_ATTENTION if peer == OURS else TORCH_PEERS[peer]
+    if peer == OURS:
+        aotriton_rocm.enable()
+    try:
+        with sdpa_kernel(backend):
+            fn = _pass_fns(_sdpa(shape), q, k, v, grad)[pass_name]
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(RUNS):
+                    fn()
+                torch.cuda.synchronize()
+    finally:
+        if peer == OURS:
+            aotriton_rocm.disable()
+    totals: dict = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time / RUNS
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dtype", default="bf16", choices=("fp16", "bf16"))
+    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    parser.add_argument("--seqlen", type=int, default=16384)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--pass", dest="pass_name", default="bwd", choices=("fwd", "bwd", "fwd+bwd"))
+    parser.add_argument("--peers", default=f"{OURS},FLASH,CUDNN")
+    parser.add_argument("--json", type=Path, help="write the times here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernel_times needs a GPU", file=sys.stderr)
+        return 2
+    s, d = args.seqlen, args.head_dim
+    shape = Shape("standard", max(1, 16384 // s), 2048 // d, 2048 // d, s, s, d, args.causal,
+                  args.dtype)
+    report = {"gpu": torch.cuda.get_device_name(), "shape": asdict(shape), "pass": args.pass_name,
+              "us_per_pass": {}}
+    print(f"{report['gpu']}: {args.dtype} D{d} S{s} B{shape.batch} H{shape.heads_q} "
+          f"{'causal' if args.causal else 'full'}, {args.pass_name}, mean us per pass")
+    for peer in args.peers.split(","):
+        try:
+            times = kernel_times(peer, shape, args.pass_name)
+        except RuntimeError as exc:  # a backend that refuses the shape
+            print(f"\n{peer}: {str(exc).strip().splitlines()[0][:160]}")
+            continue
+        report["us_per_pass"][peer] = times
+        total = sum(times.values())
+        print(f"\n{peer}: {total:.0f} us")
+        for name, us in times.items():
+            print(f"  {us:9.1f} us {100 * us / total:5.1f}%  {name[:110]}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
