@@ -165,16 +165,20 @@ def test_diff_between_builds(built, rebuilt, tmp_path, capsys):
     changes = R.compare([old], [rep])
     assert changes and all(c.arch == "gfx942" and c.kernel == "attn_fwd" for c in changes)
     assert not any(c.worse for c in changes)
+    # (the unmasked fast path may reach 2 waves at 4 warps already)
+    assert any(c.new.figures.occupancy > c.old.figures.occupancy for c in changes)
     for c in changes:
-        assert c.new.figures.occupancy > c.old.figures.occupancy
-        assert f"occupancy {c.old.figures.occupancy} -> {c.new.figures.occupancy}" in c.changes
+        assert c.new.figures.occupancy >= c.old.figures.occupancy
+        if c.new.figures.occupancy != c.old.figures.occupancy:
+            assert f"occupancy {c.old.figures.occupancy} -> {c.new.figures.occupancy}" in c.changes
         if c.old.figures.per_iter("mfma") != c.new.figures.per_iter("mfma"):
             assert any(t.startswith("MFMA/iter ") for t in c.changes)
     # the other way round the same kernels got worse, and --fail-on-worse says so
     assert cli_main(["report", str(built), "--arch", "gfx942", "--against", str(rebuilt),
                      "--fail-on-worse", "--json", str(tmp_path / "d.json")]) == 1
     out, err = capsys.readouterr()
-    assert re.search(r"^gfx942 +attn_fwd +fp16 d128 +q>64 +64x64 w8 s1 -> 128x64 w4 s1 +worse +occupancy 2 -> 1 "
+    assert re.search(r"^gfx942 +attn_fwd +fp16 d128 pad_head +q>64 +64x64 w8 s1 -> 128x64 w4 s1 +worse "
+                     r"+occupancy 2 -> 1 "
                      r"\(worse\); VGPR\+AGPR \d+ -> \d+ \(worse\); LDS 16384 -> 32768 \(worse\); MFMA/iter",
                      out, re.M), out
     assert "got worse" in err
