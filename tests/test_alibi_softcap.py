@@ -74,6 +74,7 @@ CASES = [
     (F16, 40, True, (9, -1), 50, 35, 2, 1, 0.0, "h"),          # causal + left window
     (BF16, 64, True, (-1, -1), 33, 33, 2, 2, 2.5, "bh"),
     (F32, 72, False, (-1, 5), 17, 60, 3, 1, 0.75, "h"),        # small softcap, right window
+    (BF16, 256, True, (-1, -1), 30, 45, 2, 1, 3.0, "bh"),      # both, the split dK/dV kernel
 ]
 
 

@@ -62,6 +62,7 @@ BIAS_CASES = [
     (F32, 64, False, 17, 29, (17, 29), True),        # one mask for every batch and head
     (F16, 64, "tl", 45, 30, (2, 2, 45, 1), False),   # broadcast along keys: materialised
     (F32, 128, "br", 30, 45, "full", True),
+    (BF16, 200, "br", 30, 45, "full", True),      # head dim 256 tiles: the split dK/dV kernel
 ]
 
 
@@ -100,6 +101,7 @@ DROPOUT_CASES = [
     (F16, 72, "br", 20, 50, 4, 2, 0.3),   # GQA, bottom-right with Sq < Sk
     (F32, 64, False, 17, 29, 2, 2, 0.22),
     (F16, 64, "tl", 50, 20, 2, 1, 0.1),   # MQA, top-left with Sq > Sk
+    (F16, 256, "br", 20, 50, 4, 2, 0.3),  # the split dK/dV kernel, GQA
 ]
 
 
