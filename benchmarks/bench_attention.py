@@ -23,6 +23,7 @@ benchmarks/plot_attention.py on the JSON elsewhere).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -83,7 +84,7 @@ def _dtype(name: str) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-def _inputs(shape: Shape):
+def make_inputs(shape: Shape):
     """(B, H, S, D) tensors as SDPA takes them, requiring grad."""
     g = torch.Generator(device="cuda").manual_seed(0)
     dt = _dtype(shape.dtype)
@@ -115,7 +116,7 @@ def _median_ms(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def _pass_fns(attend, q, k, v, grad):
+def pass_fns(attend, q, k, v, grad):
     """fwd / bwd / fwd+bwd callables; bwd reuses one retained graph."""
     def fwd():
         with torch.no_grad():
@@ -132,7 +133,7 @@ def _pass_fns(attend, q, k, v, grad):
     return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}
 
 
-def _sdpa(shape: Shape):
+def sdpa_call(shape: Shape):
     gqa = shape.heads_q != shape.heads_kv
 
     def attend(q, k, v):
@@ -146,33 +147,40 @@ def _our_launches() -> int:
                if not backend.startswith("interp"))
 
 
+@contextlib.contextmanager
+def sdpa_on(peer: str):
+    """SDPA calls in the block run on ``peer``: ours (in torch's FLASH slot)
+    or one of torch's backends."""
+    if peer != OURS:
+        with sdpa_kernel(TORCH_PEERS[peer]):
+            yield
+        return
+    aotriton_rocm.enable()
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            yield
+    finally:
+        aotriton_rocm.disable()
+
+
 def measure_peer(peer: str, shape: Shape, reps: int) -> dict:
     """{pass: ms or None} plus "error" when the peer refused or fell back."""
-    q, k, v, grad = _inputs(shape)
-    attend = _sdpa(shape)
+    q, k, v, grad = make_inputs(shape)
+    attend = sdpa_call(shape)
     result: dict = {}
     try:
-        if peer == OURS:
-            aotriton_rocm.enable()
-            try:
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    aotriton_rocm.reset_launch_counts()
-                    fns = _pass_fns(attend, q, k, v, grad)
-                    for name, fn in fns.items():
-                        result[name] = _median_ms(fn, reps)
-                    if _our_launches() == 0:
-                        return {"error": "fallback: torch's kernel ran, not ours"}
-            finally:
-                aotriton_rocm.disable()
-        elif peer == TRITON_JIT:
+        if peer == TRITON_JIT:
             jit = _triton_jit_forward(shape, q, k, v)
             if isinstance(jit, str):
                 return {"error": jit}
             result["fwd"] = _median_ms(jit, reps)
         else:
-            with sdpa_kernel(TORCH_PEERS[peer]):
-                for name, fn in _pass_fns(attend, q, k, v, grad).items():
+            with sdpa_on(peer):
+                aotriton_rocm.reset_launch_counts()
+                for name, fn in pass_fns(attend, q, k, v, grad).items():
                     result[name] = _median_ms(fn, reps)
+                if peer == OURS and _our_launches() == 0:
+                    return {"error": "fallback: torch's kernel ran, not ours"}
     except RuntimeError as exc:  # a backend that refuses this shape or dtype
         return {"error": str(exc).strip().splitlines()[0][:160]}
     finally:

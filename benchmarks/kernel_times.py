@@ -23,33 +23,23 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import OURS, TORCH_PEERS, Shape, _inputs, _pass_fns, _sdpa  # noqa: E402
-
-import aotriton_rocm  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from bench_attention import OURS, Shape, make_inputs, pass_fns, sdpa_call, sdpa_on  # noqa: E402
 
 RUNS = 5
 
 
 def kernel_times(peer: str, shape: Shape, pass_name: str) -> dict:
     """{kernel name: mean microseconds per pass} for one backend."""
-    q, k, v, grad = _inputs(shape)
-    backend = SDPBackend.FLASH_ATTENTION if peer == OURS else TORCH_PEERS[peer]
-    if peer == OURS:
-        aotriton_rocm.enable()
-    try:
-        with sdpa_kernel(backend):
-            fn = _pass_fns(_sdpa(shape), q, k, v, grad)[pass_name]
-            for _ in range(3):
+    q, k, v, grad = make_inputs(shape)
+    with sdpa_on(peer):
+        fn = pass_fns(sdpa_call(shape), q, k, v, grad)[pass_name]
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(RUNS):
                 fn()
             torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(RUNS):
-                    fn()
-                torch.cuda.synchronize()
-    finally:
-        if peer == OURS:
-            aotriton_rocm.disable()
     totals: dict = collections.defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:

@@ -12,6 +12,7 @@ from aotriton_rocm.tooling.progress import Progress, format_seconds
 from aotriton_rocm.tooling.source_tree import SourceTreeError, find_source_root
 from aotriton_rocm.tooling.targets import TargetError, load_targets
 from aotriton_rocm.kernel_spec import VariantSpecError, load_variants, variant_key
+from support.toy_build import config_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = ROOT / "ci" / "targets.toml"
@@ -242,20 +243,8 @@ constexprs = ["HEAD_DIM", "BLOCK"]
 divisible_16 = ["X"]
 grid = ["cdiv(n, BLOCK)", "1", "1"]
 functional = { dtype = ["fp16", "bf16"], head_dim = [64, 128, 256] }
-
-[[kernels.add.configs]]
-archs = ["gfx942"]
-head_dims = [64]
-BLOCK = 32
-num_warps = 4
-num_stages = 1
-
-[[kernels.add.configs]]
-archs = ["cdna"]
-BLOCK = 64
-num_warps = 4
-num_stages = 1
-"""
+""" + config_table("add", "gfx942", head_dims=[64], BLOCK=32, num_warps=4) \
+    + config_table("add", "cdna", BLOCK=64, num_warps=4)
 
 
 def _spec(tmp_path, text):

@@ -267,7 +267,7 @@ def _id(c):
 
 
 def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, seed=0,
-             window=(-1, -1), split_dkdv=True):
+             window=(-1, -1)):
     """Forward + backward through the kernels, judged against the reference."""
     gen = torch.Generator().manual_seed(seed)
     q = _make((B, Sq, H, D), dtype, gen, bshd)
@@ -290,12 +290,10 @@ def run_case(dtype, D, causal, Sq, Sk, H, Hk, B=2, bshd=True, sm_scale=None, see
     _check("dq", dq, golden["dq"], lp["dq"], dtype)
     _check("dk", dk, golden["dk"], lp["dk"], dtype)
     _check("dv", dv, golden["dv"], lp["dv"], dtype)
-    if split_dkdv:
-        # The split sweeps do the same arithmetic in the same order.
-        split_dk, split_dv = kernel_dkdv(q, k, v, lse, delta, do, sm_scale, causal, window,
-                                         split=True)
-        torch.testing.assert_close(split_dk, dk, rtol=0, atol=0)
-        torch.testing.assert_close(split_dv, dv, rtol=0, atol=0)
+    # The split sweeps (SPLIT_DKDV) do the same arithmetic in the same order.
+    split_dk, split_dv = kernel_dkdv(q, k, v, lse, delta, do, sm_scale, causal, window, split=True)
+    torch.testing.assert_close(split_dk, dk, rtol=0, atol=0)
+    torch.testing.assert_close(split_dv, dv, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])

@@ -257,13 +257,12 @@ def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: Con
     config = dict(cfg.values)
     where = f"{path}: kernel {ks.name}"
     constexprs: Dict[str, Any] = {}
+    unset = {**FIXED_CONSTEXPRS, **dict(ks.constexpr_defaults)}  # values when a config has none
     for c in ks.constexprs:
         if c in config:
             constexprs[c] = config[c]
-        elif c in dict(ks.constexpr_defaults):
-            constexprs[c] = dict(ks.constexpr_defaults)[c]
-        elif c in FIXED_CONSTEXPRS:
-            constexprs[c] = FIXED_CONSTEXPRS[c]
+        elif c in unset:
+            constexprs[c] = unset[c]
         else:
             src = next((f for f, cname in FUNCTIONAL_CONSTEXPRS.items() if cname == c and f in func), None)
             if src is None and c.lower() in func:
@@ -391,10 +390,10 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
     if clash:
         raise VariantSpecError(f"{where}: {clash} listed both as args and constexprs")
     defaults = t.get("constexpr_defaults") or {}
-    unknown = [c for c in defaults if c not in constexprs]
-    if not isinstance(defaults, dict) or unknown:
+    unknown = sorted(set(defaults) - set(constexprs)) if isinstance(defaults, dict) else defaults
+    if unknown:
         raise VariantSpecError(f"{where}: constexpr_defaults must be a table of the kernel's "
-                               f"constexprs (not {unknown or defaults!r})")
+                               f"constexprs (not {unknown!r})")
     div = tuple(str(x) for x in t.get("divisible_16", ()))
     bad = [x for x in div if x not in names]
     if bad:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .toy_build import SCALE_ADD_KERNEL, TOY_KERNEL, make_root as make_toy_root
+from .toy_build import SCALE_ADD_KERNEL, TOY_KERNEL, config_table, make_root as make_toy_root
 
 KERNELS = TOY_KERNEL + '''
 
@@ -24,32 +24,9 @@ def hog(X, Out, seqlen_q, alpha, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
     tl.store(Out + offs, (x * alpha / (s[:, None] + 1.0)).to(Out.dtype.element_ty), mask=m)
 '''
 
-SCALE_ADD = SCALE_ADD_KERNEL.format(dtypes='["fp16"]') + '''
-
-[[kernels.scale_add.configs]]
-archs = ["cuda"]
-BLOCK = 128
-num_warps = 4
-num_stages = 1
-
-[[kernels.scale_add.configs]]
-archs = ["cuda"]
-BLOCK = 256
-num_warps = 4
-num_stages = 1
-
-[[kernels.scale_add.configs]]
-archs = ["cdna3"]
-BLOCK = 512
-num_warps = 4
-num_stages = 1
-
-[[kernels.scale_add.configs]]
-archs = ["gfx942"]
-BLOCK = 128
-num_warps = 4
-num_stages = 1
-'''
+SCALE_ADD = SCALE_ADD_KERNEL.format(dtypes='["fp16"]') + "".join(
+    config_table("scale_add", arch, BLOCK=block, num_warps=4)
+    for arch, block in (("cuda", 128), ("cuda", 256), ("cdna3", 512), ("gfx942", 128)))
 
 HOG = '''
 [kernels.hog]
@@ -68,14 +45,7 @@ num_stages = 1
 {allow}
 '''
 
-HOG_SMALL = '''
-[[kernels.hog.configs]]
-archs = ["rdna"]
-BLOCK_M = 8
-WIDTH = 256
-num_warps = 1
-num_stages = 1
-'''
+HOG_SMALL = config_table("hog", "rdna", BLOCK_M=8, WIDTH=256, num_warps=1)
 
 MEASURED = {"schema": 1, "arch": "sm_90", "how": "toy: timed on an H100",
             "choices": [{"kernel": "scale_add", "functional": {"dtype": ["fp16"], "has_bias": [False]},

@@ -35,20 +35,19 @@ grid = ["cdiv(n, BLOCK)", "1", "1"]
 functional = {{ dtype = {dtypes}, head_dim = [64] }}
 '''
 
-TOY_VARIANTS = SCALE_ADD_KERNEL.format(dtypes='["fp16", "bf16"]') + '''
 
-[[kernels.scale_add.configs]]
-archs = ["cuda"]
-BLOCK = 256
-num_warps = 4
-num_stages = 1
+def config_table(kernel: str, arch: str, **values) -> str:
+    """One ``[[kernels.KERNEL.configs]]`` table for ``arch`` (values in the
+    order given; num_stages = 1 unless given)."""
+    values.setdefault("num_stages", 1)
+    lines = [f"[[kernels.{kernel}.configs]]", f'archs = ["{arch}"]']
+    lines += [f"{k} = {v}" for k, v in values.items()]
+    return "\n" + "\n".join(lines) + "\n"
 
-[[kernels.scale_add.configs]]
-archs = ["cdna"]
-BLOCK = 512
-num_warps = 4
-num_stages = 1
-'''
+
+TOY_VARIANTS = SCALE_ADD_KERNEL.format(dtypes='["fp16", "bf16"]') + "".join(
+    config_table("scale_add", arch, BLOCK=block, num_warps=4) for arch, block in (("cuda", 256),
+                                                                                 ("cdna", 512)))
 
 
 def make_root(base: Path, variants: str = TOY_VARIANTS, kernels: str = TOY_KERNEL) -> Path:
