@@ -75,6 +75,38 @@ def test_dump_is_one_choice_per_line_and_loads_back(tmp_path):
     assert [dict(c.values) for c in configs["attn_fwd"]] == [c["config"] for c in doc["choices"]]
 
 
+
+def test_with_choice_ships_one_config_at_every_length_for_matched_points():
+    from aotriton_rocm.tooling.build_plan import Subset
+
+    def entry(dtype, head_dim, smax, block_m):
+        return {"kernel": "attn_fwd", "functional": {"dtype": [dtype], "head_dim": [head_dim]},
+                "seqlen_max": smax, "config": {"BLOCK_M": block_m, "BLOCK_N": 64},
+                "measured": [{"seqlen": 512, "us": 1.0}]}
+    doc = {"schema": 1, "arch": "sm_90",
+           "choices": [entry("bf16", 64, 512, 32), entry("bf16", 64, None, 64),
+                       entry("bf16", 128, None, 128), entry("fp16", 64, None, 16)]}
+    subset = Subset.parse(["kernel=attn_fwd,head_dim=64"])
+    new = T.with_choice(doc, subset.accepts_point, {"BLOCK_M": 64, "BLOCK_N": 128}, "why")
+    picked = {"BLOCK_M": 64, "BLOCK_N": 128}
+    assert new["choices"] == [
+        {"kernel": "attn_fwd", "functional": {"dtype": ["bf16"], "head_dim": [64]},
+         "seqlen_max": None, "config": picked, "note": "why"},
+        entry("bf16", 128, None, 128),
+        {"kernel": "attn_fwd", "functional": {"dtype": ["fp16"], "head_dim": [64]},
+         "seqlen_max": None, "config": picked, "note": "why"}]
+    assert doc["choices"][0]["config"]["BLOCK_M"] == 32  # the input is left alone
+    m = T.load_measured_text(T.dump_measured(new), "sm_90", "x")
+    for bound in (16, 512, None):  # every bucket, the open one included
+        assert dict(m.entry_for("attn_fwd", {"dtype": "bf16", "head_dim": 64}, bound).config) == picked
+    with pytest.raises(T.TuningError, match="no choice"):
+        T.with_choice(doc, Subset.parse(["head_dim=256"]).accepts_point, picked, "why")
+    both = dict(doc, choices=[{"kernel": "attn_fwd", "functional": {"dtype": ["bf16", "fp16"],
+                                                                     "head_dim": [64]},
+                               "seqlen_max": None, "config": {"BLOCK_M": 16}}])
+    with pytest.raises(T.TuningError, match="split that entry"):
+        T.with_choice(both, Subset.parse(["dtype=fp16"]).accepts_point, picked, "why")
+
 def test_seqlens_must_be_bucket_bounds():
     with pytest.raises(UsageError, match="not a bucket bound"):
         run_tune(TuneOptions(device="cpu", seqlens=(1000,), only=("kernel=attn_fwd",)))

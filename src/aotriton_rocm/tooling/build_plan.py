@@ -85,7 +85,10 @@ class Subset:
         return bool(self.accepted)
 
     def accepts(self, v: Variant) -> bool:
-        point = dict(v.functional, kernel=v.kernel)
+        return self.accepts_point(v.kernel, v.functional)
+
+    def accepts_point(self, kernel: str, functional: Dict[str, Any]) -> bool:
+        point = dict(functional, kernel=kernel)
         return all(name not in point or _value_text(point[name]).lower() in values
                    for name, values in self.accepted)
 

@@ -39,6 +39,7 @@ short list ``[[max_seqlen or null, variant key, "measured"|"static"], ...]``.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -61,6 +62,7 @@ __all__ = [
     "load_measured_text",
     "measured_configs",
     "dump_measured",
+    "with_choice",
     "tuning_files_bytes",
     "choose",
     "static_rank",
@@ -373,3 +375,33 @@ def dump_measured(doc: Mapping[str, Any]) -> str:
                  for i, ch in enumerate(choices))
     lines.extend(["  ]", "}"])
     return "\n".join(lines) + "\n"
+
+
+def with_choice(doc: Mapping[str, Any], matches, config: Mapping[str, Any], note: str) -> Dict[str, Any]:
+    """A copy of a tuning document (``kernels/tuning/<arch>.json``) in which
+    the points that ``matches(kernel, point)`` accepts ship ``config`` at
+    every length: each group of their entries with the same functional
+    values becomes one entry (``seqlen_max`` null, ``note``) where the group
+    began. An entry that covers both matched and unmatched points, or no
+    match at all, is a TuningError (split the entry, or widen the match)."""
+    out: List[Dict[str, Any]] = []
+    replaced: set = set()
+    for ch in doc.get("choices") or ():
+        func = ch.get("functional") or {}
+        names = sorted(func)
+        points = [dict(zip(names, vals)) for vals in itertools.product(*(func[n] for n in names))]
+        hits = [matches(ch["kernel"], pt) for pt in points]
+        if not any(hits):
+            out.append(ch)
+            continue
+        if not all(hits):
+            raise TuningError(f"a choice of {ch['kernel']} covers {func}, of which only some "
+                              "points match: split that entry first")
+        key = (ch["kernel"], json.dumps(func, sort_keys=True))
+        if key not in replaced:
+            replaced.add(key)
+            out.append({"kernel": ch["kernel"], "functional": func, "seqlen_max": None,
+                        "config": dict(config), "note": note})
+    if not replaced:
+        raise TuningError("no choice in the tuning file matches")
+    return dict(doc, choices=out)
