@@ -58,7 +58,12 @@ def write_alternative(name: str, edits, kernels_dir: Path, arch: str, out: Path)
     shutil.copytree(kernels_dir, root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     path = root / "kernels" / "tuning" / f"{arch}.json"
     doc = json.loads(path.read_text())
+    known = {"kernel"} | {axis for ch in doc.get("choices") or () for axis in ch.get("functional") or {}}
     for subset, config in edits:
+        unknown = sorted(n for n, _ in subset.accepted if n not in known)
+        if unknown:  # (a name no point has would constrain nothing)
+            raise SystemExit(f"--alt {name}: no choice has {', '.join(unknown)}; names: "
+                             f"{', '.join(sorted(known))}")
         note = f"tuning_alternatives.py {name}: {subset.text()} at every length"
         doc = with_choice(doc, subset.accepts_point, config, note)
     path.write_text(dump_measured(doc))
