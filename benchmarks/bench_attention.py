@@ -64,6 +64,12 @@ class Shape:
         return flops / 2 if self.causal else flops
 
 
+def standard_shape(dtype: str, head_dim: int, seqlen: int, causal: bool) -> Shape:
+    """FlashAttention's standard shape: B*S = 16k tokens, H*D = 2048."""
+    return Shape("standard", max(1, 16384 // seqlen), 2048 // head_dim, 2048 // head_dim,
+                 seqlen, seqlen, head_dim, causal, dtype)
+
+
 def standard_shapes(quick: bool, dtypes=("fp16", "bf16")) -> list[Shape]:
     dtypes = ("bf16",) if quick else dtypes
     seqlens = (1024, 4096, 16384) if quick else (512, 1024, 2048, 4096, 8192, 16384)
@@ -72,8 +78,7 @@ def standard_shapes(quick: bool, dtypes=("fp16", "bf16")) -> list[Shape]:
         for d in (64, 128, 256):
             for causal in (False, True):
                 for s in seqlens:
-                    shapes.append(Shape("standard", 16384 // s, 2048 // d, 2048 // d, s, s, d,
-                                        causal, dtype))
+                    shapes.append(standard_shape(dtype, d, s, causal))
         shapes.append(Shape("decode", 16, 32, 32, 1, 8192, 128, False, dtype))
         for causal in (False, True):
             shapes.append(Shape("llama-gqa", 4, 32, 8, 4096, 4096, 128, causal, dtype))

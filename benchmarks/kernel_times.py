@@ -23,7 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import OURS, Shape, make_inputs, pass_fns, sdpa_call, sdpa_on  # noqa: E402
+from bench_attention import (OURS, Shape, make_inputs, pass_fns, sdpa_call, sdpa_on,  # noqa: E402
+                             standard_shape)
 
 RUNS = 5
 
@@ -61,8 +62,7 @@ def main(argv=None) -> int:
         print("kernel_times needs a GPU", file=sys.stderr)
         return 2
     s, d = args.seqlen, args.head_dim
-    shape = Shape("standard", max(1, 16384 // s), 2048 // d, 2048 // d, s, s, d, args.causal,
-                  args.dtype)
+    shape = standard_shape(args.dtype, d, s, args.causal)
     report = {"gpu": torch.cuda.get_device_name(), "shape": asdict(shape), "pass": args.pass_name,
               "us_per_pass": {}}
     print(f"{report['gpu']}: {args.dtype} D{d} S{s} B{shape.batch} H{shape.heads_q} "

@@ -27,6 +27,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from aotriton_rocm.errors import UsageError
 from aotriton_rocm.tooling.build_plan import Subset
 from aotriton_rocm.tooling.source_tree import find_source_root
 from aotriton_rocm.tooling.tuning import dump_measured, with_choice
@@ -58,12 +59,12 @@ def write_alternative(name: str, edits, kernels_dir: Path, arch: str, out: Path)
     shutil.copytree(kernels_dir, root / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
     path = root / "kernels" / "tuning" / f"{arch}.json"
     doc = json.loads(path.read_text())
-    known = {"kernel"} | {axis for ch in doc.get("choices") or () for axis in ch.get("functional") or {}}
+    axes = {axis for ch in doc.get("choices") or () for axis in ch.get("functional") or {}}
     for subset, config in edits:
-        unknown = sorted(n for n, _ in subset.accepted if n not in known)
-        if unknown:  # (a name no point has would constrain nothing)
-            raise SystemExit(f"--alt {name}: no choice has {', '.join(unknown)}; names: "
-                             f"{', '.join(sorted(known))}")
+        try:
+            subset.check_known(axes)
+        except UsageError as exc:
+            raise SystemExit(f"--alt {name}: {exc}") from None
         note = f"tuning_alternatives.py {name}: {subset.text()} at every length"
         doc = with_choice(doc, subset.accepts_point, config, note)
     path.write_text(dump_measured(doc))

@@ -75,7 +75,6 @@ def test_dump_is_one_choice_per_line_and_loads_back(tmp_path):
     assert [dict(c.values) for c in configs["attn_fwd"]] == [c["config"] for c in doc["choices"]]
 
 
-
 def test_with_choice_ships_one_config_at_every_length_for_matched_points():
     from aotriton_rocm.tooling.build_plan import Subset
 
@@ -106,6 +105,7 @@ def test_with_choice_ships_one_config_at_every_length_for_matched_points():
                                "seqlen_max": None, "config": {"BLOCK_M": 16}}])
     with pytest.raises(T.TuningError, match="split that entry"):
         T.with_choice(both, Subset.parse(["dtype=fp16"]).accepts_point, picked, "why")
+
 
 def test_seqlens_must_be_bucket_bounds():
     with pytest.raises(UsageError, match="not a bucket bound"):

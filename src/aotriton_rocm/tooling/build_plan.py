@@ -93,7 +93,11 @@ class Subset:
                    for name, values in self.accepted)
 
     def check_names(self, variants: Sequence[Variant]) -> None:
-        known = {"kernel"} | {k for v in variants for k in v.functional}
+        self.check_known({k for v in variants for k in v.functional})
+
+    def check_known(self, functional_names: Iterable[str]) -> None:
+        """Refuse a name no point has: it would constrain nothing."""
+        known = {"kernel"} | set(functional_names)
         unknown = [name for name, _ in self.accepted if name not in known]
         if unknown:
             raise UsageError(f"--only: no functional point has {', '.join(unknown)}; "
