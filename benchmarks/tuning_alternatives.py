@@ -34,9 +34,10 @@ from aotriton_rocm.tooling.tuning import dump_measured, with_choice
 
 
 def parse_alt(text: str):
-    """``NAME=POINTS:CONFIG`` -> (name, Subset, config dict)."""
+    """``NAME=POINTS:CONFIG`` -> (name, Subset, config dict). POINTS has no
+    colon; CONFIG may (``function=flash_attention_sm90:attn_fwd,...``)."""
     name, eq, rest = text.partition("=")
-    points, colon, config_text = rest.rpartition(":")
+    points, colon, config_text = rest.partition(":")
     if not eq or not colon or not name.strip() or not points.strip():
         raise SystemExit(f"--alt {text!r}: want NAME=POINTS:CONFIG, e.g. "
                          "A=kernel=attn_fwd,head_dim=64:BLOCK_M=64,BLOCK_N=128,num_warps=4,num_stages=3")

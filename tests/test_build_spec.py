@@ -176,7 +176,11 @@ def test_real_variant_counts(targets, spec):
         vs, got = covered(arch)
         assert got == points, arch
         if arch == "sm_90":
-            assert len(vs) == len(points)
+            # one candidate per point, plus the Gluon forward at the fast-path points
+            gluon = [v for v in vs if v.module == "flash_attention_sm90"]
+            assert {(v.functional["head_dim"], v.functional["pad_head"]) for v in gluon} == {(64, False),
+                                                                                              (128, False)}
+            assert len(vs) == len(points) + len(gluon) == len(points) + 4
         else:
             assert len(vs) >= len(points) + len(fwd_64_128), arch
     # RDNA covers every fp16/bf16 attention point up to head dim 256 (fp32
@@ -318,6 +322,33 @@ def test_check_sources_errors(tmp_path):
         s.check_sources()
     (tmp_path / "toy.py").write_text("def add_kernel(X, HEAD_DIM, n, BLOCK):\n    pass\n")
     assert s.check_sources() == {"add": ["X", "HEAD_DIM", "n", "BLOCK"]}
+
+
+
+def test_config_function_compiles_another_function(tmp_path, targets):
+    """A config's ``function`` names the source its variants compile; it is
+    part of the variant key, and check_sources holds it to the kernel's
+    parameters."""
+    text = TOY_TOML + config_table("add", "gfx942", head_dims=[128], function='"toy_fast:add_fast"',
+                                   BLOCK=128, num_warps=4)
+    s = _spec(tmp_path, text)
+    fast = [v for v in s.variants_for(targets.archs["gfx942"]) if "function" in v.config]
+    assert [v.key for v in fast] == [
+        f"add|dtype={dt}|head_dim=128|function=toy_fast:add_fast,BLOCK=128,num_warps=4,num_stages=1"
+        for dt in ("fp16", "bf16")]
+    assert {(v.module, v.function) for v in fast} == {("toy_fast", "add_fast")}
+    assert {(v.module, v.function) for v in s.variants_for(targets.archs["gfx942"])
+            if "function" not in v.config} == {("toy", "add_kernel")}
+    (tmp_path / "toy.py").write_text("def add_kernel(X, HEAD_DIM, n, BLOCK):\n    pass\n")
+    with pytest.raises(VariantSpecError, match="cannot read"):
+        s.check_sources()
+    (tmp_path / "toy_fast.py").write_text("def add_fast(X, n, HEAD_DIM, BLOCK):\n    pass\n")
+    with pytest.raises(VariantSpecError, match="must take the kernel's parameters in the same order"):
+        s.check_sources()
+    (tmp_path / "toy_fast.py").write_text("def add_fast(X, HEAD_DIM, n, BLOCK):\n    pass\n")
+    assert s.check_sources() == {"add": ["X", "HEAD_DIM", "n", "BLOCK"]}
+    with pytest.raises(VariantSpecError, match="function must be 'module:function'"):
+        _spec(tmp_path, TOY_TOML + config_table("add", "gfx942", function='"nocolon"', BLOCK=8, num_warps=4))
 
 
 # -- progress ----------------------------------------------------------------

@@ -120,3 +120,57 @@ def test_fwd_compiles_for_sm90():
     assert k.metadata.global_scratch_size == 0
     assert 0 < k.metadata.shared <= 227 * 1024
     assert "wgmma" in k.asm["ptx"]
+
+
+def _sm90_variant(kernel, **point):
+    """The build's variant of KERNEL at POINT whose config names another function (sm_90)."""
+    from aotriton_rocm.kernel_spec import load_variants
+    from aotriton_rocm.tooling.targets import load_targets
+
+    spec = load_variants(KERNEL_DIR)
+    targets = load_targets(KERNEL_DIR.parent / "ci" / "targets.toml")
+    arch = targets.archs["sm_90"]
+    found = [v for v in spec.variants_for(arch) if v.kernel == kernel and "function" in v.config
+             and all(v.functional.get(k) == val for k, val in point.items())]
+    assert len(found) == 1, [v.key for v in found]
+    return spec, arch, found[0]
+
+
+def test_config_functions_take_the_kernel_parameters():
+    # check_sources compares every config's function with the kernel's
+    from aotriton_rocm.kernel_spec import load_variants
+
+    params = load_variants(KERNEL_DIR).check_sources()
+    gluon = _module("flash_attention_sm90")
+    assert list(inspect.signature(gluon.attn_fwd.fn).parameters) == params["attn_fwd"]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_fwd_compiles_for_sm90(head_dim):
+    """The warp-specialised sm_90 forward, compiled as the build compiles it:
+    a cubin for 12 warps (two consumer warpgroups and a producer), within
+    the shared memory, with no register spills."""
+    import subprocess
+    import tempfile
+    from aotriton_rocm.tooling.build_plan import compile_task_for
+    from aotriton_rocm.tooling.cache import kernel_sources_hash
+    from aotriton_rocm.tooling.compile import compile_task
+
+    spec, arch, v = _sm90_variant("attn_fwd", dtype="bf16", head_dim=head_dim, pad_head=False)
+    assert (v.module, v.function) == ("flash_attention_sm90", "attn_fwd")
+    params = spec.check_sources()["attn_fwd"]
+    k = compile_task(compile_task_for(v, params, arch, KERNEL_DIR, kernel_sources_hash(KERNEL_DIR), "test"))
+    assert k.asm["cubin"][:4] == b"\x7fELF"
+    assert k.metadata.num_warps == 12
+    assert k.metadata.global_scratch_size == 0
+    assert 0 < k.metadata.shared <= 227 * 1024
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.mbarrier.arrive" in ptx
+    cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if cuobjdump.exists():
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True,
+                                   text=True, check=True).stdout
+        assert re.search(r"STACK:0\b", usage), usage

@@ -54,6 +54,10 @@ OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_in
                "kpack", "maxnreg")
 REQUIRED_OPTIONS = ("num_warps", "num_stages")
 CONFIG_META_KEYS = ("archs", "head_dims", "when", "allow")
+# A config may compile another function than its kernel's ("module:function",
+# same parameters; e.g. an arch-specific Gluon implementation). It is part of
+# the config's values, so the variant key and the tuning file name it.
+CONFIG_FUNCTION_KEY = "function"
 # What a config's ``allow = {KIND = true, reason = "..."}`` may waive in the
 # code-object validator (tooling.codeobject.validate_kernel): register spills
 # (and the scratch memory they take), other scratch use (stack, dynamic stack),
@@ -223,33 +227,45 @@ class VariantSpec:
         """
         params_of: Dict[str, List[str]] = {}
         for ks in self.kernels.values():
-            src = self.kernels_dir.joinpath(*ks.source_path_parts)
-            where = f"{self.path}: kernel {ks.name} ({ks.module}:{ks.function})"
-            try:
-                tree = ast.parse(src.read_bytes(), filename=str(src))
-            except OSError as e:
-                raise VariantSpecError(f"{where}: cannot read {src}: {e.strerror or e}") from None
-            except SyntaxError as e:
-                raise VariantSpecError(f"{where}: {src} does not parse: {e}") from None
-            fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                       and n.name == ks.function), None)
-            if fn is None:
-                raise VariantSpecError(f"{where}: no top-level function {ks.function!r} in {src}")
-            params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
-            spec_args = [n for n, _ in ks.args]
-            missing = [n for n in spec_args + list(ks.constexprs) if n not in params]
-            extra = [n for n in params if n not in spec_args and n not in ks.constexprs]
-            if missing or extra:
-                raise VariantSpecError(
-                    f"{where}: spec and function disagree; in spec only: {missing or 'none'}; "
-                    f"in function only: {extra or 'none'}")
-            order = [n for n in params if n not in ks.constexprs]
-            if order != spec_args:
-                raise VariantSpecError(
-                    f"{where}: the function takes its non-constexpr args in the order {order}, "
-                    f"the spec lists {spec_args}; the compiled ABI follows the function")
-            params_of[ks.name] = params
+            params_of[ks.name] = self._check_function(ks, ks.module, ks.function)
+            for module, function in sorted({_split_function(str(dict(c.values)[CONFIG_FUNCTION_KEY]), "")
+                                             for c in ks.configs if CONFIG_FUNCTION_KEY in dict(c.values)}):
+                params = self._check_function(ks, module, function)
+                if params != params_of[ks.name]:
+                    raise VariantSpecError(
+                        f"{self.path}: kernel {ks.name}: {module}:{function} takes {params}, "
+                        f"{ks.module}:{ks.function} takes {params_of[ks.name]}; a config's function "
+                        f"must take the kernel's parameters in the same order")
         return params_of
+
+    def _check_function(self, ks: KernelSpec, module: str, function: str) -> List[str]:
+        parts = module.split(".")
+        src = self.kernels_dir.joinpath(*parts[:-1], parts[-1] + ".py")
+        where = f"{self.path}: kernel {ks.name} ({module}:{function})"
+        try:
+            tree = ast.parse(src.read_bytes(), filename=str(src))
+        except OSError as e:
+            raise VariantSpecError(f"{where}: cannot read {src}: {e.strerror or e}") from None
+        except SyntaxError as e:
+            raise VariantSpecError(f"{where}: {src} does not parse: {e}") from None
+        fn = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and n.name == function), None)
+        if fn is None:
+            raise VariantSpecError(f"{where}: no top-level function {function!r} in {src}")
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+        spec_args = [n for n, _ in ks.args]
+        missing = [n for n in spec_args + list(ks.constexprs) if n not in params]
+        extra = [n for n in params if n not in spec_args and n not in ks.constexprs]
+        if missing or extra:
+            raise VariantSpecError(
+                f"{where}: spec and function disagree; in spec only: {missing or 'none'}; "
+                f"in function only: {extra or 'none'}")
+        order = [n for n in params if n not in ks.constexprs]
+        if order != spec_args:
+            raise VariantSpecError(
+                f"{where}: the function takes its non-constexpr args in the order {order}, "
+                f"the spec lists {spec_args}; the compiled ABI follows the function")
+        return params
 
 
 def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: ConfigSpec,
@@ -280,8 +296,11 @@ def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: Con
                 raise VariantSpecError(f"{where}: arg {n} uses {{dtype}} but functional has no dtype")
             t = t.replace("{dtype}", str(dtype))
         args.append((n, t))
-    return Variant(key=variant_key(ks.name, func, config), kernel=ks.name, module=ks.module,
-                   function=ks.function, arch=arch.name, functional=dict(func), config=config,
+    module, function = ks.module, ks.function
+    if CONFIG_FUNCTION_KEY in config:
+        module, function = _split_function(str(config[CONFIG_FUNCTION_KEY]), where)
+    return Variant(key=variant_key(ks.name, func, config), kernel=ks.name, module=module,
+                   function=function, arch=arch.name, functional=dict(func), config=config,
                    constexprs=constexprs, options=options, args=tuple(args),
                    divisible_16=ks.divisible_16, grid=ks.grid,
                    allow=dict(cfg.allow) if not cfg.allow_only or any(
@@ -334,6 +353,17 @@ def _parse_when(when: Any, functional: Dict[str, Tuple[Any, ...]], where: str):
     return tuple(out)
 
 
+def _split_function(fn: str, where: str) -> Tuple[str, str]:
+    """``"flash_attention:attn_fwd"`` (or ``"dir/mod.py:fn"``) -> (dotted module, function)."""
+    if ":" not in fn:
+        raise VariantSpecError(f"{where}: function must be 'module:function', got {fn!r}")
+    module, function = fn.split(":", 1)
+    module = module.strip().replace("/", ".")
+    if module.endswith(".py"):
+        module = module[:-3]
+    return module, function.strip()
+
+
 def parse_config(c: Any, constexprs: Tuple[str, ...], functional: Dict[str, Tuple[Any, ...]],
                  where: str) -> ConfigSpec:
     """One ``[[kernels.NAME.configs]]`` table (or a table of the same form
@@ -347,10 +377,13 @@ def parse_config(c: Any, constexprs: Tuple[str, ...], functional: Dict[str, Tupl
     hd = c.get("head_dims")
     values = tuple((k, v) for k, v in c.items() if k not in CONFIG_META_KEYS)
     for k, v in values:
+        if k == CONFIG_FUNCTION_KEY:
+            _split_function(str(v), where)
+            continue
         if k not in OPTION_KEYS and k not in constexprs:
             raise VariantSpecError(
                 f"{where}: {k!r} is neither a constexpr of the kernel ({', '.join(constexprs)}) "
-                f"nor a compile option ({', '.join(OPTION_KEYS)})")
+                f"nor a compile option ({', '.join(OPTION_KEYS)}) nor {CONFIG_FUNCTION_KEY!r}")
     for k in REQUIRED_OPTIONS:
         if k not in c:
             raise VariantSpecError(f"{where} lacks {k!r}")
@@ -369,13 +402,7 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
             raise VariantSpecError(f"{where} lacks {key!r}")
         return t[key]
 
-    fn = str(req("function"))
-    if ":" not in fn:
-        raise VariantSpecError(f"{where}: function must be 'module:function', got {fn!r}")
-    module, function = fn.split(":", 1)
-    module = module.strip().replace("/", ".")
-    if module.endswith(".py"):
-        module = module[:-3]
+    module, function = _split_function(str(req("function")), where)
     args = []
     for a in req("args"):
         if not (isinstance(a, list) and len(a) == 2):
@@ -492,6 +519,11 @@ def interpreted_function(kernel: KernelSpec):
     (:func:`jit_function`, the compilers) keeps its JIT functions.
     """
     import triton
+    # Gluon's language wraps triton.language.math functions when it is first
+    # imported; the interpreter patches those for good during nested calls.
+    # Importing Gluon first keeps a later Gluon compile in this process (the
+    # sm_90 forward) on the real functions.
+    import triton.experimental.gluon.language  # noqa: F401
 
     name = f"{_interpreted_package()}.{kernel.module}"
     module = sys.modules.get(name)

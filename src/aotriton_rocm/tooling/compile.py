@@ -7,6 +7,7 @@ static (metadata + the amdgcn text).
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib
 import importlib.util
@@ -168,9 +169,19 @@ def compile_task(task: CompileTask):
     if list(getattr(fn, "arg_names", names)) != names:
         raise RuntimeError(f"{task.module}:{task.function} takes {list(fn.arg_names)}, "
                            f"the build expected {names}")
-    src = ASTSource(fn=fn, signature=dict(task.signature), constexprs=dict(task.constexprs),
-                    attrs={(i,): [["tt.divisibility", 16]] for i in task.div_indices})
-    return triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
+    gluon = getattr(fn, "is_gluon", lambda: False)()
+    source = ASTSource
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    src = source(fn=fn, signature=dict(task.signature), constexprs=dict(task.constexprs),
+                 attrs={(i,): [["tt.divisibility", 16]] for i in task.div_indices})
+    kernel = triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
+    if gluon:
+        # Gluon's code generator leaves reference cycles through IR objects;
+        # uncollected, they make nanobind print a page of "leaked" warnings
+        # when the worker process exits.
+        gc.collect()
+    return kernel
 
 
 def compile_variant(task: CompileTask) -> CompileOutput:

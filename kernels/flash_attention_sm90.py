@@ -1,0 +1,329 @@
+"""The forward fast path for sm_90 in Gluon: warp-specialised, with the
+softmax of each key block overlapped with the previous block's P V product.
+
+``attn_fwd`` here takes the argument list of ``flash_attention.attn_fwd`` and
+computes the same thing for its unmasked fast-path variants (``PAD_HEAD``,
+``HAS_BIAS``, ``ENABLE_DROPOUT`` and ``UPCAST_DOT`` all off; fp16/bf16;
+causal, sliding windows, varlen, GQA and ragged ends as runtime arguments,
+see that module's docstring for the conventions). variants.toml compiles it
+for sm_90 through a config with ``function = "flash_attention_sm90:attn_fwd"``;
+AMD archs and the CPU interpreter run ``flash_attention.attn_fwd``.
+
+Why it exists: Triton compiles the forward loop into one instruction stream
+in which every warp loads, multiplies and exponentiates in turn, with a CTA
+barrier between the steps (docs/BUILD.md, "Speed limits"). Here, per CTA of
+128 query rows:
+
+* one producer warpgroup (``_producer``) copies Q once and then K and V
+  blocks with ``cp.async`` into two-slot rings, signalling each slot's
+  ``ready`` mbarrier when its bytes land and waiting on its ``empty``
+  mbarrier before refilling it;
+* two consumer warpgroups (``_consumer``), 64 query rows each, run the
+  online softmax with no CTA-wide barrier between them. In every iteration
+  a warpgroup issues S = Q K_j^T and O += P_{j-1} V_{j-1} as asynchronous
+  wgmma, waits for S only, computes the softmax of block j while the P V
+  product runs, then waits for it and rescales O (FlashAttention-3's
+  intra-warpgroup overlap).
+
+Block order matches ``flash_attention.attn_fwd``: the unmasked blocks, then
+the masked ones at the diagonal / window edges / ragged end. The ring slot
+and mbarrier parity of a block follow from its index ``t`` counted over both
+phases: slot ``t % 2``, parity ``(t // 2) & 1``.
+
+``num_warps`` of the config is the consumer warpgroup size (4); the kernel
+runs 12 warps, which the compiled metadata records and the runtime launches.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+from .flash_attention import LN2, LOG2E
+
+# cp.async into shared memory: async_load from triton 3.9, the older name before
+ASYNC_LOAD = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+SLOTS = gl.constexpr(2)  # ring depth of K and of V (2 x 2 x 32 KiB + Q at head dim 128)
+PRODUCER_WARPS = gl.constexpr(4)
+# Registers per thread after the warpgroups rebalance (setmaxnreg): the
+# producer only computes addresses; 2 x 128 x 224 + 128 x 56 <= 65536.
+PRODUCER_REGS = gl.constexpr(56)
+CONSUMER_REGS = gl.constexpr(224)
+
+
+@gluon.constexpr_function
+def _copy_layout(block_d, num_warps):
+    """Rows of 16-byte vectors (8 elements) across the threads: coalesced cp.async."""
+    tpd = min(block_d // 8, 32)
+    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // tpd, tpd],
+                            warps_per_cta=[num_warps, 1], order=[1, 0])
+
+
+@gluon.jit
+def _copy_tile(smem, base, stride_row, row0, nrows, offs_r, offs_d, MASKED: gl.constexpr):
+    ptrs = base + (row0 + offs_r)[:, None].to(gl.int64) * stride_row + offs_d[None, :]
+    if MASKED:
+        # rows past the sequence are filled with zeros
+        ASYNC_LOAD(smem, ptrs, mask=(offs_r < nrows - row0)[:, None] & (offs_d < smem.shape[1])[None, :])
+    else:
+        ASYNC_LOAD(smem, ptrs)
+
+
+@gluon.jit
+def _block_start(x, f_lo, f_hi, MASKED: gl.constexpr):
+    if MASKED:
+        return x + (x >= f_lo).to(gl.int32) * (f_hi - f_lo)
+    else:
+        return x
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, exp_scale, cols, rows, seqlen_k, lo_shift, hi_shift, MASKED: gl.constexpr):
+    if MASKED:
+        keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (rows + hi_shift)[:, None]) \
+            & (cols[None, :] >= (rows + lo_shift)[:, None])
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * exp_scale)
+    if MASKED:
+        # a row that has seen no key yet shifts by 0: p = alpha = 0, not NaN
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new  # the unmasked blocks come first and every row sees them
+    p = gl.exp2(s * exp_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _produce_range(k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, lo_p, up_p, f_lo, f_hi, seqlen_k,
+                   t, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, MASKED: gl.constexpr):
+    # Copies K_0, then (K_i, V_{i-1}) for each further block, then V of the
+    # last: the order the consumer needs them in. t counts blocks over both
+    # phases (ring slot t % NB, parity (t // NB) & 1).
+    k_ready, k_empty, v_ready, v_empty = bars
+    NB: gl.constexpr = k_smem.shape[0]
+    ld: gl.constexpr = _copy_layout(BLOCK_D, gl.num_warps())
+    offs_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+    offs_d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ld))
+    prev_n = lo_p * 0
+    for x in range(lo_p, up_p + BLOCK_N, BLOCK_N):
+        n = _block_start(x, f_lo, f_hi, MASKED)
+        if x < up_p:
+            slot = t % NB
+            mbarrier.wait(k_empty.index(slot), ((t // NB) & 1) ^ 1)
+            _copy_tile(k_smem.index(slot), k_base, stride_kn, n, seqlen_k, offs_r, offs_d, MASKED)
+            cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
+        if x > lo_p:
+            pslot = (t - 1) % NB
+            mbarrier.wait(v_empty.index(pslot), (((t - 1) // NB) & 1) ^ 1)
+            _copy_tile(v_smem.index(pslot), v_base, stride_vn, prev_n, seqlen_k, offs_r, offs_d, MASKED)
+            cp.mbarrier_arrive(v_ready.index(pslot), increment_count=False)
+        prev_n = n
+        t = t + (x < up_p).to(gl.int32)
+    return t
+
+
+@gluon.jit
+def _consume_range(q_smem, k_smem, v_smem, bars, m_i, l_i, acc, t,
+                   lo_p, up_p, f_lo, f_hi, seqlen_k, rows, lo_shift, hi_shift, exp_scale,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   s_layout: gl.constexpr, o_layout: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr):
+    k_ready, k_empty, v_ready, v_empty = bars
+    NB: gl.constexpr = k_smem.shape[0]
+    dtype: gl.constexpr = k_smem.dtype
+    offs_c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    if up_p > lo_p:
+        n = _block_start(lo_p, f_lo, f_hi, MASKED)
+        slot = t % NB
+        mbarrier.wait(k_ready.index(slot), (t // NB) & 1)
+        fence_async_shared()
+        s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
+                          gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, exp_scale, n + offs_c, rows, seqlen_k, lo_shift,
+                                           hi_shift, MASKED)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        t += 1
+        for x in range(lo_p + BLOCK_N, up_p, BLOCK_N):
+            n = _block_start(x, f_lo, f_hi, MASKED)
+            slot = t % NB
+            pslot = (t - 1) % NB
+            mbarrier.wait(k_ready.index(slot), (t // NB) & 1)
+            mbarrier.wait(v_ready.index(pslot), ((t - 1) // NB) & 1)
+            fence_async_shared()
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)),
+                              gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(pslot), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s, ))
+            mbarrier.arrive(k_empty.index(slot), count=1)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, exp_scale, n + offs_c, rows, seqlen_k, lo_shift,
+                                               hi_shift, MASKED)
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(v_empty.index(pslot), count=1)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            t += 1
+        pslot = (t - 1) % NB
+        mbarrier.wait(v_ready.index(pslot), ((t - 1) // NB) & 1)
+        fence_async_shared()
+        acc = warpgroup_mma(p_op, v_smem.index(pslot), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(v_empty.index(pslot), count=1)
+    return m_i, l_i, acc, t
+
+
+@gluon.jit
+def _consumer(q_half, r0, k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_base, start_m, seqlen_q,
+              f_lo, f_hi, lo, hi, seqlen_k, lo_shift, hi_shift, exp_scale):
+    # One warpgroup: rows [half * HM, half * HM + HM) of the query block.
+    NW: gl.constexpr = gl.num_warps()
+    HM: gl.constexpr = q_half.shape[0]
+    BLOCK_D: gl.constexpr = q_half.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    dtype: gl.constexpr = q_half.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
+                                                       instr_shape=[16, BLOCK_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    rows = start_m + r0 + gl.arange(0, HM, layout=row_s)
+    m_i = gl.full([HM], float("-inf"), gl.float32, row_s)
+    l_i = gl.full([HM], 0.0, gl.float32, row_s)
+    acc = gl.zeros([HM, BLOCK_D], gl.float32, o_layout)
+    mbarrier.wait(q_bar, 0)
+    m_i, l_i, acc, t = _consume_range(q_half, k_smem, v_smem, bars, m_i, l_i, acc, f_lo * 0, f_lo, f_hi, f_lo,
+                                      f_hi, seqlen_k, rows, lo_shift, hi_shift, exp_scale, HM, BLOCK_N,
+                                      s_layout, o_layout, p_layout, False)
+    m_i, l_i, acc, t = _consume_range(q_half, k_smem, v_smem, bars, m_i, l_i, acc, t, lo, hi - (f_hi - f_lo),
+                                      f_lo, f_hi, seqlen_k, rows, lo_shift, hi_shift, exp_scale, HM, BLOCK_N,
+                                      s_layout, o_layout, p_layout, True)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * LN2)
+    acc = acc * gl.convert_layout(1.0 / l_safe, row_o)[:, None]
+    offs_om = r0 + gl.arange(0, HM, layout=row_o)
+    offs_od = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
+    gl.store(o_blk + (offs_om[:, None] * stride_om + offs_od[None, :]), acc.to(dtype),
+             mask=(offs_om < seqlen_q - start_m)[:, None] & (offs_od < BLOCK_D)[None, :])
+    gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
+
+
+@gluon.jit
+def _producer(q_smem, k_smem, v_smem, bars, q_bar, q_blk, stride_qm, start_m, seqlen_q, k_base, v_base,
+              stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k):
+    NW: gl.constexpr = gl.num_warps()
+    BLOCK_M: gl.constexpr = q_smem.shape[0]
+    BLOCK_D: gl.constexpr = q_smem.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    ld: gl.constexpr = _copy_layout(BLOCK_D, NW)
+    offs_qm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld))
+    offs_qd = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ld))
+    _copy_tile(q_smem, q_blk, stride_qm, 0, seqlen_q - start_m, offs_qm, offs_qd, True)
+    cp.mbarrier_arrive(q_bar, increment_count=False)
+    t = _produce_range(k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, f_lo, f_hi, f_lo, f_hi,
+                       seqlen_k, f_lo * 0, BLOCK_N, BLOCK_D, False)
+    _produce_range(k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, lo, hi - (f_hi - f_lo), f_lo, f_hi,
+                   seqlen_k, t, BLOCK_N, BLOCK_D, True)
+
+
+@gluon.jit
+def attn_fwd(
+    Q, K, V, BIAS, O, LSE, DMASK, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
+    stride_qz, stride_qh, stride_qm,
+    stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn,
+    stride_bz, stride_bh, stride_bm,
+    stride_oz, stride_oh, stride_om,
+    stride_lz, stride_lh,
+    batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, head_dim,
+    bottom_right, window_left, window_right, sm_scale, dropout_p, store_dmask,
+    ALIBI, stride_az, stride_ah, has_alibi, softcap,
+    BLOCK_D: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    PAD_HEAD: gl.constexpr,
+    HAS_BIAS: gl.constexpr,
+    ENABLE_DROPOUT: gl.constexpr,
+    UPCAST_DOT: gl.constexpr,
+):
+    gl.static_assert(not PAD_HEAD and not HAS_BIAS and not ENABLE_DROPOUT and not UPCAST_DOT,
+                     "the Gluon forward is the fast path only")
+    gl.static_assert(gl.num_warps() == 4 and BLOCK_M == 128,
+                     "two consumer warpgroups of 64 rows: BLOCK_M = 128, num_warps = 4")
+    dtype: gl.constexpr = Q.dtype.element_ty
+    gl.static_assert(dtype.primitive_bitwidth == 16, "fp16 / bf16 only")
+    sh_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_D * 2), element_bitwidth=16,
+                                                   rank=2)
+
+    start_m = gl.program_id(0) * BLOCK_M
+    off_zh = gl.program_id(1) + gl.program_id(2) * gl.num_programs(1)
+    off_z32 = off_zh // num_heads
+    off_h32 = off_zh % num_heads
+    off_z = off_z32.to(gl.int64)
+    off_h = off_h32.to(gl.int64)
+    off_hk = (off_h32 // gqa_group).to(gl.int64)
+
+    z_last = gl.minimum(off_z32, batch - 1)
+    is_varlen = varlen != 0
+    q_start = gl.load(CU_Q + z_last, mask=is_varlen, other=0)
+    k_start = gl.load(CU_K + z_last, mask=is_varlen, other=0)
+    seqlen_q = gl.where(is_varlen, gl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start, max_seqlen_q)
+    seqlen_k = gl.where(is_varlen, gl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start, max_seqlen_k)
+    causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    live = (off_z32 < batch) & (start_m < seqlen_q)
+    seqlen_q = gl.where(off_z32 < batch, seqlen_q, 0)
+    seqlen_k = gl.where(live, seqlen_k, 0)
+
+    m_off64 = (q_start + start_m).to(gl.int64)
+    q_blk = Q + off_z * stride_qz.to(gl.int64) + off_h * stride_qh.to(gl.int64) + m_off64 * stride_qm.to(gl.int64)
+    o_blk = O + off_z * stride_oz.to(gl.int64) + off_h * stride_oh.to(gl.int64) + m_off64 * stride_om.to(gl.int64)
+    k_base = K + off_z * stride_kz.to(gl.int64) + off_hk * stride_kh.to(gl.int64) \
+        + k_start.to(gl.int64) * stride_kn.to(gl.int64)
+    v_base = V + off_z * stride_vz.to(gl.int64) + off_hk * stride_vh.to(gl.int64) \
+        + k_start.to(gl.int64) * stride_vn.to(gl.int64)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], sh_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_N, BLOCK_D], sh_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_N, BLOCK_D], sh_layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(SLOTS):
+        mbarrier.init(k_ready.index(i), count=32 * PRODUCER_WARPS)
+        mbarrier.init(v_ready.index(i), count=32 * PRODUCER_WARPS)
+        mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
+        mbarrier.init(v_empty.index(i), count=2)
+    mbarrier.init(q_bar, count=32 * PRODUCER_WARPS)
+    bars = (k_ready, k_empty, v_ready, v_empty)
+
+    qk_scale = sm_scale * LOG2E
+    hi_shift = gl.where(window_right < 0, seqlen_k, causal_shift + window_right)
+    lo_shift = gl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
+    n_full = (seqlen_k // BLOCK_N) * BLOCK_N
+    lo = (gl.maximum(start_m + lo_shift, 0) // BLOCK_N) * BLOCK_N
+    hi = gl.maximum(gl.minimum(start_m + BLOCK_M + hi_shift, seqlen_k), lo)
+    f_lo = gl.minimum(gl.maximum(
+        ((gl.maximum(start_m + BLOCK_M - 1 + lo_shift, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
+    f_hi = gl.maximum(gl.minimum((gl.maximum(start_m + hi_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full), f_lo)
+    lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
+
+    cons_args = (k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_base, start_m, seqlen_q,
+                 f_lo, f_hi, lo, hi, seqlen_k, lo_shift, hi_shift, qk_scale)
+    HM: gl.constexpr = BLOCK_M // 2
+    # (worker partitions take no constexpr arguments: shapes come from the
+    # shared-memory descriptors, the row offset as a runtime scalar)
+    gl.warp_specialize([
+        (_consumer, (q_smem.slice(0, HM, dim=0), start_m * 0) + cons_args),
+        (_consumer, (q_smem.slice(HM, HM, dim=0), start_m * 0 + HM) + cons_args),
+        (_producer, (q_smem, k_smem, v_smem, bars, q_bar, q_blk, stride_qm, start_m, seqlen_q, k_base, v_base,
+                     stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k)),
+    ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])

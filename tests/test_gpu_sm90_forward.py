@@ -1,0 +1,109 @@
+"""The sm_90 Gluon forward (kernels/flash_attention_sm90.py) on the H100.
+
+The installed sm_90 archive ships it for the fast-path points (fp16/bf16,
+head dim 64/128, no bias or dropout) in the sequence-length buckets where the
+tuning file chose it. Each case first checks, from the archive's manifest,
+that the bucket of its length runs the Gluon kernel (so the case cannot pass
+on the Triton kernel by accident), then judges output, LSE and gradients
+against float32 math with PyTorch's tolerance model: causal and not, bottom-
+right diagonals with Sq != Sk (rows that see no key), GQA, sliding windows,
+ragged ends, variable-length batches. Skipped without a GPU or an installed
+sm_90 image."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import aotriton_rocm
+from aotriton_rocm import archive, device, images
+from support import attn_reference as ref
+from support.gpu import ours
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
+
+if not device.gpu_available():
+    pytest.skip("no GPU visible to torch", allow_module_level=True)
+if device.arch_of(torch.cuda.current_device()) != "sm_90" or "sm_90" not in images.find_archives():
+    pytest.skip("needs an sm_90 GPU and the installed sm_90 image", allow_module_level=True)
+
+GLUON = "function=flash_attention_sm90:attn_fwd"
+
+
+def _shipped_key(dtype: str, head_dim: int, seqlen: int) -> str:
+    """The attn_fwd variant the installed archive runs at this point and length."""
+    path = archive.manifest_path_for(images.find_archives()["sm_90"])
+    doc = json.loads(path.read_text())
+    point = {"dtype": dtype, "head_dim": head_dim, "pad_head": False, "has_bias": False,
+             "enable_dropout": False}
+    for choice in doc["manifest"]["tuning"]["choices"]:
+        if choice["kernel"] == "attn_fwd" and choice["functional"] == point:
+            return next(key for bound, key, *_ in choice["select"] if bound is None or seqlen <= bound)
+    raise AssertionError(f"the manifest has no attn_fwd choice for {point}")
+
+
+def _require_gluon(dtype, head_dim, seqlen):
+    key = _shipped_key({torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], head_dim, seqlen)
+    if GLUON not in key:
+        pytest.skip(f"the installed archive runs {key} here, not the Gluon forward")
+
+
+def _rand(*shape, dtype, seed):
+    gen = torch.Generator("cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+
+# (dtype, head_dim, batch, heads, kv heads, seqlen_q, seqlen_k, causal, window)
+CASES = [
+    (torch.float16, 128, 2, 4, 4, 1500, 1500, False, (-1, -1)),
+    (torch.bfloat16, 128, 2, 4, 4, 1500, 1500, True, (-1, -1)),
+    (torch.bfloat16, 128, 1, 8, 2, 1100, 2049, True, (-1, -1)),   # GQA, ragged K, shifted diagonal
+    (torch.float16, 128, 1, 4, 4, 2100, 1030, True, (-1, -1)),    # Sq > Sk: top rows see no key
+    (torch.bfloat16, 128, 2, 4, 4, 1536, 1536, False, (300, 40)),  # sliding window
+    (torch.float16, 128, 1, 4, 2, 4096, 4096, True, (-1, -1)),
+    (torch.bfloat16, 64, 2, 4, 4, 1500, 1500, True, (-1, -1)),
+    (torch.float16, 64, 1, 8, 8, 8192, 8192, False, (-1, -1)),
+]
+
+
+@pytest.mark.parametrize("dtype,d,b,h,hk,sq,sk,causal,window", CASES,
+                         ids=[f"{str(c[0])[6:]}-d{c[1]}-h{c[3]}:{c[4]}-{c[5]}x{c[6]}-"
+                              f"{'causal' if c[7] else 'full'}{'-win' if c[8] != (-1, -1) else ''}"
+                              for c in CASES])
+def test_gluon_forward_matches_math(dtype, d, b, h, hk, sq, sk, causal, window):
+    _require_gluon(dtype, d, sq)
+    # flash-attn's layout (batch, seqlen, heads, head_dim)
+    q, k, v, g = (_rand(b, s, n, d, dtype=dtype, seed=i)
+                  for i, (s, n) in enumerate(((sq, h), (sk, hk), (sk, hk), (sq, h))))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    aotriton_rocm.reset_launch_counts()
+    out, lse, _ = aotriton_rocm.flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                                return_attn_probs=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    assert ours("attn_fwd") == 1
+    bhsd = [t.detach().transpose(1, 2) for t in (q, k, v, g)]
+    ref.check_all({"out": out.transpose(1, 2), "lse": lse, "dq": dq.transpose(1, 2),
+                   "dk": dk.transpose(1, 2), "dv": dv.transpose(1, 2)},
+                  *bhsd, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gluon_forward_varlen(dtype):
+    lens_q, lens_k = [1300, 37, 2000], [1300, 1900, 1111]
+    _require_gluon(dtype, 128, max(lens_q))
+    h, d = 4, 128
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    q = _rand(sum(lens_q), h, d, dtype=dtype, seed=1)
+    k, v = (_rand(sum(lens_k), h, d, dtype=dtype, seed=s) for s in (2, 3))
+    aotriton_rocm.reset_launch_counts()
+    out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    assert ours("attn_fwd") == 1
+    for i in range(len(lens_q)):
+        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        one = [t[None].transpose(1, 2) for t in (q[qs], k[ks], v[ks])]
+        golden = ref.attention(*one, causal=True, dtype=torch.float32)
+        lp = ref.attention(*one, causal=True, dtype=dtype)
+        ref.check("out", out[qs][None].transpose(1, 2), golden["out"], lp["out"], dtype)
