@@ -157,6 +157,9 @@ def parse_amdgcn_stats(text: str) -> Dict[str, Any]:
     return stats
 
 
+_GLUON_COMPILED = False  # set by compile_task; see compile_variant
+
+
 def compile_task(task: CompileTask):
     """``triton.compile`` of one task: the compiled kernel (its ``asm`` holds
     the code object and, for AMD, the amdgcn text)."""
@@ -176,11 +179,8 @@ def compile_task(task: CompileTask):
     src = source(fn=fn, signature=dict(task.signature), constexprs=dict(task.constexprs),
                  attrs={(i,): [["tt.divisibility", 16]] for i in task.div_indices})
     kernel = triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
-    if gluon:
-        # Gluon's code generator leaves reference cycles through IR objects;
-        # uncollected, they make nanobind print a page of "leaked" warnings
-        # when the worker process exits.
-        gc.collect()
+    global _GLUON_COMPILED
+    _GLUON_COMPILED = _GLUON_COMPILED or gluon
     return kernel
 
 
@@ -214,6 +214,12 @@ def compile_variant(task: CompileTask) -> CompileOutput:
             raise
         tb = traceback.format_exc(limit=-6)
         out.error = f"{type(e).__name__}: {e}\n{tb}"
+    k = None
+    if _GLUON_COMPILED:
+        # Once a process has compiled Gluon, compiles leave reference cycles
+        # through IR objects; uncollected, they make nanobind print a page
+        # of "leaked" warnings when the worker process exits.
+        gc.collect()
     out.seconds = time.perf_counter() - t0
     return out
 
