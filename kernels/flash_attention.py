@@ -135,6 +135,49 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
 
 
 @triton.jit
+def query_program_sequence(CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, max_seqlen_k, varlen):
+    """The sequence of a program over query rows [start_m, start_m + BLOCK_M)
+    of batch entry ``off_z32``: rows [q_start, q_start + seqlen_q) of a packed
+    batch (varlen), or the dense tensors' own. Returns (z_last, q_start,
+    k_start, seqlen_q, seqlen_k, seqlen_k - seqlen_q). A program past the
+    batch (the grid is rounded up) or past its sequence's rows gets
+    seqlen_k = 0 (it sees no key: its loops are empty and its stores
+    masked); past the batch also seqlen_q = 0."""
+    z_last = tl.minimum(off_z32, batch - 1)
+    is_varlen = varlen != 0
+    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
+    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
+    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
+                        max_seqlen_q)
+    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
+                        max_seqlen_k)
+    diagonal = seqlen_k - seqlen_q
+    live = (off_z32 < batch) & (start_m < seqlen_q)
+    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
+    seqlen_k = tl.where(live, seqlen_k, 0)
+    return z_last, q_start, k_start, seqlen_q, seqlen_k, diagonal
+
+
+@triton.jit
+def key_block_ranges(start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks of a query block: row i sees columns [i + lo_shift,
+    i + hi_shift] (see the module docstring); blocks [lo, hi) hold every
+    column some row of the block sees, of them [f_lo, f_hi) are seen entirely
+    by every row (no mask). Returns (lo_shift, hi_shift, lo, hi, f_lo, f_hi)."""
+    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
+    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
+    n_full = (seqlen_k // BLOCK_N) * BLOCK_N
+    lo = (tl.maximum(start_m + lo_shift, 0) // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + hi_shift, seqlen_k), lo)
+    f_lo = tl.minimum(tl.maximum(
+        ((tl.maximum(start_m + BLOCK_M - 1 + lo_shift, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
+    f_hi = tl.maximum(tl.minimum((tl.maximum(start_m + hi_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full),
+                      f_lo)
+    return lo_shift, hi_shift, lo, hi, f_lo, f_hi
+
+
+@triton.jit
 def attn_fwd(
     Q, K, V, BIAS, O, LSE, DMASK, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
     stride_qz, stride_qh, stride_qm,
@@ -162,23 +205,10 @@ def attn_fwd(
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
 
-    # This program's sequence: rows [q_start, q_start + seqlen_q) of a packed
-    # batch (varlen), or the dense tensors' own.
-    z_last = tl.minimum(off_z32, batch - 1)
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
-    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
-                        max_seqlen_k)
-    causal_shift = bottom_right * (seqlen_k - seqlen_q)
-    alibi_shift = seqlen_k - seqlen_q  # ALiBi is bottom-right aligned, whatever the mask's alignment
-    # A program past the batch (the grid is rounded up) or past its
-    # sequence's rows sees no key: its loops are empty and its stores masked.
-    live = (off_z32 < batch) & (start_m < seqlen_q)
-    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
-    seqlen_k = tl.where(live, seqlen_k, 0)
+    z_last, q_start, k_start, seqlen_q, seqlen_k, diagonal = query_program_sequence(
+        CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, max_seqlen_k, varlen)
+    causal_shift = bottom_right * diagonal
+    alibi_shift = diagonal  # ALiBi is bottom-right aligned, whatever the mask's alignment
 
     # Scalar int64 base pointers (this head, this query block); the offsets
     # inside one block are small and stay int32.
@@ -240,18 +270,8 @@ def attn_fwd(
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, tl.float32)
 
-    # Row i sees columns [i + lo_shift, i + hi_shift] (see the module docstring).
-    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
-    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
-    n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    # Blocks [lo, hi) hold every column some row of this block sees; of them
-    # [f_lo, f_hi) are seen entirely by every row (no mask).
-    lo = (tl.maximum(start_m + lo_shift, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + hi_shift, seqlen_k), lo)
-    f_lo = tl.minimum(tl.maximum(
-        ((tl.maximum(start_m + BLOCK_M - 1 + lo_shift, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
-    f_hi = tl.maximum(tl.minimum((tl.maximum(start_m + hi_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full),
-                      f_lo)
+    lo_shift, hi_shift, lo, hi, f_lo, f_hi = key_block_ranges(
+        start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
 
     for phase in tl.static_range(2):
         if phase == 0:

@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .flash_attention import LN2, LOG2E
+from .flash_attention import LN2, LOG2E, key_block_ranges, query_program_sequence
 
 # cp.async into shared memory: async_load from triton 3.9, the older name before
 ASYNC_LOAD = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
@@ -270,16 +270,9 @@ def attn_fwd(
     off_h = off_h32.to(gl.int64)
     off_hk = (off_h32 // gqa_group).to(gl.int64)
 
-    z_last = gl.minimum(off_z32, batch - 1)
-    is_varlen = varlen != 0
-    q_start = gl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    k_start = gl.load(CU_K + z_last, mask=is_varlen, other=0)
-    seqlen_q = gl.where(is_varlen, gl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start, max_seqlen_q)
-    seqlen_k = gl.where(is_varlen, gl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start, max_seqlen_k)
-    causal_shift = bottom_right * (seqlen_k - seqlen_q)
-    live = (off_z32 < batch) & (start_m < seqlen_q)
-    seqlen_q = gl.where(off_z32 < batch, seqlen_q, 0)
-    seqlen_k = gl.where(live, seqlen_k, 0)
+    _, q_start, k_start, seqlen_q, seqlen_k, diagonal = query_program_sequence(
+        CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, max_seqlen_k, varlen)
+    causal_shift = bottom_right * diagonal
 
     m_off64 = (q_start + start_m).to(gl.int64)
     q_blk = Q + off_z * stride_qz.to(gl.int64) + off_h * stride_qh.to(gl.int64) + m_off64 * stride_qm.to(gl.int64)
@@ -306,14 +299,8 @@ def attn_fwd(
     bars = (k_ready, k_empty, v_ready, v_empty)
 
     qk_scale = sm_scale * LOG2E
-    hi_shift = gl.where(window_right < 0, seqlen_k, causal_shift + window_right)
-    lo_shift = gl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
-    n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    lo = (gl.maximum(start_m + lo_shift, 0) // BLOCK_N) * BLOCK_N
-    hi = gl.maximum(gl.minimum(start_m + BLOCK_M + hi_shift, seqlen_k), lo)
-    f_lo = gl.minimum(gl.maximum(
-        ((gl.maximum(start_m + BLOCK_M - 1 + lo_shift, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
-    f_hi = gl.maximum(gl.minimum((gl.maximum(start_m + hi_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full), f_lo)
+    lo_shift, hi_shift, lo, hi, f_lo, f_hi = key_block_ranges(
+        start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
     lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
 
     cons_args = (k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_base, start_m, seqlen_q,

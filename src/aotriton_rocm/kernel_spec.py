@@ -132,11 +132,6 @@ class KernelSpec:
     # Values of constexprs that a config may set and most leave alone.
     constexpr_defaults: Tuple[Tuple[str, Any], ...] = ()
 
-    @property
-    def source_path_parts(self) -> Tuple[str, ...]:
-        parts = self.module.split(".")
-        return tuple(parts[:-1]) + (parts[-1] + ".py",)
-
     def functional_combinations(self) -> List[Dict[str, Any]]:
         names = [n for n, _ in self.functional]
         combos = [dict(zip(names, vals)) for vals in itertools.product(*(v for _, v in self.functional))]

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from .build_plan import BuildError, BuildPlan
 from .cache import CompileCache
-from .compile import CompileOutput, CompileTask, compile_variant, scrubbed_env_names, worker_init
+from .compile import CompileOutput, CompileTask, compile_variant, pool_worker_init, scrubbed_env_names, worker_init
 from .dask_executor import EXECUTORS, ExecutorError
 from .progress import Progress
 
@@ -109,7 +109,7 @@ def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache
     no_torch = os.environ.get("AOTRITON_ROCM_NO_TORCH")
     os.environ["AOTRITON_ROCM_NO_TORCH"] = "1"
     pool = cf.ProcessPoolExecutor(max_workers=min(n_jobs, len(misses)), mp_context=ctx,
-                                  initializer=worker_init, initargs=(triton_cache,), **fresh)
+                                  initializer=pool_worker_init, initargs=(triton_cache,), **fresh)
     try:
         futs = {pool.submit(compile_variant, t): t for t in misses}
         for fut in cf.as_completed(futs):

@@ -7,7 +7,7 @@ static (metadata + the amdgcn text).
 """
 from __future__ import annotations
 
-import gc
+import atexit
 import hashlib
 import importlib
 import importlib.util
@@ -99,6 +99,20 @@ def worker_init(triton_cache_dir: str) -> None:
     os.environ.update(COMPILE_ENV)
 
 
+def discard_stderr_at_exit() -> None:
+    """Close this process's stderr once it shuts down. Compiling Gluon leaks
+    objects inside triton's bindings (not ours to free), and nanobind lists
+    them on stderr, a page per process, at shutdown."""
+    def discard():
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    atexit.register(discard)
+
+
+def pool_worker_init(triton_cache_dir: str) -> None:
+    """:func:`worker_init` for a compile pool's worker process, whose results
+    and errors have gone back to the parent by the time it exits."""
+    worker_init(triton_cache_dir)
+    discard_stderr_at_exit()
 
 
 def _kernels_package(kernels_dir: str) -> str:
@@ -157,9 +171,6 @@ def parse_amdgcn_stats(text: str) -> Dict[str, Any]:
     return stats
 
 
-_GLUON_COMPILED = False  # set by compile_task; see compile_variant
-
-
 def compile_task(task: CompileTask):
     """``triton.compile`` of one task: the compiled kernel (its ``asm`` holds
     the code object and, for AMD, the amdgcn text)."""
@@ -178,10 +189,7 @@ def compile_task(task: CompileTask):
         from triton.experimental.gluon._runtime import GluonASTSource as source
     src = source(fn=fn, signature=dict(task.signature), constexprs=dict(task.constexprs),
                  attrs={(i,): [["tt.divisibility", 16]] for i in task.div_indices})
-    kernel = triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
-    global _GLUON_COMPILED
-    _GLUON_COMPILED = _GLUON_COMPILED or gluon
-    return kernel
+    return triton.compile(src, target=GPUTarget(*task.target), options=dict(task.options))
 
 
 def compile_variant(task: CompileTask) -> CompileOutput:
@@ -214,12 +222,6 @@ def compile_variant(task: CompileTask) -> CompileOutput:
             raise
         tb = traceback.format_exc(limit=-6)
         out.error = f"{type(e).__name__}: {e}\n{tb}"
-    k = None
-    if _GLUON_COMPILED:
-        # Once a process has compiled Gluon, compiles leave reference cycles
-        # through IR objects; uncollected, they make nanobind print a page
-        # of "leaked" warnings when the worker process exits.
-        gc.collect()
     out.seconds = time.perf_counter() - t0
     return out
 
