@@ -681,19 +681,10 @@ def attn_bwd_dq(
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
 
-    z_last = tl.minimum(off_z32, batch - 1)
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
-    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
-                        max_seqlen_k)
-    causal_shift = bottom_right * (seqlen_k - seqlen_q)
-    alibi_shift = seqlen_k - seqlen_q
-    live = (off_z32 < batch) & (start_m < seqlen_q)
-    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
-    seqlen_k = tl.where(live, seqlen_k, 0)
+    z_last, q_start, k_start, seqlen_q, seqlen_k, diagonal = query_program_sequence(
+        CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, max_seqlen_k, varlen)
+    causal_shift = bottom_right * diagonal
+    alibi_shift = diagonal
 
     # Scalar int64 base pointers; offsets inside one block stay int32.
     m_off64 = tl.cast(q_start + start_m, tl.int64)
@@ -751,18 +742,8 @@ def attn_bwd_dq(
     # Masking the padded key columns matters here: with K = 0 there, P =
     # exp(-lse) can overflow and inf * 0 would poison dQ. Rows that see no
     # key have LSE = +inf, so their P is 0.
-    # Row i sees columns [i + lo_shift, i + hi_shift] (see the module docstring).
-    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
-    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
-    n_full = (seqlen_k // BLOCK_N) * BLOCK_N
-    # Blocks [lo, hi) hold every column some row of this block sees; of them
-    # [f_lo, f_hi) are seen entirely by every row (no mask).
-    lo = (tl.maximum(start_m + lo_shift, 0) // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(tl.minimum(start_m + BLOCK_M + hi_shift, seqlen_k), lo)
-    f_lo = tl.minimum(tl.maximum(
-        ((tl.maximum(start_m + BLOCK_M - 1 + lo_shift, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N, lo), hi)
-    f_hi = tl.maximum(tl.minimum((tl.maximum(start_m + hi_shift + 1, 0) // BLOCK_N) * BLOCK_N, n_full),
-                      f_lo)
+    lo_shift, hi_shift, lo, hi, f_lo, f_hi = key_block_ranges(
+        start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
 
     for phase in tl.static_range(2):
         if phase == 0:

@@ -12,8 +12,6 @@ sm_90 image."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -34,11 +32,10 @@ GLUON = "function=flash_attention_sm90:attn_fwd"
 
 def _shipped_key(dtype: str, head_dim: int, seqlen: int) -> str:
     """The attn_fwd variant the installed archive runs at this point and length."""
-    path = archive.manifest_path_for(images.find_archives()["sm_90"])
-    doc = json.loads(path.read_text())
+    choices = archive.Archive.open(images.find_archives()["sm_90"]).manifest["tuning"]["choices"]
     point = {"dtype": dtype, "head_dim": head_dim, "pad_head": False, "has_bias": False,
              "enable_dropout": False}
-    for choice in doc["manifest"]["tuning"]["choices"]:
+    for choice in choices:
         if choice["kernel"] == "attn_fwd" and choice["functional"] == point:
             return next(key for bound, key, *_ in choice["select"] if bound is None or seqlen <= bound)
     raise AssertionError(f"the manifest has no attn_fwd choice for {point}")

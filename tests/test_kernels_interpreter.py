@@ -29,17 +29,12 @@ Shapes are kept small (the interpreter is slow); seqlens are not multiples of
 the block sizes, and most cases use (B, S, H, D)-strided views.
 """
 
-import importlib
-import importlib.util
 import math
 import pathlib
-import sys
-import types
 
 from support import attn_reference
 import pytest
 import torch
-import triton
 
 KERNEL_DIR = pathlib.Path(__file__).resolve().parents[1] / "kernels"
 
@@ -48,15 +43,9 @@ def _load_module():
     """kernels/flash_attention.py of this checkout, imported as a module of a
     package (it imports its helpers relatively) with the interpret knob set:
     every @triton.jit function is then an InterpretedFunction."""
-    name = "aotriton_rocm_kernels_under_test"
-    pkg = types.ModuleType(name)
-    pkg.__path__ = [str(KERNEL_DIR)]
-    pkg.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-    pkg.__spec__.submodule_search_locations = [str(KERNEL_DIR)]
-    sys.modules[name] = pkg
-    with triton.knobs.runtime.scope():
-        triton.knobs.runtime.interpret = True
-        return importlib.import_module(f"{name}.flash_attention")
+    from aotriton_rocm.kernel_spec import import_interpreted, kernels_package
+
+    return import_interpreted(kernels_package("aotriton_rocm_kernels_under_test", KERNEL_DIR), "flash_attention")
 
 
 def _load_spec():

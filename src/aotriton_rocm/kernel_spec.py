@@ -103,6 +103,11 @@ class ConfigSpec:
     # Other functional values the config is limited to: ((name, (values...)), ...).
     when: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()
 
+    @property
+    def function(self) -> Optional[str]:
+        """The "module:function" this config compiles instead of its kernel's, if any."""
+        return dict(self.values).get(CONFIG_FUNCTION_KEY)
+
     def matches(self, arch: ArchSpec, functional: Dict[str, Any]) -> bool:
         # An arch matches by name, family or a named arch set it belongs to
         # (ci/targets.toml [arch_sets], e.g. "rdna3"; ArchSpec.sets).
@@ -223,8 +228,7 @@ class VariantSpec:
         params_of: Dict[str, List[str]] = {}
         for ks in self.kernels.values():
             params_of[ks.name] = self._check_function(ks, ks.module, ks.function)
-            for module, function in sorted({_split_function(str(dict(c.values)[CONFIG_FUNCTION_KEY]), "")
-                                             for c in ks.configs if CONFIG_FUNCTION_KEY in dict(c.values)}):
+            for module, function in sorted({_split_function(c.function, "") for c in ks.configs if c.function}):
                 params = self._check_function(ks, module, function)
                 if params != params_of[ks.name]:
                     raise VariantSpecError(
@@ -503,27 +507,30 @@ def _interpreted_package() -> str:
     return kernels_package(_INTERPRETED_PACKAGE, kernels_dir())
 
 
-def interpreted_function(kernel: KernelSpec):
-    """A kernel as Triton's interpreter runs it (imports triton).
-
-    The installed kernel sources are imported a second time, into a private
-    package, with ``triton.knobs.runtime.interpret`` set (what
-    ``TRITON_INTERPRET=1`` does at import time): every ``@triton.jit``
-    function there, the kernel and the helpers it calls alike, is then an
-    ``InterpretedFunction``, so nested calls work. The installed package
-    (:func:`jit_function`, the compilers) keeps its JIT functions.
-    """
+def import_interpreted(package: str, module: str):
+    """``package.module`` (a :func:`kernels_package`) imported with
+    ``triton.knobs.runtime.interpret`` set (what ``TRITON_INTERPRET=1`` does
+    at import time): every ``@triton.jit`` function there, the kernels and
+    the helpers they call alike, is then an ``InterpretedFunction``, so
+    nested calls work. Imported once per process; imports triton."""
     import triton
-    # Gluon's language wraps triton.language.math functions when it is first
-    # imported; the interpreter patches those for good during nested calls.
-    # Importing Gluon first keeps a later Gluon compile in this process (the
-    # sm_90 forward) on the real functions.
+    # Gluon's language wraps triton.language functions when it is first
+    # imported, and the interpreter swaps those for its own for good during
+    # nested calls: Gluon is imported first so that a Gluon compile later in
+    # this process (the sm_90 forward) still gets the real ones.
     import triton.experimental.gluon.language  # noqa: F401
 
-    name = f"{_interpreted_package()}.{kernel.module}"
-    module = sys.modules.get(name)
-    if module is None:
+    name = f"{package}.{module}"
+    if name not in sys.modules:
         with triton.knobs.runtime.scope():
             triton.knobs.runtime.interpret = True
-            module = importlib.import_module(name)
-    return getattr(module, kernel.function)
+            importlib.import_module(name)
+    return sys.modules[name]
+
+
+def interpreted_function(kernel: KernelSpec):
+    """A kernel as Triton's interpreter runs it: the installed kernel sources
+    imported a second time, into a private package, by
+    :func:`import_interpreted`. The installed package (:func:`jit_function`,
+    the compilers) keeps its JIT functions."""
+    return getattr(import_interpreted(_interpreted_package(), kernel.module), kernel.function)
