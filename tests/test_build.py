@@ -131,19 +131,26 @@ def test_validation_rules():
     assert shared_memory_finding(bad, "sm_90", 65536) == "uses 70000 bytes of shared memory, sm_90 has 65536"
     assert shared_memory_finding(ok, "sm_90", 65536) is None
     assert validate_output(dict(ok, triton_version="3.8.0"), b"\x7fELF", **kw)
+    # CUDA: the runtime allocates global scratch per launch (256-byte aligned)
+    cuda = dict(backend="cuda", arch="sm_90", triton_version=TRITON_VERSION)
+    scratch = dict(ok, global_scratch_size=384, global_scratch_align=128)
+    assert validate_output(scratch, b"\x7fELF", **cuda) == []
+    assert "aligned to 1024" in "".join(validate_output(dict(scratch, global_scratch_align=1024), b"\x7fELF", **cuda))
+    assert "global scratch" in "".join(validate_output(scratch, b"\x7fELF", **kw))
 
 
-def test_global_scratch_fails_the_build(built, toy_root, tmp_path, monkeypatch):
+def test_global_scratch_the_launcher_cannot_align_fails_the_build(built, toy_root, tmp_path, monkeypatch):
     out = tmp_path / "out"
     shutil.copytree(built[0] / "cache", out / "cache")
     real_get = B.CompileCache.get
 
     def get(self, key):
         hit = real_get(self, key)
-        return None if hit is None else (dict(hit[0], global_scratch_size=256), hit[1])
+        return None if hit is None else (dict(hit[0], global_scratch_size=256, global_scratch_align=512),
+                                         hit[1])
 
     monkeypatch.setattr(B.CompileCache, "get", get)
-    with pytest.raises(B.BuildError, match=r"sm_90 scale_add\|dtype=fp16.*global scratch"):
+    with pytest.raises(B.BuildError, match=r"sm_90 scale_add\|dtype=fp16.*global scratch aligned to 512"):
         B.build("6.4", ["sm_90"], out, source_root=toy_root, jobs=1, progress=False)
     assert not (out / "archives" / "sm_90.aotr").exists()
 

@@ -220,6 +220,9 @@ static aotr_status parse_record(aotr_archive *a, size_t index, const aotr_json *
     if (!get_int(j, "shared", 0, UINT32_MAX, &v))
         return BAD("shared is missing or out of range");
     r->shared = (uint32_t)v;
+    if (!get_int(j, "global_scratch_size", 0, UINT32_MAX, &v))
+        return BAD("global_scratch_size is missing or out of range");
+    r->global_scratch_size = (uint32_t)v;
 
     const aotr_json *args = aotr_json_get(j, "args");
     if (args == NULL || args->type != AOTR_JSON_ARRAY)

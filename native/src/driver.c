@@ -105,6 +105,9 @@ struct cuda_api {
     drv_result (*FuncSetAttribute)(drv_handle, int, int);
     drv_result (*LaunchKernel)(drv_handle, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, drv_handle, void **, void **);
+    /* Optional (CUDA 11.2+): only kernels that need global scratch use them. */
+    drv_result (*MemAllocAsync)(uint64_t *, size_t, drv_handle);
+    drv_result (*MemFreeAsync)(uint64_t, drv_handle);
 };
 
 struct hip_api {
@@ -132,6 +135,7 @@ struct symbol {
 };
 
 #define CU(field, name) {name, offsetof(struct cuda_api, field), 0}
+#define CU_OPTIONAL(field, name) {name, offsetof(struct cuda_api, field), 1}
 static const struct symbol cuda_symbols[] = {
     CU(Init, "cuInit"),
     CU(GetErrorName, "cuGetErrorName"),
@@ -149,8 +153,11 @@ static const struct symbol cuda_symbols[] = {
     CU(ModuleGetFunction, "cuModuleGetFunction"),
     CU(FuncSetAttribute, "cuFuncSetAttribute"),
     CU(LaunchKernel, "cuLaunchKernel"),
+    CU_OPTIONAL(MemAllocAsync, "cuMemAllocAsync"),
+    CU_OPTIONAL(MemFreeAsync, "cuMemFreeAsync"),
 };
 #undef CU
+#undef CU_OPTIONAL
 
 #define HIP(field, name, optional) {name, offsetof(struct hip_api, field), optional}
 static const struct symbol hip_symbols[] = {
@@ -872,6 +879,45 @@ aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
         return launch_failed(d, device, "hipModuleLaunchKernel", rc, grid, block_x, shared,
                              stream, args_size);
     }
+}
+
+/* --------------------------------------------------------------- scratch */
+
+aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes,
+                                      void *stream, uint64_t *ptr)
+{
+    drv_result rc;
+    *ptr = 0;
+    if (d->backend != AOTR_BACKEND_CUDA)
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "a kernel of this image needs %zu bytes of global scratch, which the "
+                         "HIP path does not allocate: rebuild the image with this release's "
+                         "aotriton-rocm (its build refuses such kernels for AMD archs)",
+                         bytes);
+    if (!d->cu.MemAllocAsync || !d->cu.MemFreeAsync)
+        return aotr_fail(AOTR_DRIVER_UNAVAILABLE,
+                         "%s has no cuMemAllocAsync, which this kernel's global scratch needs: "
+                         "update the NVIDIA driver (CUDA 11.2 or newer)",
+                         d->library);
+    rc = d->cu.MemAllocAsync(ptr, bytes, stream);
+    if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device))
+        rc = d->cu.MemAllocAsync(ptr, bytes, stream);
+    if (rc == CUDA_SUCCESS)
+        return AOTR_OK;
+    *ptr = 0;
+    {
+        char context[128];
+        snprintf(context, sizeof context, "%zu bytes of global scratch, stream %p, device %d",
+                 bytes, stream, (int)device);
+        return driver_error(d, AOTR_DRIVER_ERROR, "cuMemAllocAsync", rc, NULL, context);
+    }
+}
+
+void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream)
+{
+    /* stream-ordered: the memory returns to the pool after the launch runs */
+    if (ptr && d->backend == AOTR_BACKEND_CUDA)
+        (void)d->cu.MemFreeAsync(ptr, stream);
 }
 
 /* ----------------------------------------------------------------- close */

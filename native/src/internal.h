@@ -97,6 +97,7 @@ typedef struct aotr_kernel_record {
     int32_t block_m, block_n;
     int32_t num_warps, num_stages, warp_size;
     uint32_t shared;
+    uint32_t global_scratch_size; /* bytes per program, allocated per launch */
     size_t num_args;      /* includes the trailing global/profile scratch pointers */
     const aotr_kernel_arg *args;
     size_t num_divisible;
@@ -144,6 +145,11 @@ AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void 
                                            const uint32_t grid[3], uint32_t block_x,
                                            uint32_t shared, void *stream, void *args,
                                            size_t args_size);
+/* Global scratch of one launch, allocated and freed in the order of `stream`
+ * (CUDA's cuMemAllocAsync / cuMemFreeAsync; the HIP path has none). */
+AOTR_HIDDEN aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes,
+                                                  void *stream, uint64_t *ptr);
+AOTR_HIDDEN void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream);
 
 #endif /* AOTR_INTERNAL_H */
 

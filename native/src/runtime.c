@@ -287,7 +287,8 @@ static aotr_status bind_arguments(aotr_launchable *k, int kernel_id)
         const aotr_kernel_arg *a = &r->args[i];
         int slot = -1;
         if (i + 2 >= r->num_args) {
-            /* the trailing global and profile scratch pointers (NULL) */
+            /* the trailing global and profile scratch pointers (NULL, or
+             * the launch's global scratch: aotr_device_launch) */
             if (a->kind != AOTR_ARG_POINTER)
                 snprintf(why, sizeof why, "trailing argument %s is not a pointer", a->name);
         } else {
@@ -667,8 +668,25 @@ aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_la
     }
     const aotr_kernel_record *r = k->record;
     uint32_t block_x = (uint32_t)(r->num_warps * r->warp_size);
-    aotr_status st = aotr_driver_launch(dev->driver, dev->index, function, grid, block_x,
-                                        r->shared, stream, buffer, k->args_size);
+    uint64_t scratch = 0;
+    aotr_status st = AOTR_OK;
+    if (r->global_scratch_size && grid[0] && grid[1] && grid[2]) {
+        /* per program, the kernel indexes it by its linear program id */
+        uint64_t programs = (uint64_t)grid[0] * grid[1] * grid[2];
+        if (programs > SIZE_MAX / r->global_scratch_size)
+            return aotr_fail(AOTR_INVALID_ARGUMENT, "%s (%s): %llu programs of %u bytes of "
+                             "global scratch overflow size_t", r->kernel, r->key,
+                             (unsigned long long)programs, (unsigned)r->global_scratch_size);
+        st = aotr_driver_scratch_alloc(dev->driver, dev->index,
+                                       (size_t)programs * r->global_scratch_size, stream,
+                                       &scratch);
+        if (st != AOTR_OK)
+            return aotr_fail_prefix(st, "%s (%s)", r->kernel, r->key);
+        memcpy(buffer + k->offsets[k->num_args - 2], &scratch, sizeof scratch);
+    }
+    st = aotr_driver_launch(dev->driver, dev->index, function, grid, block_x, r->shared,
+                            stream, buffer, k->args_size);
+    aotr_driver_scratch_free(dev->driver, scratch, stream);
     if (st != AOTR_OK)
         return aotr_fail_prefix(st, "%s (%s)", r->kernel, r->key);
     int kid = kernel_id_of(r->kernel);

@@ -20,6 +20,8 @@
  * - Launches must pass kernelParams = NULL and the argument buffer through
  *   `extra` (CUDA: pairs ended by 0; HIP: ended by 3); else 1 (invalid value).
  * - Dynamic shared memory above 48 KiB needs cuFuncSetAttribute (CUDA).
+ * - cuMemAllocAsync / cuMemFreeAsync hand out host memory and count the
+ *   live allocations (aotr_stub_scratch).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -56,6 +58,8 @@ STUB_API stub_result cuFuncSetAttribute(void *function, int attribute, int value
 STUB_API stub_result cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned shared,
                                     void *stream, void **kernel_params, void **extra);
+STUB_API stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream);
+STUB_API stub_result cuMemFreeAsync(unsigned long long ptr, void *stream);
 
 STUB_API stub_result hipInit(unsigned flags);
 STUB_API const char *hipGetErrorName(stub_result error);
@@ -73,6 +77,7 @@ STUB_API stub_result hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, un
                                            void **kernel_params, void **extra);
 
 STUB_API int aotr_stub_launch_count(void);
+STUB_API int aotr_stub_scratch(size_t *last_bytes, void **last_stream);
 STUB_API int aotr_stub_launch_info(int i, char *symbol, size_t cap, unsigned grid[3],
                                    unsigned *block_x, unsigned *shared, void **stream,
                                    size_t *args_size);
@@ -716,6 +721,60 @@ stub_result cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsig
         return rc;
     return record_launch(CUDA, f, gx, gy, gz, bx, by, bz, shared, stream, kernel_params,
                          extra);
+}
+
+/* Stream-ordered allocations (cuMemAllocAsync): host memory here, counted
+ * so that tests see every allocation freed. */
+static int scratch_live;
+static size_t scratch_last_bytes;
+static void *scratch_last_stream;
+
+stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemAllocAsync");
+    void *p;
+    if (rc)
+        return rc;
+    if (!ptr || bytes == 0)
+        return 1;
+    if (!(p = malloc(bytes)))
+        return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+    pthread_mutex_lock(&lock);
+    scratch_live++;
+    scratch_last_bytes = bytes;
+    scratch_last_stream = stream;
+    pthread_mutex_unlock(&lock);
+    *ptr = (unsigned long long)(uintptr_t)p;
+    return 0;
+}
+
+stub_result cuMemFreeAsync(unsigned long long ptr, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemFreeAsync");
+    (void)stream;
+    if (rc)
+        return rc;
+    if (!ptr)
+        return 1;
+    free((void *)(uintptr_t)ptr);
+    pthread_mutex_lock(&lock);
+    scratch_live--;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+/* Live scratch allocations; the size and stream of the last one. */
+int aotr_stub_scratch(size_t *last_bytes, void **last_stream)
+{
+    int n;
+    pthread_mutex_lock(&lock);
+    n = scratch_live;
+    if (last_bytes)
+        *last_bytes = scratch_last_bytes;
+    if (last_stream)
+        *last_stream = scratch_last_stream;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 /* -------------------------------------------------------------------- HIP */

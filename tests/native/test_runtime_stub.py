@@ -166,6 +166,37 @@ def test_seqlen_buckets_follow_the_tuning_runs(stub, tmp_path):
     assert sum(loads) == 4 + 2  # each chosen record loaded once
 
 
+def test_global_scratch_is_allocated_per_launch(stub, tmp_path):
+    """A kernel that declares global scratch (the sm_90 forward builds its TMA
+    descriptors there) gets size x programs bytes, allocated and freed in the
+    launch's stream order; kernels without get NULL."""
+    stub_path, lib = stub
+    v = next(v for v in _variants() if v.kernel == "attn_fwd" and not v.functional.get("has_bias")
+             and not v.functional["pad_head"])
+    rec = dataclasses.replace(_record(v, "tma"), global_scratch_size=384)
+    archive = tmp_path / "sm_90.aotr"
+    write_archive(archive, MANIFEST, [(rec, _image(rec.symbol))])
+    rt = _runtime(stub_path, archive)
+    q = _padded(2, 3, 300, 64)
+    assert _fwd(rt, q, q, q, _padded(2, 3, 300, 64), torch.empty(2, 3, 300), scale=1.0) == native.OK
+    (sym, grid, _, _, raw), = _launches(lib)
+    programs = grid[0] * grid[1] * grid[2]
+    assert programs == -(-300 // rec.config["BLOCK_M"]) * 6
+    last_bytes, last_stream = ctypes.c_size_t(), ctypes.c_void_p()
+    assert lib.aotr_stub_scratch(ctypes.byref(last_bytes), ctypes.byref(last_stream)) == 0  # freed
+    assert last_bytes.value == 384 * programs and last_stream.value == 0x5000
+    assert lib.aotr_stub_calls(b"cuMemAllocAsync") == lib.aotr_stub_calls(b"cuMemFreeAsync") == 1
+    args = _decode(rec.args, raw)
+    assert args["global_scratch"] != 0 and args["profile_scratch"] == 0
+
+    # a failed allocation launches nothing and says which kernel needed it
+    lib.aotr_stub_fail_next(b"cuMemAllocAsync", 2)  # CUDA_ERROR_OUT_OF_MEMORY
+    assert _fwd(rt, q, q, q, _padded(2, 3, 300, 64), torch.empty(2, 3, 300), scale=1.0) == 8  # AOTR_DRIVER_ERROR
+    err = native.library().aotr_last_error().decode()
+    assert "cuMemAllocAsync failed" in err and "attn_fwd" in err and "global scratch" in err
+    assert lib.aotr_stub_launch_count() == 1 and lib.aotr_stub_scratch(None, None) == 0
+
+
 def test_archive_without_tuning_uses_the_first_record(stub, tmp_path):
     stub_path, lib = stub
     v = next(v for v in _variants() if v.kernel == "attn_fwd" and not v.functional.get("has_bias")

@@ -40,6 +40,8 @@ __all__ = [
 # sources in two checkouts (or on two build machines) gave different bytes.
 COMPILE_ENV = {"TRITON_DEFAULT_FP_FUSION": "1", "TRITON_DISABLE_LINE_INFO": "1"}
 ELF_MAGIC = b"\x7fELF"
+# cuMemAllocAsync (the runtime's global scratch, per launch) returns at least this alignment
+SCRATCH_ALIGN = 256
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,7 @@ def compile_variant(task: CompileTask) -> CompileOutput:
             "warp_size": int(md.warp_size),
             "shared": int(md.shared),
             "global_scratch_size": int(md.global_scratch_size),
+            "global_scratch_align": int(md.global_scratch_align),
             "profile_scratch_size": int(md.profile_scratch_size),
             "triton_version": str(md.triton_version),
             "triton_hash": str(md.hash),
@@ -236,9 +239,14 @@ def validate_output(meta: Dict[str, Any], code: bytes, *, backend: str, arch: st
     problems = []
     if not code or not code.startswith(ELF_MAGIC):
         problems.append("code object is not an ELF file")
-    if meta.get("global_scratch_size", 0) > 0:
-        problems.append(f"needs {meta['global_scratch_size']} bytes of global scratch "
-                        f"(the launcher passes none); change the config")
+    scratch = meta.get("global_scratch_size", 0)
+    if scratch > 0 and backend == "hip":
+        problems.append(f"needs {scratch} bytes of global scratch (the HIP launcher passes "
+                        f"none); change the config")
+    elif scratch > 0 and not 0 < meta.get("global_scratch_align", 0) <= SCRATCH_ALIGN:
+        problems.append(f"needs global scratch aligned to {meta.get('global_scratch_align')} "
+                        f"bytes (the launcher's allocations guarantee {SCRATCH_ALIGN}); "
+                        f"change the config")
     if meta.get("triton_version") != triton_version:
         problems.append(f"compiled by triton {meta.get('triton_version')}, expected {triton_version}")
     stats = meta.get("stats") or {}

@@ -38,10 +38,22 @@ class Launcher:
         self.run(grid, args)
 
 
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # torch's caching allocator: stream-ordered, 512-byte aligned, and inside
+    # a CUDA-graph capture taken from the graph's pool
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def compiled_launcher(v: Variant, kernel, params: List[str]) -> Launcher:
     """``kernel``: triton's CompiledKernel of ``v`` (compile.compile_task);
     ``params``: the function's parameters in order (constexprs included, as
-    the compiled launcher takes them)."""
+    the compiled launcher takes them). Kernels with global scratch (the sm_90
+    forward's TMA descriptors) get it from torch, as the runtime gives it
+    from the driver's stream-ordered pool."""
+    import triton
+
+    triton.set_allocator(_scratch)
+
     def run(grid, args):
         kernel[grid](*[args[p] if p in args else v.constexprs[p] for p in params])
     return Launcher(v, run)
