@@ -15,9 +15,12 @@ barrier between the steps (docs/BUILD.md, "Speed limits"). Here, per CTA of
 128 query rows:
 
 * one producer warpgroup (``_producer``) copies Q once and then K and V
-  blocks with ``cp.async`` into two-slot rings, signalling each slot's
-  ``ready`` mbarrier when its bytes land and waiting on its ``empty``
-  mbarrier before refilling it;
+  blocks with TMA into two-slot rings (one thread issues each copy; the
+  copy engine signals the slot's ``ready`` mbarrier when its bytes land),
+  waiting on a slot's ``empty`` mbarrier before refilling it. The tensor
+  descriptors are built on the device, per sequence (base, rows, row
+  stride), so TMA zero-fills the rows past a sequence's end; they live in
+  the launch's global scratch, which the runtime allocates;
 * two consumer warpgroups (``_consumer``), 64 query rows each, run the
   online softmax with no CTA-wide barrier between them. In every iteration
   a warpgroup issues S = Q K_j^T and O += P_{j-1} V_{j-1} as asynchronous
@@ -36,38 +39,27 @@ runs 12 warps, which the compiled metadata records and the runtime launches.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
 from .flash_attention import LN2, LOG2E, key_block_ranges, query_program_sequence
 
-# cp.async into shared memory: async_load from triton 3.9, the older name before
-ASYNC_LOAD = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+# TMA copy into shared memory: async_load from triton 3.9, the older name before
+TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 SLOTS = gl.constexpr(2)  # ring depth of K and of V (2 x 2 x 32 KiB + Q at head dim 128)
 PRODUCER_WARPS = gl.constexpr(4)
 # Registers per thread after the warpgroups rebalance (setmaxnreg): the
-# producer only computes addresses; 2 x 128 x 224 + 128 x 56 <= 65536.
+# producer only builds descriptors and issues copies; 2 x 128 x 224 + 128 x 56
+# <= 65536.
 PRODUCER_REGS = gl.constexpr(56)
 CONSUMER_REGS = gl.constexpr(224)
 
 
-@gluon.constexpr_function
-def _copy_layout(block_d, num_warps):
-    """Rows of 16-byte vectors (8 elements) across the threads: coalesced cp.async."""
-    tpd = min(block_d // 8, 32)
-    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // tpd, tpd],
-                            warps_per_cta=[num_warps, 1], order=[1, 0])
-
-
 @gluon.jit
-def _copy_tile(smem, base, stride_row, row0, nrows, offs_r, offs_d, MASKED: gl.constexpr):
-    ptrs = base + (row0 + offs_r)[:, None].to(gl.int64) * stride_row + offs_d[None, :]
-    if MASKED:
-        # rows past the sequence are filled with zeros
-        ASYNC_LOAD(smem, ptrs, mask=(offs_r < nrows - row0)[:, None] & (offs_d < smem.shape[1])[None, :])
-    else:
-        ASYNC_LOAD(smem, ptrs)
+def _rows_descriptor(base, rows, stride_row, smem):
+    # rows x head dim from base; TMA reads zeros past the last row
+    return tma.make_tensor_descriptor(base, [gl.maximum(rows, 1), smem.shape[1]], [stride_row, 1],
+                                      [smem.shape[0], smem.shape[1]], smem.type.layout)
 
 
 @gluon.jit
@@ -97,29 +89,27 @@ def _softmax_step(s, m_i, l_i, exp_scale, cols, rows, seqlen_k, lo_shift, hi_shi
 
 
 @gluon.jit
-def _produce_range(k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, lo_p, up_p, f_lo, f_hi, seqlen_k,
-                   t, BLOCK_N: gl.constexpr, BLOCK_D: gl.constexpr, MASKED: gl.constexpr):
+def _produce_range(k_smem, v_smem, bars, k_desc, v_desc, lo_p, up_p, f_lo, f_hi, t, MASKED: gl.constexpr):
     # Copies K_0, then (K_i, V_{i-1}) for each further block, then V of the
     # last: the order the consumer needs them in. t counts blocks over both
     # phases (ring slot t % NB, parity (t // NB) & 1).
     k_ready, k_empty, v_ready, v_empty = bars
     NB: gl.constexpr = k_smem.shape[0]
-    ld: gl.constexpr = _copy_layout(BLOCK_D, gl.num_warps())
-    offs_r = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
-    offs_d = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ld))
+    BLOCK_N: gl.constexpr = k_smem.shape[1]
+    nbytes: gl.constexpr = k_smem.shape[1] * k_smem.shape[2] * k_smem.dtype.primitive_bitwidth // 8
     prev_n = lo_p * 0
     for x in range(lo_p, up_p + BLOCK_N, BLOCK_N):
         n = _block_start(x, f_lo, f_hi, MASKED)
         if x < up_p:
             slot = t % NB
             mbarrier.wait(k_empty.index(slot), ((t // NB) & 1) ^ 1)
-            _copy_tile(k_smem.index(slot), k_base, stride_kn, n, seqlen_k, offs_r, offs_d, MASKED)
-            cp.mbarrier_arrive(k_ready.index(slot), increment_count=False)
+            mbarrier.expect(k_ready.index(slot), nbytes)
+            TMA_LOAD(k_desc, [n, 0], k_ready.index(slot), k_smem.index(slot))
         if x > lo_p:
             pslot = (t - 1) % NB
             mbarrier.wait(v_empty.index(pslot), (((t - 1) // NB) & 1) ^ 1)
-            _copy_tile(v_smem.index(pslot), v_base, stride_vn, prev_n, seqlen_k, offs_r, offs_d, MASKED)
-            cp.mbarrier_arrive(v_ready.index(pslot), increment_count=False)
+            mbarrier.expect(v_ready.index(pslot), nbytes)
+            TMA_LOAD(v_desc, [prev_n, 0], v_ready.index(pslot), v_smem.index(pslot))
         prev_n = n
         t = t + (x < up_p).to(gl.int32)
     return t
@@ -216,21 +206,20 @@ def _consumer(q_half, r0, k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_bas
 
 
 @gluon.jit
-def _producer(q_smem, k_smem, v_smem, bars, q_bar, q_blk, stride_qm, start_m, seqlen_q, k_base, v_base,
+def _producer(q_smem, k_smem, v_smem, bars, q_bar, q_seq, stride_qm, start_m, seqlen_q, k_base, v_base,
               stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k):
-    NW: gl.constexpr = gl.num_warps()
-    BLOCK_M: gl.constexpr = q_smem.shape[0]
-    BLOCK_D: gl.constexpr = q_smem.shape[1]
-    BLOCK_N: gl.constexpr = k_smem.shape[1]
-    ld: gl.constexpr = _copy_layout(BLOCK_D, NW)
-    offs_qm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, ld))
-    offs_qd = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, ld))
-    _copy_tile(q_smem, q_blk, stride_qm, 0, seqlen_q - start_m, offs_qm, offs_qd, True)
-    cp.mbarrier_arrive(q_bar, increment_count=False)
-    t = _produce_range(k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, f_lo, f_hi, f_lo, f_hi,
-                       seqlen_k, f_lo * 0, BLOCK_N, BLOCK_D, False)
-    _produce_range(k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, lo, hi - (f_hi - f_lo), f_lo, f_hi,
-                   seqlen_k, t, BLOCK_N, BLOCK_D, True)
+    # A program past its sequence's rows copies no Q (its sequence may be
+    # empty, its base the tensor's end) and completes q_bar by a plain arrival.
+    live = start_m < seqlen_q
+    q_desc = _rows_descriptor(q_seq, seqlen_q, stride_qm, q_smem)
+    mbarrier.expect(q_bar, q_smem.shape[0] * q_smem.shape[1] * q_smem.dtype.primitive_bitwidth // 8, pred=live)
+    TMA_LOAD(q_desc, [start_m, 0], q_bar, q_smem, pred=live)
+    mbarrier.arrive(q_bar, count=1, pred=start_m >= seqlen_q)
+    # K and V are copied only by programs that see a key (seqlen_k > 0)
+    k_desc = _rows_descriptor(k_base, seqlen_k, stride_kn, k_smem.index(0))
+    v_desc = _rows_descriptor(v_base, seqlen_k, stride_vn, v_smem.index(0))
+    t = _produce_range(k_smem, v_smem, bars, k_desc, v_desc, f_lo, f_hi, f_lo, f_hi, f_lo * 0, False)
+    _produce_range(k_smem, v_smem, bars, k_desc, v_desc, lo, hi - (f_hi - f_lo), f_lo, f_hi, t, True)
 
 
 @gluon.jit
@@ -275,7 +264,8 @@ def attn_fwd(
     causal_shift = bottom_right * diagonal
 
     m_off64 = (q_start + start_m).to(gl.int64)
-    q_blk = Q + off_z * stride_qz.to(gl.int64) + off_h * stride_qh.to(gl.int64) + m_off64 * stride_qm.to(gl.int64)
+    q_seq = Q + off_z * stride_qz.to(gl.int64) + off_h * stride_qh.to(gl.int64) \
+        + q_start.to(gl.int64) * stride_qm.to(gl.int64)
     o_blk = O + off_z * stride_oz.to(gl.int64) + off_h * stride_oh.to(gl.int64) + m_off64 * stride_om.to(gl.int64)
     k_base = K + off_z * stride_kz.to(gl.int64) + off_hk * stride_kh.to(gl.int64) \
         + k_start.to(gl.int64) * stride_kn.to(gl.int64)
@@ -291,11 +281,11 @@ def attn_fwd(
     v_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(SLOTS):
-        mbarrier.init(k_ready.index(i), count=32 * PRODUCER_WARPS)
-        mbarrier.init(v_ready.index(i), count=32 * PRODUCER_WARPS)
+        mbarrier.init(k_ready.index(i), count=1)  # the producer's expect; TMA completes the bytes
+        mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_empty.index(i), count=2)
-    mbarrier.init(q_bar, count=32 * PRODUCER_WARPS)
+    mbarrier.init(q_bar, count=1)
     bars = (k_ready, k_empty, v_ready, v_empty)
 
     qk_scale = sm_scale * LOG2E
@@ -311,6 +301,6 @@ def attn_fwd(
     gl.warp_specialize([
         (_consumer, (q_smem.slice(0, HM, dim=0), start_m * 0) + cons_args),
         (_consumer, (q_smem.slice(HM, HM, dim=0), start_m * 0 + HM) + cons_args),
-        (_producer, (q_smem, k_smem, v_smem, bars, q_bar, q_blk, stride_qm, start_m, seqlen_q, k_base, v_base,
+        (_producer, (q_smem, k_smem, v_smem, bars, q_bar, q_seq, stride_qm, start_m, seqlen_q, k_base, v_base,
                      stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k)),
     ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])

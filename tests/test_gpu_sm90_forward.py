@@ -104,3 +104,55 @@ def test_gluon_forward_varlen(dtype):
         golden = ref.attention(*one, causal=True, dtype=torch.float32)
         lp = ref.attention(*one, causal=True, dtype=dtype)
         ref.check("out", out[qs][None].transpose(1, 2), golden["out"], lp["out"], dtype)
+
+
+def test_gluon_forward_empty_and_broadcast_sequences():
+    """Programs past an empty last sequence (its rows start at the tensor's
+    end), and K/V broadcast along the sequence (row stride 0): the copies
+    must stay inside each sequence and follow any stride."""
+    _require_gluon(torch.bfloat16, 128, 2000)
+    lens_q, lens_k = [2000, 1200, 0], [1500, 2100, 700]
+    h, d = 4, 128
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+    q = _rand(sum(lens_q), h, d, dtype=torch.bfloat16, seed=4)
+    k, v = (_rand(sum(lens_k), h, d, dtype=torch.bfloat16, seed=s) for s in (5, 6))
+    out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
+    for i in range(2):
+        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        one = [t[None].transpose(1, 2) for t in (q[qs], k[ks], v[ks])]
+        golden = ref.attention(*one, dtype=torch.float32)
+        ref.check("out", out[qs][None].transpose(1, 2), golden["out"],
+                  ref.attention(*one, dtype=torch.bfloat16)["out"], torch.bfloat16)
+
+    q = _rand(1, 2048, h, d, dtype=torch.bfloat16, seed=7)
+    k, v = (_rand(1, 1, h, d, dtype=torch.bfloat16, seed=s).expand(1, 3000, h, d) for s in (8, 9))
+    assert k.stride(1) == 0
+    aotriton_rocm.reset_launch_counts()
+    out = aotriton_rocm.flash_attn_func(q, k, v, causal=True)
+    assert ours("attn_fwd") == 1
+    bhsd = [t.transpose(1, 2) for t in (q, k, v)]
+    ref.check("out", out.transpose(1, 2), ref.attention(*bhsd, causal=True, dtype=torch.float32)["out"],
+              ref.attention(*bhsd, causal=True, dtype=torch.bfloat16)["out"], torch.bfloat16)
+
+
+def test_gluon_forward_in_a_cuda_graph():
+    """The per-launch global scratch (the kernel's TMA descriptors) is
+    allocated in stream order, so capture and replay work."""
+    _require_gluon(torch.float16, 128, 4096)
+    q, k, v = (_rand(1, 4096, 8, 128, dtype=torch.float16, seed=i) for i in range(3))
+    eager = aotriton_rocm.flash_attn_func(q, k, v, causal=True)
+    static_out = torch.empty_like(eager)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        static_out.copy_(aotriton_rocm.flash_attn_func(q, k, v, causal=True))  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out.copy_(aotriton_rocm.flash_attn_func(q, k, v, causal=True))
+    static_out.zero_()
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, eager)
