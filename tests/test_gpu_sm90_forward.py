@@ -7,8 +7,10 @@ that the bucket of its length runs the Gluon kernel (so the case cannot pass
 on the Triton kernel by accident), then judges output, LSE and gradients
 against float32 math with PyTorch's tolerance model: causal and not, bottom-
 right diagonals with Sq != Sk (rows that see no key), GQA, sliding windows,
-ragged ends, variable-length batches. Skipped without a GPU or an installed
-sm_90 image."""
+ragged ends, variable-length batches (one with an empty last sequence), K/V
+broadcast along the sequence; and replays a CUDA graph of it (its TMA
+descriptors live in per-launch scratch). Skipped without a GPU or an
+installed sm_90 image."""
 
 from __future__ import annotations
 
