@@ -197,6 +197,25 @@ def test_global_scratch_is_allocated_per_launch(stub, tmp_path):
     assert lib.aotr_stub_launch_count() == 1 and lib.aotr_stub_scratch(None, None) == 0
 
 
+def test_hip_refuses_kernels_that_need_global_scratch(stub, tmp_path):
+    """The HIP path allocates no scratch (the build refuses such AMD kernels):
+    an image that has one anyway fails with what to do, launching nothing."""
+    stub_path, lib = stub
+    v = next(v for v in _variants() if v.kernel == "attn_fwd" and not v.functional.get("has_bias")
+             and not v.functional["pad_head"])
+    rec = dataclasses.replace(_record(v, "scratchy"), global_scratch_size=128, warp_size=64)
+    archive = tmp_path / "gfx942.aotr"
+    write_archive(archive, {**MANIFEST, "arch": "gfx942", "backend": "hip", "warp_size": 64},
+                  [(rec, _image(rec.symbol))])
+    rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_HIP)
+    rt.add_archive(archive)
+    q = _padded(1, 2, 100, 64)
+    assert _fwd(rt, q, q, q, _padded(1, 2, 100, 64), torch.empty(1, 2, 100), scale=1.0) == native.UNSUPPORTED
+    assert "needs 256 bytes of global scratch, which the HIP path does not allocate" in \
+        native.library().aotr_last_error().decode()
+    assert lib.aotr_stub_launch_count() == 0 and lib.aotr_stub_scratch(None, None) == 0
+
+
 def test_archive_without_tuning_uses_the_first_record(stub, tmp_path):
     stub_path, lib = stub
     v = next(v for v in _variants() if v.kernel == "attn_fwd" and not v.functional.get("has_bias")
