@@ -3,7 +3,7 @@ torch's FLASH, CUDNN and EFFICIENT SDPA backends (and our kernel sources
 through the Triton JIT where triton is importable), measured side by side in
 one run on whatever GPU runs it.
 
-    python benchmarks/bench_attention.py [--quick] [--json FILE] [--plot FILE.png]
+    python benchmarks/bench_attention.py [--quick] [--passes fwd] [--json FILE] [--plot FILE.png]
 
 Grid (FlashAttention's standard shapes): B*S = 16k tokens, H*D = 2048, head
 dims 64/128/256, S in 512..16k, causal and not, fp16 and bf16; forward,
@@ -121,21 +121,21 @@ def _median_ms(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def pass_fns(attend, q, k, v, grad):
-    """fwd / bwd / fwd+bwd callables; bwd reuses one retained graph."""
+def pass_fns(attend, q, k, v, grad, passes=PASSES):
+    """Callables of the requested passes (of fwd / bwd / fwd+bwd); bwd reuses
+    one retained graph, built only when bwd is requested."""
     def fwd():
         with torch.no_grad():
             attend(q, k, v)
 
-    out = attend(q, k, v)
-
-    def bwd():
-        torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
-
     def fwd_bwd():
         torch.autograd.grad(attend(q, k, v), (q, k, v), grad)
 
-    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}
+    fns = {"fwd": fwd, "fwd+bwd": fwd_bwd}
+    if "bwd" in passes:
+        out = attend(q, k, v)
+        fns["bwd"] = lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+    return {name: fns[name] for name in PASSES if name in passes}
 
 
 def sdpa_call(shape: Shape):
@@ -168,7 +168,7 @@ def sdpa_on(peer: str):
         aotriton_rocm.disable()
 
 
-def measure_peer(peer: str, shape: Shape, reps: int) -> dict:
+def measure_peer(peer: str, shape: Shape, reps: int, passes=PASSES) -> dict:
     """{pass: ms or None} plus "error" when the peer refused or fell back."""
     q, k, v, grad = make_inputs(shape)
     attend = sdpa_call(shape)
@@ -178,11 +178,12 @@ def measure_peer(peer: str, shape: Shape, reps: int) -> dict:
             jit = _triton_jit_forward(shape, q, k, v)
             if isinstance(jit, str):
                 return {"error": jit}
-            result["fwd"] = _median_ms(jit, reps)
+            if "fwd" in passes:
+                result["fwd"] = _median_ms(jit, reps)
         else:
             with sdpa_on(peer):
                 aotriton_rocm.reset_launch_counts()
-                for name, fn in pass_fns(attend, q, k, v, grad).items():
+                for name, fn in pass_fns(attend, q, k, v, grad, passes).items():
                     result[name] = _median_ms(fn, reps)
                 if peer == OURS and _our_launches() == 0:
                     return {"error": "fallback: torch's kernel ran, not ours"}
@@ -252,12 +253,12 @@ def _peers() -> list[str]:
     return peers
 
 
-def run(shapes: list[Shape], reps: int, peers: list[str]) -> list[dict]:
+def run(shapes: list[Shape], reps: int, peers: list[str], passes=PASSES) -> list[dict]:
     rows = []
     for i, shape in enumerate(shapes, 1):
         row = {"shape": asdict(shape), "tflops": {}, "ms": {}, "errors": {}}
         for peer in peers:
-            ms = measure_peer(peer, shape, reps)
+            ms = measure_peer(peer, shape, reps, passes)
             if "error" in ms:
                 row["errors"][peer] = ms.pop("error")
             for name, value in ms.items():
@@ -336,9 +337,16 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", default="",
                         help=f"only these, comma-separated (default: all of {', '.join(_peers())})")
     parser.add_argument("--label", default="", help="only these shape labels, e.g. standard")
+    parser.add_argument("--passes", default=",".join(PASSES),
+                        help="only these of fwd, bwd, fwd+bwd (fwd alone: an A/B of forward kernels "
+                             "in about a third of the time)")
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--plot", type=Path, help="write a PNG chart here (needs matplotlib)")
     args = parser.parse_args(argv)
+    passes = tuple(p for p in PASSES if p in args.passes.split(","))
+    unknown_passes = set(args.passes.split(",")) - set(PASSES)
+    if unknown_passes or not passes:
+        parser.error(f"--passes: unknown {sorted(unknown_passes)}; choose from {', '.join(PASSES)}")
     if not torch.cuda.is_available():
         print("bench_attention needs a GPU", file=sys.stderr)
         return 2
@@ -361,8 +369,8 @@ def main(argv=None) -> int:
             "flops": "fwd 4*B*H*Sq*Sk*D (causal: half); bwd 2.5x fwd; fwd+bwd 3.5x fwd"}
     print(f"{meta['gpu']}, torch {meta['torch']}, aotriton-rocm {meta['aotriton_rocm']}; "
           f"TFLOP/s, {meta['timing']}", flush=True)
-    rows = run(shapes, args.reps, peers)
-    for name in PASSES:
+    rows = run(shapes, args.reps, peers, passes)
+    for name in passes:
         print(f"\n### {name} (TFLOP/s)\n\n{markdown_table(rows, name)}")
     report = {"meta": meta, "rows": rows}
     if args.json:
