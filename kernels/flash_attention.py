@@ -135,14 +135,11 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
 
 
 @triton.jit
-def query_program_sequence(CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, max_seqlen_k, varlen):
-    """The sequence of a program over query rows [start_m, start_m + BLOCK_M)
-    of batch entry ``off_z32``: rows [q_start, q_start + seqlen_q) of a packed
-    batch (varlen), or the dense tensors' own. Returns (z_last, q_start,
-    k_start, seqlen_q, seqlen_k, seqlen_k - seqlen_q). A program past the
-    batch (the grid is rounded up) or past its sequence's rows gets
-    seqlen_k = 0 (it sees no key: its loops are empty and its stores
-    masked); past the batch also seqlen_q = 0."""
+def batch_entry_sequence(CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen):
+    """Where batch entry ``off_z32`` (clamped to the last: the grid is rounded
+    up) lies: rows [q_start, q_start + seqlen_q) and [k_start, k_start +
+    seqlen_k) of a packed batch (varlen), or the dense tensors' own. Returns
+    (z_last, q_start, k_start, seqlen_q, seqlen_k)."""
     z_last = tl.minimum(off_z32, batch - 1)
     is_varlen = varlen != 0
     q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
@@ -151,6 +148,19 @@ def query_program_sequence(CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, ma
                         max_seqlen_q)
     seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
                         max_seqlen_k)
+    return z_last, q_start, k_start, seqlen_q, seqlen_k
+
+
+@triton.jit
+def query_program_sequence(CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, max_seqlen_k, varlen):
+    """The sequence of a program over query rows [start_m, start_m + BLOCK_M)
+    of batch entry ``off_z32`` (see :func:`batch_entry_sequence`). Returns
+    (z_last, q_start, k_start, seqlen_q, seqlen_k, seqlen_k - seqlen_q). A
+    program past the batch or past its sequence's rows gets seqlen_k = 0 (it
+    sees no key: its loops are empty and its stores masked); past the batch
+    also seqlen_q = 0."""
+    z_last, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
+        CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen)
     diagonal = seqlen_k - seqlen_q
     live = (off_z32 < batch) & (start_m < seqlen_q)
     seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
@@ -453,14 +463,8 @@ def attn_bwd_dkdv(
     off_hk32 = off_zhk % num_heads_k
     off_hk = off_hk32.to(tl.int64)
 
-    z_last = tl.minimum(off_z32, batch - 1)
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
-    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
-                        max_seqlen_k)
+    z_last, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
+        CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen)
     causal_shift = bottom_right * (seqlen_k - seqlen_q)
     alibi_shift = seqlen_k - seqlen_q
     # Past the batch or past this sequence's keys: empty loops, masked stores.
