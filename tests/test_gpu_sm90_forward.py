@@ -88,24 +88,36 @@ def test_gluon_forward_matches_math(dtype, d, b, h, hk, sq, sk, causal, window):
                   *bhsd, causal=causal, window=window)
 
 
+def _varlen_forward(lens_q, lens_k, dtype, causal, seed):
+    """A packed batch of these lengths (4 heads, head dim 128) through
+    flash_attn_varlen_func: (out, q, k, v, cu_q, cu_k)."""
+    h, d = 4, 128
+    cu_q, cu_k = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
+                  for lens in (lens_q, lens_k))
+    q = _rand(sum(lens_q), h, d, dtype=dtype, seed=seed)
+    k, v = (_rand(sum(lens_k), h, d, dtype=dtype, seed=seed + s) for s in (1, 2))
+    out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
+    return out, q, k, v, cu_q, cu_k
+
+
+def _check_sequences(out, q, k, v, cu_q, cu_k, sequences, causal, dtype):
+    """Each of these sequences of a packed batch against float32 math."""
+    for i in sequences:
+        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        one = [t[None].transpose(1, 2) for t in (q[qs], k[ks], v[ks])]
+        golden = ref.attention(*one, causal=causal, dtype=torch.float32)
+        lp = ref.attention(*one, causal=causal, dtype=dtype)
+        ref.check("out", out[qs][None].transpose(1, 2), golden["out"], lp["out"], dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gluon_forward_varlen(dtype):
     lens_q, lens_k = [1300, 37, 2000], [1300, 1900, 1111]
     _require_gluon(dtype, 128, max(lens_q))
-    h, d = 4, 128
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
-    q = _rand(sum(lens_q), h, d, dtype=dtype, seed=1)
-    k, v = (_rand(sum(lens_k), h, d, dtype=dtype, seed=s) for s in (2, 3))
     aotriton_rocm.reset_launch_counts()
-    out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
+    out, *packed = _varlen_forward(lens_q, lens_k, dtype, causal=True, seed=1)
     assert ours("attn_fwd") == 1
-    for i in range(len(lens_q)):
-        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
-        one = [t[None].transpose(1, 2) for t in (q[qs], k[ks], v[ks])]
-        golden = ref.attention(*one, causal=True, dtype=torch.float32)
-        lp = ref.attention(*one, causal=True, dtype=dtype)
-        ref.check("out", out[qs][None].transpose(1, 2), golden["out"], lp["out"], dtype)
+    _check_sequences(out, *packed, range(len(lens_q)), True, dtype)
 
 
 def test_gluon_forward_empty_and_broadcast_sequences():
@@ -113,20 +125,10 @@ def test_gluon_forward_empty_and_broadcast_sequences():
     end), and K/V broadcast along the sequence (row stride 0): the copies
     must stay inside each sequence and follow any stride."""
     _require_gluon(torch.bfloat16, 128, 2000)
-    lens_q, lens_k = [2000, 1200, 0], [1500, 2100, 700]
-    h, d = 4, 128
-    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
-    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
-    q = _rand(sum(lens_q), h, d, dtype=torch.bfloat16, seed=4)
-    k, v = (_rand(sum(lens_k), h, d, dtype=torch.bfloat16, seed=s) for s in (5, 6))
-    out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k))
-    for i in range(2):
-        qs, ks = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
-        one = [t[None].transpose(1, 2) for t in (q[qs], k[ks], v[ks])]
-        golden = ref.attention(*one, dtype=torch.float32)
-        ref.check("out", out[qs][None].transpose(1, 2), golden["out"],
-                  ref.attention(*one, dtype=torch.bfloat16)["out"], torch.bfloat16)
+    out, *packed = _varlen_forward([2000, 1200, 0], [1500, 2100, 700], torch.bfloat16, causal=False, seed=4)
+    _check_sequences(out, *packed, range(2), False, torch.bfloat16)
 
+    h, d = 4, 128
     q = _rand(1, 2048, h, d, dtype=torch.bfloat16, seed=7)
     k, v = (_rand(1, 1, h, d, dtype=torch.bfloat16, seed=s).expand(1, 3000, h, d) for s in (8, 9))
     assert k.stride(1) == 0

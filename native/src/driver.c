@@ -904,19 +904,18 @@ aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t byt
         rc = d->cu.MemAllocAsync(ptr, bytes, stream);
     if (rc == CUDA_SUCCESS)
         return AOTR_OK;
-    *ptr = 0;
-    {
-        char context[128];
-        snprintf(context, sizeof context, "%zu bytes of global scratch, stream %p, device %d",
-                 bytes, stream, (int)device);
-        return driver_error(d, AOTR_DRIVER_ERROR, "cuMemAllocAsync", rc, NULL, context);
-    }
+    *ptr = 0; /* the caller frees nothing after a failure */
+    char context[128];
+    snprintf(context, sizeof context, "%zu bytes of global scratch, stream %p, device %d", bytes,
+             stream, (int)device);
+    return driver_error(d, AOTR_DRIVER_ERROR, "cuMemAllocAsync", rc, NULL, context);
 }
 
 void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream)
 {
-    /* stream-ordered: the memory returns to the pool after the launch runs */
-    if (ptr && d->backend == AOTR_BACKEND_CUDA)
+    /* stream-ordered: the memory returns to the pool after the launch runs;
+     * only the CUDA path ever allocates (ptr 0 otherwise) */
+    if (ptr)
         (void)d->cu.MemFreeAsync(ptr, stream);
 }
 
