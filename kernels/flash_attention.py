@@ -188,6 +188,26 @@ def key_block_ranges(start_m, seqlen_q, seqlen_k, causal_shift, window_left, win
 
 
 @triton.jit
+def query_block_ranges(start_n, seqlen_q, seqlen_k, causal_shift, window_left, window_right,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The query blocks of a key block, the transpose of
+    :func:`key_block_ranges`: row i sees key j iff j - hi_shift <= i <= j -
+    lo_shift; blocks [lo, up) hold every row that sees some key of the block,
+    of them [f_lo, f_hi) see every key of it (no mask). Returns (lo_shift,
+    hi_shift, lo, up, f_lo, f_hi)."""
+    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
+    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
+    m_full = (seqlen_q // BLOCK_M) * BLOCK_M
+    lo = (tl.maximum(start_n - hi_shift, 0) // BLOCK_M) * BLOCK_M
+    up = tl.maximum(tl.minimum(start_n + BLOCK_N - lo_shift, seqlen_q), lo)
+    f_lo = tl.minimum(tl.maximum(
+        ((tl.maximum(start_n + BLOCK_N - 1 - hi_shift, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), up)
+    f_hi = tl.maximum(tl.minimum((tl.maximum(start_n - lo_shift + 1, 0) // BLOCK_M) * BLOCK_M, m_full),
+                      f_lo)
+    return lo_shift, hi_shift, lo, up, f_lo, f_hi
+
+
+@triton.jit
 def attn_fwd(
     Q, K, V, BIAS, O, LSE, DMASK, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
     stride_qz, stride_qh, stride_qm,
@@ -516,15 +536,8 @@ def attn_bwd_dkdv(
     # window edges, the causal diagonal, the ragged tail), are masked. Key
     # columns >= seqlen_k only feed rows of dK/dV that are never stored, so
     # they need no mask (but for the bias, which is not read out of bounds).
-    hi_shift = tl.where(window_right < 0, seqlen_k, causal_shift + window_right)
-    lo_shift = tl.where(window_left < 0, -seqlen_q, causal_shift - window_left)
-    m_full = (seqlen_q // BLOCK_M) * BLOCK_M
-    lo = (tl.maximum(start_n - hi_shift, 0) // BLOCK_M) * BLOCK_M
-    up = tl.maximum(tl.minimum(start_n + BLOCK_N - lo_shift, seqlen_q), lo)
-    f_lo = tl.minimum(tl.maximum(
-        ((tl.maximum(start_n + BLOCK_N - 1 - hi_shift, 0) + BLOCK_M - 1) // BLOCK_M) * BLOCK_M, lo), up)
-    f_hi = tl.maximum(tl.minimum((tl.maximum(start_n - lo_shift + 1, 0) // BLOCK_M) * BLOCK_M, m_full),
-                      f_lo)
+    lo_shift, hi_shift, lo, up, f_lo, f_hi = query_block_ranges(
+        start_n, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
 
     # Sweep `part` accumulates dV when part == 0 and dK when part ==
     # SPLIT_DKDV: both in one sweep, or dV in the first and dK in the second.

@@ -163,6 +163,9 @@ def test_real_variant_counts(targets, spec):
     points = {(k, tuple(f.items())) for k, ks in spec.kernels.items() for f in ks.functional_combinations()}
     # the unmasked fast path only where the head dim is the tile width (64, 128)
     assert {dict(f)["head_dim"] for _, f in points if dict(f).get("pad_head") is False} == {64, 128}
+    # and, on sm_90 only, the Gluon dK/dV kernel's at 256
+    sm90_only = {("attn_bwd_dkdv", (("dtype", dt), ("head_dim", 256), ("pad_head", False), ("has_bias", False),
+                                    ("enable_dropout", False))) for dt in ("fp16", "bf16")}
 
     def covered(arch):
         vs = spec.variants_for(targets.archs[arch])
@@ -174,13 +177,13 @@ def test_real_variant_counts(targets, spec):
     fwd_64_128 = {p for p in points if p[0] == "attn_fwd" and dict(p[1])["head_dim"] in (64, 128)}
     for arch in ("gfx908", "gfx90a", "gfx942", "gfx950", "sm_90"):
         vs, got = covered(arch)
-        assert got == points, arch
+        assert got == (points | sm90_only if arch == "sm_90" else points), arch
         if arch == "sm_90":
-            # one candidate per point, plus the Gluon forward at the fast-path points
-            gluon = [v for v in vs if v.module == "flash_attention_sm90"]
-            assert {(v.functional["head_dim"], v.functional["pad_head"]) for v in gluon} == {(64, False),
-                                                                                              (128, False)}
-            assert len(vs) == len(points) + len(gluon) == len(points) + 4
+            # one candidate per point, plus the Gluon kernels at their fast-path points
+            gluon = {(v.kernel, v.functional["head_dim"], v.functional["pad_head"])
+                     for v in vs if v.module.startswith("flash_attention_sm90")}
+            assert gluon == {("attn_fwd", 64, False), ("attn_fwd", 128, False), ("attn_bwd_dkdv", 256, False)}
+            assert len(vs) == len(got) + 2 * len(gluon)
         else:
             assert len(vs) >= len(points) + len(fwd_64_128), arch
     # RDNA covers every fp16/bf16 attention point up to head dim 256 (fp32
@@ -448,3 +451,19 @@ def test_exclude_drops_functional_points(tmp_path, targets):
     with pytest.raises(VariantSpecError, match="not a functional value"):
         _spec(tmp_path, TOY_TOML.replace('head_dim = [64, 128, 256] }',
                                          'head_dim = [64, 128, 256] }\nexclude = [{ head_dim = 48 }]'))
+
+
+def test_exclude_except_archs_keeps_the_point_there(tmp_path, targets):
+    toml = TOY_TOML.replace('head_dim = [64, 128, 256] }',
+                            'head_dim = [64, 128, 256] }\n'
+                            'exclude = [{ head_dim = 256, except_archs = ["sm_90", "rdna3"] }]')
+    s = _spec(tmp_path, toml)
+    ks = s.kernels["add"]
+    assert {f["head_dim"] for f in ks.functional_combinations()} == {64, 128}  # every arch's points
+    assert {f["head_dim"] for f in ks.functional_combinations(targets.archs["gfx942"])} == {64, 128}
+    for arch in ("sm_90", "gfx1100"):  # by name, and by arch set
+        assert {f["head_dim"] for f in ks.functional_combinations(targets.archs[arch])} == {64, 128, 256}, arch
+    with pytest.raises(VariantSpecError, match="except_archs must be a list"):
+        _spec(tmp_path, toml.replace('["sm_90", "rdna3"]', '"sm_90"'))
+    with pytest.raises(VariantSpecError, match="names no functional value"):
+        _spec(tmp_path, toml.replace('head_dim = 256, except_archs', 'except_archs'))

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import aotriton_rocm
-from aotriton_rocm import archive, device, images
+from aotriton_rocm import device, images
 from support import attn_reference as ref
-from support.gpu import ours
+from support.gpu import ours, shipped_key
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
 
@@ -32,19 +32,10 @@ if device.arch_of(torch.cuda.current_device()) != "sm_90" or "sm_90" not in imag
 GLUON = "function=flash_attention_sm90:attn_fwd"
 
 
-def _shipped_key(dtype: str, head_dim: int, seqlen: int) -> str:
-    """The attn_fwd variant the installed archive runs at this point and length."""
-    choices = archive.Archive.open(images.find_archives()["sm_90"]).manifest["tuning"]["choices"]
-    point = {"dtype": dtype, "head_dim": head_dim, "pad_head": False, "has_bias": False,
-             "enable_dropout": False}
-    for choice in choices:
-        if choice["kernel"] == "attn_fwd" and choice["functional"] == point:
-            return next(key for bound, key, *_ in choice["select"] if bound is None or seqlen <= bound)
-    raise AssertionError(f"the manifest has no attn_fwd choice for {point}")
-
-
 def _require_gluon(dtype, head_dim, seqlen):
-    key = _shipped_key({torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], head_dim, seqlen)
+    point = {"dtype": {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], "head_dim": head_dim,
+             "pad_head": False, "has_bias": False, "enable_dropout": False}
+    key = shipped_key("sm_90", "attn_fwd", point, seqlen)
     if GLUON not in key:
         pytest.skip(f"the installed archive runs {key} here, not the Gluon forward")
 

@@ -143,38 +143,74 @@ def test_config_functions_take_the_kernel_parameters():
     params = load_variants(KERNEL_DIR).check_sources()
     gluon = _module("flash_attention_sm90")
     assert list(inspect.signature(gluon.attn_fwd.fn).parameters) == params["attn_fwd"]
+    gluon_bwd = _module("flash_attention_sm90_bwd")
+    assert list(inspect.signature(gluon_bwd.attn_bwd_dkdv.fn).parameters) == params["attn_bwd_dkdv"]
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gluon_fwd_compiles_for_sm90(head_dim):
-    """The warp-specialised sm_90 forward, compiled as the build compiles it:
-    a cubin for 12 warps (two consumer warpgroups and a producer), within
-    the shared memory, with no register spills; Q, K and V arrive by TMA
-    through descriptors it builds in the launch's global scratch."""
-    import subprocess
-    import tempfile
+    """The warp-specialised sm_90 forward, compiled as the build compiles it,
+    with no register spills; Q, K and V arrive by TMA through descriptors it
+    builds in the launch's global scratch."""
+    k = _compile_sm90_config_function("attn_fwd", "flash_attention_sm90", dtype="bf16", head_dim=head_dim,
+                                      pad_head=False)
+    # three 128-byte tensor maps (Q, K, V) per program
+    assert k.metadata.global_scratch_size == 3 * 128
+    ptx = k.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d" in ptx and "tensormap.replace" in ptx and "cp.async.ca" not in ptx
+    assert _stack_bytes(k) == 0
+
+
+def test_gluon_dkdv_compiles_for_sm90():
+    """The warp-specialised sm_90 dK/dV kernel at head dim 256, compiled as
+    the build compiles it: 12 warps, four tensor maps (K, V, and the 3-D ones
+    of Q and dO over the GQA group's heads) in global scratch, within the
+    shared memory. Its consumers hold a 64 x 256 fp32 accumulator each under
+    240 registers; ptxas spills some loop scalars (320 bytes of stack with
+    triton 3.9), which the bound below keeps from growing unseen."""
+    k = _compile_sm90_config_function("attn_bwd_dkdv", "flash_attention_sm90_bwd", dtype="bf16", head_dim=256,
+                                      pad_head=False)
+    assert k.metadata.global_scratch_size == 4 * 128
+    ptx = k.asm["ptx"]
+    assert "cp.async.bulk.tensor.3d" in ptx and "cp.async.bulk.tensor.2d" in ptx and "tensormap.replace" in ptx
+    assert _stack_bytes(k) <= 384
+
+
+def _compile_sm90_config_function(kernel, module, **point):
+    """Compile the sm_90 variant of KERNEL at POINT whose config names a
+    function of MODULE (a Gluon kernel) through the build's compile path;
+    check what every such kernel must be: a cubin for 12 warps (a producer
+    warpgroup and two consumer ones, with setmaxnreg), wgmma, descriptors in
+    global scratch at the runtime's alignment, within the shared memory."""
     from aotriton_rocm.tooling.build_plan import compile_task_for
     from aotriton_rocm.tooling.cache import kernel_sources_hash
     from aotriton_rocm.tooling.compile import SCRATCH_ALIGN, compile_task, discard_stderr_at_exit
 
-    spec, arch, v = _sm90_variant("attn_fwd", dtype="bf16", head_dim=head_dim, pad_head=False)
-    assert (v.module, v.function) == ("flash_attention_sm90", "attn_fwd")
-    params = spec.check_sources()["attn_fwd"]
+    spec, arch, v = _sm90_variant(kernel, **point)
+    assert (v.module, v.function) == (module, kernel)
+    params = spec.check_sources()[kernel]
     k = compile_task(compile_task_for(v, params, arch, KERNEL_DIR, kernel_sources_hash(KERNEL_DIR), "test"))
+    discard_stderr_at_exit()  # nanobind's page about triton's leaked Gluon objects
     assert k.asm["cubin"][:4] == b"\x7fELF"
     assert k.metadata.num_warps == 12
-    # three 128-byte tensor maps (Q, K, V) per program
-    assert k.metadata.global_scratch_size == 3 * 128 and k.metadata.global_scratch_align <= SCRATCH_ALIGN
+    assert k.metadata.global_scratch_align <= SCRATCH_ALIGN
     assert 0 < k.metadata.shared <= 227 * 1024
-    ptx = k.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx
-    assert "cp.async.bulk.tensor.2d" in ptx and "tensormap.replace" in ptx and "cp.async.ca" not in ptx
+    assert "wgmma.mma_async" in k.asm["ptx"] and "setmaxnreg" in k.asm["ptx"]
+    return k
+
+
+def _stack_bytes(k):
+    """The cubin's stack frame (register spills) per cuobjdump; 0 where the
+    tool is missing."""
+    import subprocess
+    import tempfile
+
     cuobjdump = pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if cuobjdump.exists():
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True,
-                                   text=True, check=True).stdout
-        assert re.search(r"STACK:0\b", usage), usage
-    discard_stderr_at_exit()  # nanobind's page about triton's leaked Gluon objects
+    if not cuobjdump.exists():
+        return 0
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(cuobjdump), "--dump-resource-usage", f.name], capture_output=True,
+                               text=True, check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))

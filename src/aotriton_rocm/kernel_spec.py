@@ -33,6 +33,7 @@ __all__ = [
     "INTERPRETER_ARCH",
     "VariantSpecError",
     "ConfigSpec",
+    "Exclusion",
     "KernelSpec",
     "Variant",
     "VariantSpec",
@@ -90,6 +91,27 @@ class VariantSpecError(ValueError):
     """variants.toml is malformed or disagrees with the kernel sources."""
 
 
+def arch_in(arch: ArchSpec, archs: Tuple[str, ...]) -> bool:
+    """Whether ``archs`` names ``arch``: by name, family or a named arch set it
+    belongs to (ci/targets.toml [arch_sets], e.g. "rdna3"; ArchSpec.sets)."""
+    names = (arch.name, arch.family) + tuple(getattr(arch, "sets", ()) or ())
+    return any(n in archs for n in names)
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A partial functional point left out of the cartesian product, on every
+    arch but those ``except_archs`` names."""
+
+    point: Tuple[Tuple[str, Any], ...]
+    except_archs: Tuple[str, ...] = ()
+
+    def drops(self, functional: Dict[str, Any], arch: Optional[ArchSpec]) -> bool:
+        if arch is not None and arch_in(arch, self.except_archs):
+            return False
+        return all(functional.get(k) == v for k, v in self.point)
+
+
 @dataclass(frozen=True)
 class ConfigSpec:
     archs: Tuple[str, ...]
@@ -109,10 +131,7 @@ class ConfigSpec:
         return dict(self.values).get(CONFIG_FUNCTION_KEY)
 
     def matches(self, arch: ArchSpec, functional: Dict[str, Any]) -> bool:
-        # An arch matches by name, family or a named arch set it belongs to
-        # (ci/targets.toml [arch_sets], e.g. "rdna3"; ArchSpec.sets).
-        names = (arch.name, arch.family) + tuple(getattr(arch, "sets", ()) or ())
-        if not any(n in self.archs for n in names):
+        if not arch_in(arch, self.archs):
             return False
         if any(name in functional and functional[name] not in values for name, values in self.when):
             return False
@@ -132,16 +151,16 @@ class KernelSpec:
     grid: Tuple[str, ...]
     functional: Tuple[Tuple[str, Tuple[Any, ...]], ...]
     configs: Tuple[ConfigSpec, ...]
-    # Partial functional points left out of the cartesian product.
-    exclude: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()
+    exclude: Tuple[Exclusion, ...] = ()
     # Values of constexprs that a config may set and most leave alone.
     constexpr_defaults: Tuple[Tuple[str, Any], ...] = ()
 
-    def functional_combinations(self) -> List[Dict[str, Any]]:
+    def functional_combinations(self, arch: Optional[ArchSpec] = None) -> List[Dict[str, Any]]:
+        """The functional points compiled for ``arch``; without one, those of
+        every arch (an exclusion with ``except_archs`` applies)."""
         names = [n for n, _ in self.functional]
         combos = [dict(zip(names, vals)) for vals in itertools.product(*(v for _, v in self.functional))]
-        return [c for c in combos
-                if not any(all(c.get(k) == v for k, v in ex) for ex in self.exclude)]
+        return [c for c in combos if not any(ex.drops(c, arch) for ex in self.exclude)]
 
 
 @dataclass(frozen=True)
@@ -199,7 +218,7 @@ class VariantSpec:
         extra = extra_configs or {}
         for ks in self.kernels.values():
             declared = len(ks.configs)
-            for func in ks.functional_combinations():
+            for func in ks.functional_combinations(arch):
                 for i, cfg in enumerate(ks.configs + tuple(extra.get(ks.name, ()))):
                     if not cfg.matches(arch, func):
                         continue
@@ -216,7 +235,7 @@ class VariantSpec:
 
     def kernels_without_variants(self, arch: ArchSpec) -> List[str]:
         return [ks.name for ks in self.kernels.values()
-                if not any(c.matches(arch, f) for f in ks.functional_combinations() for c in ks.configs)]
+                if not any(c.matches(arch, f) for f in ks.functional_combinations(arch) for c in ks.configs)]
 
     def check_sources(self) -> Dict[str, List[str]]:
         """Check each kernel's args/constexprs against its function's parameters.
@@ -439,12 +458,18 @@ def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:
     exclude = []
     fnames = {k: vals for k, vals in functional}
     for ex in t.get("exclude") or ():
-        if not isinstance(ex, dict) or not ex:
-            raise VariantSpecError(f"{where}: each exclude entry must be a non-empty table")
-        for k, v in ex.items():
+        if not isinstance(ex, dict):
+            raise VariantSpecError(f"{where}: each exclude entry must be a table")
+        point = {k: v for k, v in ex.items() if k != "except_archs"}
+        except_archs = ex.get("except_archs", [])
+        if not point:
+            raise VariantSpecError(f"{where}: exclude {ex!r} names no functional value")
+        if not isinstance(except_archs, list) or not all(isinstance(a, str) for a in except_archs):
+            raise VariantSpecError(f"{where}: exclude {ex!r}: except_archs must be a list of arch names")
+        for k, v in point.items():
             if k not in fnames or v not in fnames[k]:
                 raise VariantSpecError(f"{where}: exclude {ex!r}: {k}={v!r} is not a functional value")
-        exclude.append(tuple(ex.items()))
+        exclude.append(Exclusion(point=tuple(point.items()), except_archs=tuple(except_archs)))
     configs = [parse_config(c, constexprs, fnames, f"{where} configs[{i}]")
                for i, c in enumerate(t.get("configs") or ())]
     if not configs:
