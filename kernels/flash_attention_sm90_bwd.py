@@ -3,23 +3,24 @@ warpgroup per gradient.
 
 ``attn_bwd_dkdv`` here takes the argument list of
 ``flash_attention.attn_bwd_dkdv`` and computes the same thing for its
-variants without bias or dropout (fp16/bf16; causal, sliding windows, varlen,
-GQA, ragged ends, a padded head dim, softcap and ALiBi as in that module's
-docstring). variants.toml compiles it for sm_90 through a config with
+unmasked fast-path variants (``PAD_HEAD``, ``HAS_BIAS``, ``ENABLE_DROPOUT``,
+``SPLIT_DKDV`` and ``UPCAST_DOT`` off, so no softcap or ALiBi either; fp16/bf16;
+causal, sliding windows, varlen, GQA and ragged ends as runtime arguments, see
+that module's docstring). variants.toml compiles it for sm_90 through a config with
 ``function = "flash_attention_sm90_bwd:attn_bwd_dkdv"``; AMD archs and the CPU
 interpreter run the Triton kernel. dQ stays with ``flash_attention.attn_bwd_dq``.
 
 Why it exists: at head dim 256 the Triton kernel cannot hold the two
 (BLOCK_N, 256) fp32 accumulators of dK and dV in one warpgroup's registers;
 it sweeps the query blocks twice (dV, then dK) and still spills. Here, per
-CTA of BLOCK_N keys (64):
+CTA of BLOCK_N = 64 keys and in steps of BLOCK_M = 64 queries:
 
 * a producer warpgroup (``_producer``) copies K and V once, then Q_i and dO_i
   of each query block into two-slot rings by TMA (3-D descriptors over the
   GQA group's heads, built on the device per sequence, so TMA zero-fills the
-  rows past the sequence's end and the columns past a padded head dim);
+  rows past the sequence's end);
 * the dV warpgroup (``_dv_consumer``) computes S^T = K Q_i^T, P^T from the
-  forward's LSE (with softcap, ALiBi and the masks), hands P^T to the other
+  forward's LSE (and the masks), hands P^T to the other
   warpgroup through shared memory, and accumulates dV += P^T dO_i;
 * the dK warpgroup (``_dk_consumer``) computes dP^T = V dO_i^T, takes P^T,
   forms dS^T = P^T (dP^T - delta) and accumulates dK += dS^T Q_i.
@@ -113,6 +114,18 @@ def _producer(k_smem, v_smem, q_smem, do_smem, kv_bar, bars, k_base, v_base, str
 
 
 @gluon.jit
+def _row_values(base, m, n_rows, other, BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    # LSE or delta of query rows [m, m + BLOCK_M) (other past n_rows), laid
+    # out along the columns of the (keys, queries) tiles: loaded one value per
+    # thread and spread through shared memory, which costs far fewer
+    # registers than each thread addressing the 16 columns it holds
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    offs = m + gl.arange(0, BLOCK_M, layout=flat)
+    x = gl.load(base + offs, mask=offs < n_rows, other=other)
+    return gl.convert_layout(x, gl.SliceLayout(0, layout))
+
+
+@gluon.jit
 def _probabilities(s, lse, rows, cols, lo_shift, hi_shift, qk_scale, MASKED: gl.constexpr):
     # P^T (keys x queries) of one block; lse = +inf on rows past the sequence
     p = gl.exp2(s * qk_scale - (lse * LOG2E)[None, :])
@@ -135,7 +148,7 @@ def _dv_range(k_smem, q_smem, do_smem, p_smem, bars, p_bars, dv, t, lse_base, lo
     if up_p > lo_p:
         m = _block_start(lo_p, f_lo, f_hi, MASKED)
         rows = m + offs_m
-        lse = gl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
+        lse = _row_values(lse_base, m, seqlen_q, float("inf"), BLOCK_M, s_layout)
         _ring_wait(q_ready, t, False)
         s = warpgroup_mma(k_smem, q_smem.index(t % 2).permute((1, 0)),
                           gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
@@ -150,7 +163,7 @@ def _dv_range(k_smem, q_smem, do_smem, p_smem, bars, p_bars, dv, t, lse_base, lo
         for x in range(lo_p + BLOCK_M, up_p, BLOCK_M):
             m = _block_start(x, f_lo, f_hi, MASKED)
             rows = m + offs_m
-            lse = gl.load(lse_base + rows, mask=rows < seqlen_q, other=float("inf"))
+            lse = _row_values(lse_base, m, seqlen_q, float("inf"), BLOCK_M, s_layout)
             _ring_wait(q_ready, t, False)
             _ring_wait(do_ready, t - 1, False)
             s = warpgroup_mma(k_smem, q_smem.index(t % 2).permute((1, 0)),
@@ -192,10 +205,9 @@ def _dk_range(v_smem, q_smem, do_smem, p_smem, bars, p_bars, dk, t, delta_base, 
     BLOCK_M: gl.constexpr = q_smem.shape[1]
     BLOCK_N: gl.constexpr = p_smem.shape[1]
     dtype: gl.constexpr = q_smem.dtype
-    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
     if up_p > lo_p:
-        rows = _block_start(lo_p, f_lo, f_hi, MASKED) + offs_m
-        delta = gl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+        m = _block_start(lo_p, f_lo, f_hi, MASKED)
+        delta = _row_values(delta_base, m, seqlen_q, 0.0, BLOCK_M, s_layout)
         _ring_wait(do_ready, t, False)
         dp = warpgroup_mma(v_smem, do_smem.index(t % 2).permute((1, 0)),
                            gl.zeros([BLOCK_N, BLOCK_M], gl.float32, s_layout), use_acc=False, is_async=True)
@@ -207,8 +219,8 @@ def _dk_range(v_smem, q_smem, do_smem, p_smem, bars, p_bars, dk, t, delta_base, 
         ds_op = gl.convert_layout((p * (dp - delta[None, :])).to(dtype), op_layout)
         t += 1
         for x in range(lo_p + BLOCK_M, up_p, BLOCK_M):
-            rows = _block_start(x, f_lo, f_hi, MASKED) + offs_m
-            delta = gl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+            m = _block_start(x, f_lo, f_hi, MASKED)
+            delta = _row_values(delta_base, m, seqlen_q, 0.0, BLOCK_M, s_layout)
             _ring_wait(do_ready, t, False)
             _ring_wait(q_ready, t - 1, False)
             dp = warpgroup_mma(v_smem, do_smem.index(t % 2).permute((1, 0)),

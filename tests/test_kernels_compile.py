@@ -166,14 +166,14 @@ def test_gluon_dkdv_compiles_for_sm90():
     the build compiles it: 12 warps, four tensor maps (K, V, and the 3-D ones
     of Q and dO over the GQA group's heads) in global scratch, within the
     shared memory. Its consumers hold a 64 x 256 fp32 accumulator each under
-    240 registers; ptxas spills some loop scalars (320 bytes of stack with
+    240 registers; ptxas spills some loop scalars (152 bytes of stack with
     triton 3.9), which the bound below keeps from growing unseen."""
     k = _compile_sm90_config_function("attn_bwd_dkdv", "flash_attention_sm90_bwd", dtype="bf16", head_dim=256,
                                       pad_head=False)
     assert k.metadata.global_scratch_size == 4 * 128
     ptx = k.asm["ptx"]
     assert "cp.async.bulk.tensor.3d" in ptx and "cp.async.bulk.tensor.2d" in ptx and "tensormap.replace" in ptx
-    assert _stack_bytes(k) <= 384
+    assert _stack_bytes(k) <= 256
 
 
 def _compile_sm90_config_function(kernel, module, **point):
