@@ -18,7 +18,7 @@ import torch
 import aotriton_rocm
 from aotriton_rocm import device, images
 from support import attn_reference as ref
-from support.gpu import ours, shipped_key
+from support.gpu import ours, randn, require_sm90_function
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
 
@@ -27,20 +27,8 @@ if not device.gpu_available():
 if device.arch_of(torch.cuda.current_device()) != "sm_90" or "sm_90" not in images.find_archives():
     pytest.skip("needs an sm_90 GPU and the installed sm_90 image", allow_module_level=True)
 
-GLUON = "function=flash_attention_sm90_bwd:attn_bwd_dkdv"
-
-
 def _require_gluon(dtype, seqlen_k):
-    point = {"dtype": {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], "head_dim": 256,
-             "pad_head": False, "has_bias": False, "enable_dropout": False}
-    key = shipped_key("sm_90", "attn_bwd_dkdv", point, seqlen_k)
-    if GLUON not in key:
-        pytest.skip(f"the installed archive runs {key} here, not the Gluon dK/dV kernel")
-
-
-def _rand(*shape, dtype, seed):
-    gen = torch.Generator("cuda").manual_seed(seed)
-    return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+    require_sm90_function("attn_bwd_dkdv", "flash_attention_sm90_bwd:attn_bwd_dkdv", dtype, 256, seqlen_k)
 
 
 # (dtype, batch, heads, kv heads, seqlen_q, seqlen_k, causal, window)
@@ -61,7 +49,7 @@ CASES = [
 def test_gluon_dkdv_matches_math(dtype, b, h, hk, sq, sk, causal, window):
     _require_gluon(dtype, sk)
     # flash-attn's layout (batch, seqlen, heads, head_dim)
-    q, k, v, g = (_rand(b, s, n, 256, dtype=dtype, seed=i)
+    q, k, v, g = (randn(b, s, n, 256, dtype=dtype, seed=i)
                   for i, (s, n) in enumerate(((sq, h), (sk, hk), (sk, hk), (sq, h))))
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     aotriton_rocm.reset_launch_counts()
@@ -88,8 +76,8 @@ def test_gluon_dkdv_varlen_with_an_empty_last_sequence():
     lens_q, lens_k, h = [1300, 37, 2000, 0], [1300, 1900, 1111, 700], 4
     cu_q, cu_k = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
                   for lens in (lens_q, lens_k))
-    q, g = (_rand(sum(lens_q), h, 256, dtype=torch.bfloat16, seed=s) for s in (1, 2))
-    k, v = (_rand(sum(lens_k), h, 256, dtype=torch.bfloat16, seed=s).requires_grad_(True) for s in (3, 4))
+    q, g = (randn(sum(lens_q), h, 256, dtype=torch.bfloat16, seed=s) for s in (1, 2))
+    k, v = (randn(sum(lens_k), h, 256, dtype=torch.bfloat16, seed=s).requires_grad_(True) for s in (3, 4))
     q.requires_grad_(True)
     aotriton_rocm.reset_launch_counts()
     out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True)
@@ -108,9 +96,9 @@ def test_gluon_dkdv_with_kv_broadcast_along_the_sequence():
     """K/V with row stride 0 (one row expanded): the copies follow any stride."""
     _require_gluon(torch.float16, 1500)
     h = 4
-    q, g = (_rand(1, 1200, h, 256, dtype=torch.float16, seed=s) for s in (5, 6))
+    q, g = (randn(1, 1200, h, 256, dtype=torch.float16, seed=s) for s in (5, 6))
     q.requires_grad_(True)
-    k, v = (_rand(1, 1, h, 256, dtype=torch.float16, seed=s).requires_grad_(True) for s in (7, 8))
+    k, v = (randn(1, 1, h, 256, dtype=torch.float16, seed=s).requires_grad_(True) for s in (7, 8))
     ke, ve = (t.expand(1, 1500, h, 256) for t in (k, v))
     assert ke.stride(1) == 0
     aotriton_rocm.reset_launch_counts()

@@ -20,7 +20,7 @@ import torch
 import aotriton_rocm
 from aotriton_rocm import device, images
 from support import attn_reference as ref
-from support.gpu import ours, shipped_key
+from support.gpu import ours, randn, require_sm90_function
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
 
@@ -29,20 +29,8 @@ if not device.gpu_available():
 if device.arch_of(torch.cuda.current_device()) != "sm_90" or "sm_90" not in images.find_archives():
     pytest.skip("needs an sm_90 GPU and the installed sm_90 image", allow_module_level=True)
 
-GLUON = "function=flash_attention_sm90:attn_fwd"
-
-
 def _require_gluon(dtype, head_dim, seqlen):
-    point = {"dtype": {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], "head_dim": head_dim,
-             "pad_head": False, "has_bias": False, "enable_dropout": False}
-    key = shipped_key("sm_90", "attn_fwd", point, seqlen)
-    if GLUON not in key:
-        pytest.skip(f"the installed archive runs {key} here, not the Gluon forward")
-
-
-def _rand(*shape, dtype, seed):
-    gen = torch.Generator("cuda").manual_seed(seed)
-    return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+    require_sm90_function("attn_fwd", "flash_attention_sm90:attn_fwd", dtype, head_dim, seqlen)
 
 
 # (dtype, head_dim, batch, heads, kv heads, seqlen_q, seqlen_k, causal, window)
@@ -65,7 +53,7 @@ CASES = [
 def test_gluon_forward_matches_math(dtype, d, b, h, hk, sq, sk, causal, window):
     _require_gluon(dtype, d, sq)
     # flash-attn's layout (batch, seqlen, heads, head_dim)
-    q, k, v, g = (_rand(b, s, n, d, dtype=dtype, seed=i)
+    q, k, v, g = (randn(b, s, n, d, dtype=dtype, seed=i)
                   for i, (s, n) in enumerate(((sq, h), (sk, hk), (sk, hk), (sq, h))))
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     aotriton_rocm.reset_launch_counts()
@@ -85,8 +73,8 @@ def _varlen_forward(lens_q, lens_k, dtype, causal, seed):
     h, d = 4, 128
     cu_q, cu_k = (torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device="cuda", dtype=torch.int32)
                   for lens in (lens_q, lens_k))
-    q = _rand(sum(lens_q), h, d, dtype=dtype, seed=seed)
-    k, v = (_rand(sum(lens_k), h, d, dtype=dtype, seed=seed + s) for s in (1, 2))
+    q = randn(sum(lens_q), h, d, dtype=dtype, seed=seed)
+    k, v = (randn(sum(lens_k), h, d, dtype=dtype, seed=seed + s) for s in (1, 2))
     out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal)
     return out, q, k, v, cu_q, cu_k
 
@@ -120,8 +108,8 @@ def test_gluon_forward_empty_and_broadcast_sequences():
     _check_sequences(out, *packed, range(2), False, torch.bfloat16)
 
     h, d = 4, 128
-    q = _rand(1, 2048, h, d, dtype=torch.bfloat16, seed=7)
-    k, v = (_rand(1, 1, h, d, dtype=torch.bfloat16, seed=s).expand(1, 3000, h, d) for s in (8, 9))
+    q = randn(1, 2048, h, d, dtype=torch.bfloat16, seed=7)
+    k, v = (randn(1, 1, h, d, dtype=torch.bfloat16, seed=s).expand(1, 3000, h, d) for s in (8, 9))
     assert k.stride(1) == 0
     aotriton_rocm.reset_launch_counts()
     out = aotriton_rocm.flash_attn_func(q, k, v, causal=True)
@@ -135,7 +123,7 @@ def test_gluon_forward_in_a_cuda_graph():
     """The per-launch global scratch (the kernel's TMA descriptors) is
     allocated in stream order, so capture and replay work."""
     _require_gluon(torch.float16, 128, 4096)
-    q, k, v = (_rand(1, 4096, 8, 128, dtype=torch.float16, seed=i) for i in range(3))
+    q, k, v = (randn(1, 4096, 8, 128, dtype=torch.float16, seed=i) for i in range(3))
     eager = aotriton_rocm.flash_attn_func(q, k, v, causal=True)
     static_out = torch.empty_like(eager)
     stream = torch.cuda.Stream()

@@ -3,6 +3,7 @@ variant an installed archive ships."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from aotriton_rocm import archive, backends, device, images
@@ -22,3 +23,20 @@ def shipped_key(arch: str, kernel: str, point: dict, seqlen: int) -> str:
         if choice["kernel"] == kernel and choice["functional"] == point:
             return next(key for bound, key, *_ in choice["select"] if bound is None or seqlen <= bound)
     raise AssertionError(f"the {arch} manifest has no {kernel} choice for {point}")
+
+
+def require_sm90_function(kernel: str, function: str, dtype: torch.dtype, head_dim: int, seqlen: int) -> None:
+    """Skip unless the installed sm_90 archive runs `function` ("module:name")
+    for `kernel` at the unmasked fast-path point of (dtype, head_dim) and this
+    sequence length: a case meant for that kernel cannot pass on another."""
+    point = {"dtype": {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype], "head_dim": head_dim,
+             "pad_head": False, "has_bias": False, "enable_dropout": False}
+    key = shipped_key("sm_90", kernel, point, seqlen)
+    if f"function={function}" not in key:
+        pytest.skip(f"the installed archive runs {key} here, not {function}")
+
+
+def randn(*shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """A seeded standard-normal CUDA tensor."""
+    gen = torch.Generator("cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
