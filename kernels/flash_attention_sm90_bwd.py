@@ -37,17 +37,16 @@ uses ring slot ``t % 2`` with mbarrier parity ``(t // 2) & 1``.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .flash_attention import LOG2E, batch_entry_sequence, query_block_ranges
 from .flash_attention_sm90 import TMA_LOAD, _block_start, _rows_descriptor
 
 # a CTA-wide barrier of the calling partition: gl.barrier from triton 3.9, the older name before
 BARRIER = getattr(gl, "barrier", None) or gl.thread_barrier
-SLOTS = gl.constexpr(2)  # ring depth of Q, dO and P^T (head dim 256: 64 + 2 x 64 + 32 KiB)
+SLOTS = gl.constexpr(2)  # ring depth of Q, dO and P^T (head dim 256: K, V 64 + Q, dO 128 + P^T 32 KiB)
 PRODUCER_WARPS = gl.constexpr(4)
-# 2 x 128 x 232 + 128 x 40 <= 65536 registers
+# 2 x 128 x 240 + 128 x 24 <= 65536 registers (the producer only issues copies)
 PRODUCER_REGS = gl.constexpr(24)
 CONSUMER_REGS = gl.constexpr(240)
 
