@@ -18,7 +18,8 @@ Conventions shared by all kernels:
 * program id 1 + program id 2 * (grid size 1) is ``z * heads + h`` (query
   heads, except in ``attn_bwd_dkdv`` where it is the key/value head): the y
   grid dimension holds at most 65535, the rest continues along z, and
-  programs past ``batch`` do nothing; program id 0 is the row block;
+  programs past ``batch`` do nothing; program id 0 is the row block (from
+  the last in the forward and dQ kernels: :func:`heavy_first_row_block`);
 * variable-length batches (``varlen != 0``): Q/K/V are packed (total, heads,
   head_dim) with no z stride; sequence z holds rows ``CU_Q[z] ..
   CU_Q[z + 1]`` of Q (``CU_K`` for K/V) and its own seqlens;
@@ -169,6 +170,16 @@ def query_program_sequence(CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, ma
 
 
 @triton.jit
+def heavy_first_row_block(BLOCK_M: tl.constexpr):
+    """This program's first query row. Program id 0 counts the row blocks
+    from the last: under a causal mask (either corner) a later block sees
+    more keys, and the hardware starts programs in id order, so the longest
+    ones run first and the short ones fill the end of the grid instead of a
+    long one running alone there."""
+    return (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+
+
+@triton.jit
 def key_block_ranges(start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The key blocks of a query block: row i sees columns [i + lo_shift,
@@ -227,7 +238,7 @@ def attn_fwd(
     ENABLE_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = heavy_first_row_block(BLOCK_M)
     off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     off_z32 = off_zh // num_heads
     off_h32 = off_zh % num_heads
@@ -690,7 +701,7 @@ def attn_bwd_dq(
     ENABLE_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = heavy_first_row_block(BLOCK_M)
     off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
     off_z32 = off_zh // num_heads
     off_h32 = off_zh % num_heads

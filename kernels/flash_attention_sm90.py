@@ -42,7 +42,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .flash_attention import LN2, LOG2E, key_block_ranges, query_program_sequence
+from .flash_attention import LN2, LOG2E, heavy_first_row_block, key_block_ranges, query_program_sequence
 
 # TMA copy into shared memory: async_load from triton 3.9, the older name before
 TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -251,7 +251,7 @@ def attn_fwd(
     sh_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_D * 2), element_bitwidth=16,
                                                    rank=2)
 
-    start_m = gl.program_id(0) * BLOCK_M
+    start_m = heavy_first_row_block(BLOCK_M)
     off_zh = gl.program_id(1) + gl.program_id(2) * gl.num_programs(1)
     off_z32 = off_zh // num_heads
     off_h32 = off_zh % num_heads
