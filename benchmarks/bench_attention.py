@@ -14,6 +14,8 @@ causal), backward 2.5x the forward, forward+backward 3.5x.
 
 Every timing is the median over repetitions of CUDA-event time around a few
 back-to-back calls (the host runs ahead, as in training), after warm-up.
+The peers of a shape are timed in interleaved rounds, so that the GPU's
+clocks drifting during a shape reach every peer alike, not the first one.
 Our cells count our kernels' launches: a cell where torch's kernel ran
 instead is reported as "fallback", never as ours. Numbers are measured, not
 asserted: this is a benchmark, not a test. `--plot` needs matplotlib (or run
@@ -45,6 +47,7 @@ TRITON_JIT = "triton JIT"
 PASSES = ("fwd", "bwd", "fwd+bwd")
 PASS_FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}
 QUEUED_CALLS = 4  # back-to-back calls per timed repetition
+ROUNDS = 5  # interleaved rounds over the peers per shape (see measure_shape)
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,8 @@ def make_inputs(shape: Shape):
     return q, k, v, grad
 
 
-def _median_ms(fn, reps: int, warmup: int = 2) -> float:
+def _times_ms(fn, reps: int, warmup: int = 2) -> list:
+    """``reps`` timings (ms per call) of ``QUEUED_CALLS`` back-to-back calls."""
     for _ in range(warmup):
         fn()
     times = []
@@ -118,7 +122,7 @@ def _median_ms(fn, reps: int, warmup: int = 2) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / QUEUED_CALLS)
-    return statistics.median(times)
+    return times
 
 
 def pass_fns(attend, q, k, v, grad, passes=PASSES):
@@ -168,28 +172,61 @@ def sdpa_on(peer: str):
         aotriton_rocm.disable()
 
 
-def measure_peer(peer: str, shape: Shape, reps: int, passes=PASSES) -> dict:
-    """{pass: ms or None} plus "error" when the peer refused or fell back."""
-    q, k, v, grad = make_inputs(shape)
-    attend = sdpa_call(shape)
-    result: dict = {}
+def _refusal(exc: RuntimeError) -> dict:
+    return {"error": str(exc).strip().splitlines()[0][:160]}
+
+
+def _peer_fns(peer: str, shape: Shape, attend, inputs, passes) -> dict:
+    """{pass: callable} of one peer, each run once (our launch count is
+    checked there), or {"error": why not}."""
+    q, k, v, grad = inputs
     try:
         if peer == TRITON_JIT:
             jit = _triton_jit_forward(shape, q, k, v)
             if isinstance(jit, str):
                 return {"error": jit}
-            result["fwd"] = _median_ms(jit, reps)
-        else:
-            with sdpa_on(peer):
-                aotriton_rocm.reset_launch_counts()
-                for name, fn in pass_fns(attend, q, k, v, grad, passes).items():
-                    result[name] = _median_ms(fn, reps)
-                if peer == OURS and _our_launches() == 0:
-                    return {"error": "fallback: torch's kernel ran, not ours"}
+            jit()
+            return {"fwd": jit}
+        with sdpa_on(peer):
+            aotriton_rocm.reset_launch_counts()
+            fns = pass_fns(attend, q, k, v, grad, passes)
+            for fn in fns.values():
+                fn()
+            if peer == OURS and _our_launches() == 0:
+                return {"error": "fallback: torch's kernel ran, not ours"}
     except RuntimeError as exc:  # a backend that refuses this shape or dtype
-        return {"error": str(exc).strip().splitlines()[0][:160]}
-    finally:
-        del q, k, v, grad
+        return _refusal(exc)
+    return fns
+
+
+def measure_shape(shape: Shape, peers: list[str], reps: int, passes=PASSES) -> dict:
+    """{peer: {pass: ms} or {"error": why}}. The peers are timed in ROUNDS
+    interleaved rounds (each round times every peer in turn), so a drift of
+    the GPU's clocks over the shape's run reaches every peer alike; each
+    pass's figure is the median of its ``reps`` timings."""
+    inputs = make_inputs(shape)
+    attend = sdpa_call(shape)
+    fns, result = {}, {}
+    for peer in peers:
+        got = _peer_fns(peer, shape, attend, inputs, passes)
+        if "error" in got:
+            result[peer] = got
+        else:
+            fns[peer] = got
+    times = {peer: {name: [] for name in got} for peer, got in fns.items()}
+    for round_ in range(ROUNDS):
+        n = reps // ROUNDS + (round_ < reps % ROUNDS)  # the remainder in the first rounds
+        for peer in list(fns) if n else ():
+            try:
+                with contextlib.nullcontext() if peer == TRITON_JIT else sdpa_on(peer):
+                    for name, fn in fns[peer].items():
+                        times[peer][name] += _times_ms(fn, n)
+            except RuntimeError as exc:
+                result[peer] = _refusal(exc)
+                del fns[peer]
+    for peer in fns:
+        result[peer] = {name: statistics.median(t) for name, t in times[peer].items() if t}
+    del inputs, fns
     return result
 
 
@@ -256,15 +293,14 @@ def run(shapes: list[Shape], reps: int, peers: list[str], passes=PASSES) -> list
     rows = []
     for i, shape in enumerate(shapes, 1):
         row = {"shape": asdict(shape), "tflops": {}, "ms": {}, "errors": {}}
-        for peer in peers:
-            ms = measure_peer(peer, shape, reps, passes)
+        for peer, ms in measure_shape(shape, peers, reps, passes).items():
             if "error" in ms:
                 row["errors"][peer] = ms.pop("error")
             for name, value in ms.items():
                 flops = shape.forward_flops() * PASS_FLOP_FACTOR[name]
                 row["tflops"].setdefault(name, {})[peer] = flops / value / 1e9
                 row["ms"].setdefault(name, {})[peer] = value
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
         rows.append(row)
         print(f"[{i}/{len(shapes)}] {format_row(row)}", flush=True)
     return rows
@@ -366,7 +402,8 @@ def main(argv=None) -> int:
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "aotriton_rocm": aotriton_rocm.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "timing": f"median of {args.reps} x {QUEUED_CALLS} queued calls, CUDA events",
+            "timing": f"median of {args.reps} x {QUEUED_CALLS} queued calls, CUDA events, the peers "
+                      f"interleaved over {ROUNDS} rounds per shape",
             "flops": "fwd 4*B*H*Sq*Sk*D (causal: half); bwd 2.5x fwd; fwd+bwd 3.5x fwd"}
     print(f"{meta['gpu']}, torch {meta['torch']}, aotriton-rocm {meta['aotriton_rocm']}; "
           f"TFLOP/s, {meta['timing']}", flush=True)
