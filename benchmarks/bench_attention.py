@@ -159,7 +159,10 @@ def _our_launches() -> int:
 @contextlib.contextmanager
 def sdpa_on(peer: str):
     """SDPA calls in the block run on ``peer``: ours (in torch's FLASH slot)
-    or one of torch's backends."""
+    or one of torch's backends; the Triton JIT peer calls no SDPA."""
+    if peer == TRITON_JIT:
+        yield
+        return
     if peer != OURS:
         with sdpa_kernel(TORCH_PEERS[peer]):
             yield
@@ -218,7 +221,7 @@ def measure_shape(shape: Shape, peers: list[str], reps: int, passes=PASSES) -> d
         n = reps // ROUNDS + (round_ < reps % ROUNDS)  # the remainder in the first rounds
         for peer in list(fns) if n else ():
             try:
-                with contextlib.nullcontext() if peer == TRITON_JIT else sdpa_on(peer):
+                with sdpa_on(peer):
                     for name, fn in fns[peer].items():
                         times[peer][name] += _times_ms(fn, n)
             except RuntimeError as exc:
@@ -226,7 +229,6 @@ def measure_shape(shape: Shape, peers: list[str], reps: int, passes=PASSES) -> d
                 del fns[peer]
     for peer in fns:
         result[peer] = {name: statistics.median(t) for name, t in times[peer].items() if t}
-    del inputs, fns
     return result
 
 
