@@ -63,6 +63,11 @@ def _rows_descriptor(base, rows, stride_row, smem):
 
 
 @gluon.jit
+def _block_bytes(smem):
+    return smem.shape[0] * smem.shape[1] * smem.dtype.primitive_bitwidth // 8
+
+
+@gluon.jit
 def _block_start(x, f_lo, f_hi, MASKED: gl.constexpr):
     if MASKED:
         return x + (x >= f_lo).to(gl.int32) * (f_hi - f_lo)
@@ -90,17 +95,17 @@ def _softmax_step(s, m_i, l_i, exp_scale, cols, rows, seqlen_k, lo_shift, hi_shi
 
 @gluon.jit
 def _produce_range(k_smem, v_smem, bars, k_desc, v_desc, lo_p, up_p, f_lo, f_hi, t, MASKED: gl.constexpr):
-    # Copies K_0, then (K_i, V_{i-1}) for each further block, then V of the
-    # last: the order the consumer needs them in. t counts blocks over both
-    # phases (ring slot t % NB, parity (t // NB) & 1).
+    # Copies (K_i, V_{i-1}) for each block, then V of the last: the order the
+    # consumer needs them in. t counts blocks over both phases (ring slot
+    # t % NB, parity (t // NB) & 1); the caller has copied K of block t = 0.
     k_ready, k_empty, v_ready, v_empty = bars
     NB: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    nbytes: gl.constexpr = k_smem.shape[1] * k_smem.shape[2] * k_smem.dtype.primitive_bitwidth // 8
+    nbytes: gl.constexpr = _block_bytes(k_smem.index(0))
     prev_n = lo_p * 0
     for x in range(lo_p, up_p + BLOCK_N, BLOCK_N):
         n = _block_start(x, f_lo, f_hi, MASKED)
-        if x < up_p:
+        if (x < up_p) & (t > 0):
             slot = t % NB
             mbarrier.wait(k_empty.index(slot), ((t // NB) & 1) ^ 1)
             mbarrier.expect(k_ready.index(slot), nbytes)
@@ -198,9 +203,15 @@ def _consumer(q_half, r0, k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_bas
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * LN2)
     acc = acc * gl.convert_layout(1.0 / l_safe, row_o)[:, None]
-    offs_om = r0 + gl.arange(0, HM, layout=row_o)
-    offs_od = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, o_layout))
-    gl.store(o_blk + (offs_om[:, None] * stride_om + offs_od[None, :]), acc.to(dtype),
+    # The wgmma layout gives a thread 4-byte pieces of 8 rows; stored from it,
+    # the epilogue took 2 us per CTA at head dim 128. Through a layout with 16
+    # contiguous bytes per thread (the conversion goes through shared memory)
+    # it is a fraction of that.
+    TD: gl.constexpr = BLOCK_D // 8
+    st_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TD, TD], [NW, 1], [1, 0])
+    offs_om = r0 + gl.arange(0, HM, layout=gl.SliceLayout(1, st_layout))
+    offs_od = gl.arange(0, BLOCK_D, layout=gl.SliceLayout(0, st_layout))
+    gl.store(o_blk + (offs_om[:, None] * stride_om + offs_od[None, :]), gl.convert_layout(acc.to(dtype), st_layout),
              mask=(offs_om < seqlen_q - start_m)[:, None] & (offs_od < BLOCK_D)[None, :])
     gl.store(lse_base + rows, lse, mask=rows < seqlen_q)
 
@@ -212,11 +223,20 @@ def _producer(q_smem, k_smem, v_smem, bars, q_bar, q_seq, stride_qm, start_m, se
     # empty, its base the tensor's end) and completes q_bar by a plain arrival.
     live = start_m < seqlen_q
     q_desc = _rows_descriptor(q_seq, seqlen_q, stride_qm, q_smem)
-    mbarrier.expect(q_bar, q_smem.shape[0] * q_smem.shape[1] * q_smem.dtype.primitive_bitwidth // 8, pred=live)
+    mbarrier.expect(q_bar, _block_bytes(q_smem), pred=live)
     TMA_LOAD(q_desc, [start_m, 0], q_bar, q_smem, pred=live)
     mbarrier.arrive(q_bar, count=1, pred=start_m >= seqlen_q)
     # K and V are copied only by programs that see a key (seqlen_k > 0)
     k_desc = _rows_descriptor(k_base, seqlen_k, stride_kn, k_smem.index(0))
+    # The first block's K goes out before V's descriptor is built (about a
+    # microsecond): the first S product waits on it, the first P V product
+    # comes a softmax later.
+    k_ready = bars[0]
+    has_unmasked = f_hi > f_lo
+    has_block = has_unmasked | (hi - (f_hi - f_lo) > lo)
+    first = gl.where(has_unmasked, f_lo, _block_start(lo, f_lo, f_hi, True))
+    mbarrier.expect(k_ready.index(0), _block_bytes(k_smem.index(0)), pred=has_block)
+    TMA_LOAD(k_desc, [first, 0], k_ready.index(0), k_smem.index(0), pred=has_block)
     v_desc = _rows_descriptor(v_base, seqlen_k, stride_vn, v_smem.index(0))
     t = _produce_range(k_smem, v_smem, bars, k_desc, v_desc, f_lo, f_hi, f_lo, f_hi, f_lo * 0, False)
     _produce_range(k_smem, v_smem, bars, k_desc, v_desc, lo, hi - (f_hi - f_lo), f_lo, f_hi, t, True)
