@@ -73,6 +73,18 @@ def standard_shape(dtype: str, head_dim: int, seqlen: int, causal: bool) -> Shap
                  seqlen, seqlen, head_dim, causal, dtype)
 
 
+def add_one_shape_arguments(parser) -> None:
+    """The options naming one standard shape, one pass and the backends to
+    run it on (kernel_times.py, sustained_power.py); ``standard_shape`` of
+    the parsed dtype, head_dim, seqlen and causal gives the shape."""
+    parser.add_argument("--dtype", default="bf16", choices=("fp16", "bf16"))
+    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    parser.add_argument("--seqlen", type=int, default=16384)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--pass", dest="pass_name", default="bwd", choices=PASSES)
+    parser.add_argument("--peers", default=f"{OURS},FLASH,CUDNN")
+
+
 def standard_shapes(quick: bool, dtypes=("fp16", "bf16")) -> list[Shape]:
     dtypes = ("bf16",) if quick else dtypes
     seqlens = (1024, 4096, 16384) if quick else (512, 1024, 2048, 4096, 8192, 16384)

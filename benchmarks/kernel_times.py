@@ -23,8 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import (OURS, Shape, make_inputs, pass_fns, sdpa_call, sdpa_on,  # noqa: E402
-                             standard_shape)
+from bench_attention import (Shape, add_one_shape_arguments, make_inputs, pass_fns, sdpa_call,  # noqa: E402
+                             sdpa_on, standard_shape)
 
 RUNS = 5
 
@@ -50,12 +50,7 @@ def kernel_times(peer: str, shape: Shape, pass_name: str) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dtype", default="bf16", choices=("fp16", "bf16"))
-    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
-    parser.add_argument("--seqlen", type=int, default=16384)
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--pass", dest="pass_name", default="bwd", choices=("fwd", "bwd", "fwd+bwd"))
-    parser.add_argument("--peers", default=f"{OURS},FLASH,CUDNN")
+    add_one_shape_arguments(parser)
     parser.add_argument("--json", type=Path, help="write the times here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -2,7 +2,7 @@
 samples the board's power draw and SM clock: whether a ratio of
 bench_attention.py's table is set by the kernels or by the power cap.
 
-    python benchmarks/sustained_power.py [--dtype fp16] [--head-dim 128] [--seqlen 16384]
+    python benchmarks/sustained_power.py [--dtype bf16] [--head-dim 128] [--seqlen 16384]
                                          [--causal] [--pass bwd] [--seconds 3] [--json FILE]
 
 For each backend it prints the time per call, the mean and range of power
@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import OURS, make_inputs, pass_fns, sdpa_call, sdpa_on, standard_shape  # noqa: E402
+from bench_attention import (add_one_shape_arguments, make_inputs, pass_fns, sdpa_call, sdpa_on,  # noqa: E402
+                             standard_shape)
 
 SAMPLE_MS = 100
 FIELDS = "timestamp,power.draw,clocks.sm,clocks_event_reasons.active"
@@ -63,12 +64,7 @@ def samples_between(log: Path, t0: float, t1: float) -> list[tuple[float, float,
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
-    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
-    parser.add_argument("--seqlen", type=int, default=16384)
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--pass", dest="pass_name", default="bwd", choices=("fwd", "bwd", "fwd+bwd"))
-    parser.add_argument("--peers", default=f"{OURS},FLASH,CUDNN")
+    add_one_shape_arguments(parser)
     parser.add_argument("--seconds", type=float, default=3.0, help="run time per backend (at least 2)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
