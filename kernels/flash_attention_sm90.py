@@ -63,11 +63,6 @@ def _rows_descriptor(base, rows, stride_row, smem):
 
 
 @gluon.jit
-def _block_bytes(smem):
-    return smem.shape[0] * smem.shape[1] * smem.dtype.primitive_bitwidth // 8
-
-
-@gluon.jit
 def _block_start(x, f_lo, f_hi, MASKED: gl.constexpr):
     if MASKED:
         return x + (x >= f_lo).to(gl.int32) * (f_hi - f_lo)
@@ -101,7 +96,7 @@ def _produce_range(k_smem, v_smem, bars, k_desc, v_desc, lo_p, up_p, f_lo, f_hi,
     k_ready, k_empty, v_ready, v_empty = bars
     NB: gl.constexpr = k_smem.shape[0]
     BLOCK_N: gl.constexpr = k_smem.shape[1]
-    nbytes: gl.constexpr = _block_bytes(k_smem.index(0))
+    nbytes: gl.constexpr = k_smem.shape[1] * k_smem.shape[2] * k_smem.dtype.primitive_bitwidth // 8
     prev_n = lo_p * 0
     for x in range(lo_p, up_p + BLOCK_N, BLOCK_N):
         n = _block_start(x, f_lo, f_hi, MASKED)
@@ -223,7 +218,7 @@ def _producer(q_smem, k_smem, v_smem, bars, q_bar, q_seq, stride_qm, start_m, se
     # empty, its base the tensor's end) and completes q_bar by a plain arrival.
     live = start_m < seqlen_q
     q_desc = _rows_descriptor(q_seq, seqlen_q, stride_qm, q_smem)
-    mbarrier.expect(q_bar, _block_bytes(q_smem), pred=live)
+    mbarrier.expect(q_bar, q_smem.shape[0] * q_smem.shape[1] * q_smem.dtype.primitive_bitwidth // 8, pred=live)
     TMA_LOAD(q_desc, [start_m, 0], q_bar, q_smem, pred=live)
     mbarrier.arrive(q_bar, count=1, pred=start_m >= seqlen_q)
     # K and V are copied only by programs that see a key (seqlen_k > 0)
@@ -235,7 +230,8 @@ def _producer(q_smem, k_smem, v_smem, bars, q_bar, q_seq, stride_qm, start_m, se
     has_unmasked = f_hi > f_lo
     has_block = has_unmasked | (hi - (f_hi - f_lo) > lo)
     first = gl.where(has_unmasked, f_lo, _block_start(lo, f_lo, f_hi, True))
-    mbarrier.expect(k_ready.index(0), _block_bytes(k_smem.index(0)), pred=has_block)
+    k_bytes: gl.constexpr = k_smem.shape[1] * k_smem.shape[2] * k_smem.dtype.primitive_bitwidth // 8
+    mbarrier.expect(k_ready.index(0), k_bytes, pred=has_block)
     TMA_LOAD(k_desc, [first, 0], k_ready.index(0), k_smem.index(0), pred=has_block)
     v_desc = _rows_descriptor(v_base, seqlen_k, stride_vn, v_smem.index(0))
     t = _produce_range(k_smem, v_smem, bars, k_desc, v_desc, f_lo, f_hi, f_lo, f_hi, f_lo * 0, False)
