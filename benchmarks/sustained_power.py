@@ -7,9 +7,11 @@ bench_attention.py's table is set by the kernels or by the power cap.
 
 For each backend it prints the time per call, the mean and range of power
 and SM clock (from half a second in, once the clocks have settled), and
-nvidia-smi's clock-event reasons (0x4: the software power cap). A backend whose clock
-sits below the others' at the same power spends more energy per second of
-work; at the cap that decides its sustained speed. NVIDIA GPUs only.
+nvidia-smi's clock-event reasons (0x4: the software power cap). A backend
+whose clock sits below the others' at the same power spends more energy per
+second of work; at the cap that decides its sustained speed. NVIDIA GPUs
+only; on a machine with several, the samples are those of torch's current
+device.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from bench_attention import (add_one_shape_arguments, make_inputs, pass_fns, sdp
                              standard_shape)
 
 SAMPLE_MS = 100
-FIELDS = "timestamp,power.draw,clocks.sm,clocks_event_reasons.active"
+FIELDS = "timestamp,uuid,power.draw,clocks.sm,clocks_event_reasons.active"
 
 
 def run_for(fn, seconds: float) -> tuple[float, float]:
@@ -51,13 +53,20 @@ def run_for(fn, seconds: float) -> tuple[float, float]:
     return began, 1e3 * (time.monotonic() - start) / calls
 
 
-def samples_between(log: Path, t0: float, t1: float) -> list[tuple[float, float, str]]:
-    """(watts, MHz, reasons) of the samples taken in [t0, t1] (epoch seconds)."""
+def _gpu_id(uuid: str) -> str:
+    return uuid.strip().lower().removeprefix("gpu-")
+
+
+def samples_between(log: Path, t0: float, t1: float, uuid: str = "") -> list[tuple[float, float, str]]:
+    """(watts, MHz, reasons) of the samples taken in [t0, t1] (epoch seconds)
+    on the GPU of that uuid; every sample where the log has one GPU only."""
+    lines = [[x.strip() for x in line.split(",")] for line in log.read_text().splitlines() if line.strip()]
+    gpus = {_gpu_id(fields[1]) for fields in lines}
     rows = []
-    for line in log.read_text().splitlines():
-        stamp, watts, mhz, reasons = (x.strip() for x in line.split(","))
+    for stamp, gpu, watts, mhz, reasons in lines:
         when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
-        if t0 <= when <= t1 and watts.split()[0].replace(".", "").isdigit():
+        mine = len(gpus) == 1 or _gpu_id(gpu) == _gpu_id(uuid)
+        if mine and t0 <= when <= t1 and watts.split()[0].replace(".", "").isdigit():
             rows.append((float(watts.split()[0]), float(mhz.split()[0]), reasons))
     return rows
 
@@ -99,7 +108,7 @@ def main(argv=None) -> int:
                 smi.terminate()
                 smi.wait()
         for peer, (t0, t1, ms) in spans.items():
-            rows = samples_between(log, t0, t1)
+            rows = samples_between(log, t0, t1, str(getattr(torch.cuda.get_device_properties(), "uuid", "")))
             if not rows:
                 print(f"{peer}: no nvidia-smi samples in its run")
                 continue

@@ -14,12 +14,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import sustained_power as P  # noqa: E402
 
-LOG = """\
-2026/11/25 00:59:01.100, 120.50 W, 1980 MHz, 0x0000000000000000
-2026/11/25 00:59:01.200, 690.10 W, 1605 MHz, 0x0000000000000004
-2026/11/25 00:59:01.300, [N/A], 1590 MHz, 0x0000000000000004
-2026/11/25 00:59:01.400, 701.00 W, 1575 MHz, 0x0000000000000004
-2026/11/25 00:59:01.500, 300.00 W, 1980 MHz, 0x0000000000000000
+A = "GPU-1f6b2c1e-0000-4000-8000-00000000000a"
+B = "GPU-1f6b2c1e-0000-4000-8000-00000000000b"
+LOG = f"""\
+2026/11/25 00:59:01.100, {A}, 120.50 W, 1980 MHz, 0x0000000000000000
+2026/11/25 00:59:01.200, {A}, 690.10 W, 1605 MHz, 0x0000000000000004
+2026/11/25 00:59:01.300, {A}, [N/A], 1590 MHz, 0x0000000000000004
+2026/11/25 00:59:01.400, {A}, 701.00 W, 1575 MHz, 0x0000000000000004
+2026/11/25 00:59:01.500, {A}, 300.00 W, 1980 MHz, 0x0000000000000000
+"""
+OTHER_GPU = f"""\
+2026/11/25 00:59:01.200, {B}, 80.00 W, 345 MHz, 0x0000000000000001
+2026/11/25 00:59:01.400, {B}, 81.00 W, 345 MHz, 0x0000000000000001
 """
 
 
@@ -32,6 +38,16 @@ def test_samples_inside_the_span_only_and_unreadable_power_skipped(tmp_path):
     log.write_text(LOG)
     rows = P.samples_between(log, _at("2026/11/25 00:59:01.150"), _at("2026/11/25 00:59:01.450"))
     assert rows == [(690.1, 1605.0, "0x0000000000000004"), (701.0, 1575.0, "0x0000000000000004")]
+
+
+def test_with_several_gpus_only_the_devices_samples(tmp_path):
+    log = tmp_path / "smi.csv"
+    log.write_text(LOG + OTHER_GPU)
+    span = _at("2026/11/25 00:59:01.150"), _at("2026/11/25 00:59:01.450")
+    # torch may give the uuid without nvidia-smi's "GPU-" prefix
+    assert P.samples_between(log, *span, uuid=B.removeprefix("GPU-")) == [
+        (80.0, 345.0, "0x0000000000000001"), (81.0, 345.0, "0x0000000000000001")]
+    assert len(P.samples_between(log, *span, uuid=A)) == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
