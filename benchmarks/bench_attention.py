@@ -187,8 +187,13 @@ def sdpa_on(peer: str):
         aotriton_rocm.disable()
 
 
+def refusal_text(exc: RuntimeError) -> str:
+    """The first line of a backend's refusal, for a table cell or a report."""
+    return str(exc).strip().splitlines()[0][:160]
+
+
 def _refusal(exc: RuntimeError) -> dict:
-    return {"error": str(exc).strip().splitlines()[0][:160]}
+    return {"error": refusal_text(exc)}
 
 
 def _peer_fns(peer: str, shape: Shape, attend, inputs, passes) -> dict:
@@ -231,7 +236,9 @@ def measure_shape(shape: Shape, peers: list[str], reps: int, passes=PASSES) -> d
     times = {peer: {name: [] for name in got} for peer, got in fns.items()}
     for round_ in range(ROUNDS):
         n = reps // ROUNDS + (round_ < reps % ROUNDS)  # the remainder in the first rounds
-        for peer in list(fns) if n else ():
+        if n == 0:
+            continue
+        for peer in list(fns):  # a copy: a peer that refuses mid-way leaves fns
             try:
                 with sdpa_on(peer):
                     for name, fn in fns[peer].items():

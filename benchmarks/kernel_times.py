@@ -23,8 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import (Shape, add_one_shape_arguments, make_inputs, pass_fns, sdpa_call,  # noqa: E402
-                             sdpa_on, standard_shape)
+from bench_attention import (Shape, add_one_shape_arguments, make_inputs, pass_fns, refusal_text,  # noqa: E402
+                             sdpa_call, sdpa_on, standard_shape)
 
 RUNS = 5
 
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         try:
             times = kernel_times(peer, shape, args.pass_name)
         except RuntimeError as exc:  # a backend that refuses the shape
-            print(f"\n{peer}: {str(exc).strip().splitlines()[0][:160]}")
+            print(f"\n{peer}: {refusal_text(exc)}")
             continue
         report["us_per_pass"][peer] = times
         total = sum(times.values())

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import (add_one_shape_arguments, make_inputs, pass_fns, sdpa_call, sdpa_on,  # noqa: E402
-                             standard_shape)
+from bench_attention import (add_one_shape_arguments, make_inputs, pass_fns, refusal_text, sdpa_call,  # noqa: E402
+                             sdpa_on, standard_shape)
 
 SAMPLE_MS = 100
 FIELDS = "timestamp,uuid,power.draw,clocks.sm,clocks_event_reasons.active"
@@ -57,18 +57,24 @@ def _gpu_id(uuid: str) -> str:
     return uuid.strip().lower().removeprefix("gpu-")
 
 
-def samples_between(log: Path, t0: float, t1: float, uuid: str = "") -> list[tuple[float, float, str]]:
-    """(watts, MHz, reasons) of the samples taken in [t0, t1] (epoch seconds)
-    on the GPU of that uuid; every sample where the log has one GPU only."""
+def read_samples(log: Path, uuid: str = "") -> list[tuple[float, float, float, str]]:
+    """(epoch seconds, watts, MHz, reasons) of nvidia-smi's samples of the GPU
+    of that uuid (every sample where the log has one GPU only), samples
+    without a power reading left out."""
     lines = [[x.strip() for x in line.split(",")] for line in log.read_text().splitlines() if line.strip()]
     gpus = {_gpu_id(fields[1]) for fields in lines}
-    rows = []
+    samples = []
     for stamp, gpu, watts, mhz, reasons in lines:
-        when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
         mine = len(gpus) == 1 or _gpu_id(gpu) == _gpu_id(uuid)
-        if mine and t0 <= when <= t1 and watts.split()[0].replace(".", "").isdigit():
-            rows.append((float(watts.split()[0]), float(mhz.split()[0]), reasons))
-    return rows
+        if mine and watts.split()[0].replace(".", "").isdigit():
+            when = datetime.strptime(stamp, "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            samples.append((when, float(watts.split()[0]), float(mhz.split()[0]), reasons))
+    return samples
+
+
+def samples_between(samples, t0: float, t1: float) -> list[tuple[float, float, str]]:
+    """(watts, MHz, reasons) of the samples taken in [t0, t1]."""
+    return [(watts, mhz, reasons) for when, watts, mhz, reasons in samples if t0 <= when <= t1]
 
 
 def main(argv=None) -> int:
@@ -102,13 +108,14 @@ def main(argv=None) -> int:
                             began, ms = run_for(fn, seconds)
                             spans[peer] = (began + 0.5, time.time(), ms)
                     except RuntimeError as exc:  # a backend that refuses the shape
-                        print(f"{peer}: {str(exc).strip().splitlines()[0][:160]}")
+                        print(f"{peer}: {refusal_text(exc)}")
                 time.sleep(2 * SAMPLE_MS / 1e3)
             finally:
                 smi.terminate()
                 smi.wait()
+        samples = read_samples(log, str(getattr(torch.cuda.get_device_properties(), "uuid", "")))
         for peer, (t0, t1, ms) in spans.items():
-            rows = samples_between(log, t0, t1, str(getattr(torch.cuda.get_device_properties(), "uuid", "")))
+            rows = samples_between(samples, t0, t1)
             if not rows:
                 print(f"{peer}: no nvidia-smi samples in its run")
                 continue

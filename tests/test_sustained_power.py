@@ -36,7 +36,7 @@ def _at(stamp: str) -> float:
 def test_samples_inside_the_span_only_and_unreadable_power_skipped(tmp_path):
     log = tmp_path / "smi.csv"
     log.write_text(LOG)
-    rows = P.samples_between(log, _at("2026/11/25 00:59:01.150"), _at("2026/11/25 00:59:01.450"))
+    rows = P.samples_between(P.read_samples(log), _at("2026/11/25 00:59:01.150"), _at("2026/11/25 00:59:01.450"))
     assert rows == [(690.1, 1605.0, "0x0000000000000004"), (701.0, 1575.0, "0x0000000000000004")]
 
 
@@ -45,9 +45,9 @@ def test_with_several_gpus_only_the_devices_samples(tmp_path):
     log.write_text(LOG + OTHER_GPU)
     span = _at("2026/11/25 00:59:01.150"), _at("2026/11/25 00:59:01.450")
     # torch may give the uuid without nvidia-smi's "GPU-" prefix
-    assert P.samples_between(log, *span, uuid=B.removeprefix("GPU-")) == [
+    assert P.samples_between(P.read_samples(log, uuid=B.removeprefix("GPU-")), *span) == [
         (80.0, 345.0, "0x0000000000000001"), (81.0, 345.0, "0x0000000000000001")]
-    assert len(P.samples_between(log, *span, uuid=A)) == 2
+    assert len(P.samples_between(P.read_samples(log, uuid=A), *span)) == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
