@@ -458,6 +458,40 @@ def attn_bwd_preprocess(
 
 
 @triton.jit
+def attn_bwd_dq_convert(
+    DQ_ACC, DQ, CU_Q,
+    stride_dqaz, stride_dqah, stride_dqam,
+    stride_dqz, stride_dqh, stride_dqm,
+    batch, num_heads, max_seqlen_q, varlen, head_dim, sm_scale,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """dQ = sm_scale * the fp32 sum ``flash_attention_sm90_bwd_fused`` added
+    up in ``DQ_ACC`` (strided like dQ), in dQ's dtype."""
+    start_m = tl.program_id(0) * BLOCK_M
+    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    off_z32 = off_zh // num_heads
+    off_z = off_z32.to(tl.int64)
+    off_h = (off_zh % num_heads).to(tl.int64)
+    z_last = tl.minimum(off_z32, batch - 1)
+    is_varlen = varlen != 0
+    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
+    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
+                        max_seqlen_q)
+    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = ((start_m + offs_m) < seqlen_q)[:, None] & (offs_d < head_dim)[None, :]
+    m_off64 = tl.cast(q_start + start_m, tl.int64)
+    acc = tl.load(DQ_ACC + off_z * stride_dqaz.to(tl.int64) + off_h * stride_dqah.to(tl.int64)
+                  + m_off64 * stride_dqam.to(tl.int64) + (offs_m[:, None] * stride_dqam + offs_d[None, :]),
+                  mask=mask, other=0.0)
+    tl.store(DQ + off_z * stride_dqz.to(tl.int64) + off_h * stride_dqh.to(tl.int64)
+             + m_off64 * stride_dqm.to(tl.int64) + (offs_m[:, None] * stride_dqm + offs_d[None, :]),
+             (acc * sm_scale).to(DQ.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def attn_bwd_dkdv(
     Q, K, V, BIAS, DO, LSE, Delta, DK, DV, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
     stride_qz, stride_qh, stride_qm,

@@ -163,9 +163,12 @@ def test_real_variant_counts(targets, spec):
     points = {(k, tuple(f.items())) for k, ks in spec.kernels.items() for f in ks.functional_combinations()}
     # the unmasked fast path only where the head dim is the tile width (64, 128)
     assert {dict(f)["head_dim"] for _, f in points if dict(f).get("pad_head") is False} == {64, 128}
-    # and, on sm_90 only, the Gluon dK/dV kernel's at 256
-    sm90_only = {("attn_bwd_dkdv", (("dtype", dt), ("head_dim", 256), ("pad_head", False), ("has_bias", False),
-                                    ("enable_dropout", False))) for dt in ("fp16", "bf16")}
+    # and, on sm_90 only, the Gluon dK/dV kernel's at 256 and the fused backward's kernels
+    fused = {p for p in points if p[0] in ("attn_bwd_fused", "attn_bwd_dq_convert")}
+    assert {dict(f)["head_dim"] for _, f in fused} == {64}
+    points -= fused
+    sm90_only = fused | {("attn_bwd_dkdv", (("dtype", dt), ("head_dim", 256), ("pad_head", False),
+                                            ("has_bias", False), ("enable_dropout", False))) for dt in ("fp16", "bf16")}
 
     def covered(arch):
         vs = spec.variants_for(targets.archs[arch])
@@ -182,8 +185,10 @@ def test_real_variant_counts(targets, spec):
             # one candidate per point, plus the Gluon kernels at their fast-path points
             gluon = {(v.kernel, v.functional["head_dim"], v.functional["pad_head"])
                      for v in vs if v.module.startswith("flash_attention_sm90")}
-            assert gluon == {("attn_fwd", 64, False), ("attn_fwd", 128, False), ("attn_bwd_dkdv", 256, False)}
-            assert len(vs) == len(got) + 2 * len(gluon)
+            assert gluon == {("attn_fwd", 64, False), ("attn_fwd", 128, False), ("attn_bwd_dkdv", 256, False),
+                             ("attn_bwd_fused", 64, False)}
+            # (the fused backward is the only candidate of its points)
+            assert len(vs) == len(got) + 2 * (len(gluon) - 1)
         else:
             assert len(vs) >= len(points) + len(fwd_64_128), arch
     # RDNA covers every fp16/bf16 attention point up to head dim 256 (fp32

@@ -87,7 +87,7 @@ def _judge(label, q, k, v, grad, backend=SDPBackend.FLASH_ATTENTION, **kw):
 
 def _record(label, golden, lp_ref, ours):
     ran = {kernel for (_, kernel), n in backends.launch_counts().items() if n}
-    ok, ratios = ran >= set(backends.KERNELS), {}
+    ok, ratios = not smoke.kernels_not_launched(ran), {}
     for name in OUTPUTS:
         ref_err = (golden[name] - lp_ref[name].to(golden[name].dtype)).abs().max().item()
         err = (golden[name] - ours[name].to(golden[name].dtype)).abs().max().item()

@@ -208,6 +208,11 @@ static aotr_status parse_record(aotr_archive *a, size_t index, const aotr_json *
             return BAD("config BLOCK_N is not a positive integer");
         r->block_n = (int32_t)v;
     }
+    if (aotr_json_get(c, "MIN_SEQLEN") != NULL) {
+        if (!get_int(c, "MIN_SEQLEN", 1, INT32_MAX, &v))
+            return BAD("config MIN_SEQLEN is not a positive integer");
+        r->min_seqlen = (int32_t)v;
+    }
     if (!get_int(j, "num_warps", 1, 1024, &v))
         return BAD("num_warps is missing or out of range");
     r->num_warps = (int32_t)v;

@@ -26,6 +26,7 @@ enum {
     A_R, A_ENCODE_KEEP, /* dropout_uniform */
     /* softcap and ALiBi (appended; optional in a kernel's argument list) */
     A_ALIBI, A_SAZ, A_SAH, A_HAS_ALIBI, A_SOFTCAP,
+    A_DQ_ACC, A_SDQAZ, A_SDQAH, A_SDQAM, /* the fused backward's dQ accumulator */
     A_COUNT
 };
 _Static_assert(A_COUNT <= AOTR_KV_FIRST_SLOT, "AOTR_KV_FIRST_SLOT is too small");
@@ -44,6 +45,7 @@ static const char *const slot_names[A_COUNT] = {
     "sm_scale", "dropout_p",
     "R", "encode_keep",
     "ALIBI", "stride_az", "stride_ah", "has_alibi", "softcap",
+    "DQ_ACC", "stride_dqaz", "stride_dqah", "stride_dqam",
 };
 
 int aotr_arg_slot(const char *name)
@@ -65,7 +67,7 @@ aotr_arg_kind aotr_arg_slot_kind(int slot)
 {
     if (slot >= AOTR_KV_FIRST_SLOT)
         return aotr_kv_arg_slot_kind(slot);
-    if (slot <= A_DBIAS || slot == A_R || slot == A_ALIBI)
+    if (slot <= A_DBIAS || slot == A_R || slot == A_ALIBI || slot == A_DQ_ACC)
         return AOTR_ARG_POINTER;
     return slot == A_SM_SCALE || slot == A_DROPOUT_P || slot == A_SOFTCAP ? AOTR_ARG_FP32
                                                                           : AOTR_ARG_I32;
@@ -94,6 +96,15 @@ static const int dq_slots[] = {
     A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
     A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE,
     A_DROPOUT_P, A_STORE_DBIAS, -1};
+static const int fused_slots[] = {
+    A_Q, A_K, A_V, A_DO, A_LSE, A_DELTA, A_DK, A_DV, A_DQ_ACC, A_CU_Q, A_CU_K, A_SQZ, A_SQH,
+    A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SDOZ, A_SDOH, A_SDOM, A_SDKZ, A_SDKH,
+    A_SDKN, A_SDVZ, A_SDVH, A_SDVN, A_SDQAZ, A_SDQAH, A_SDQAM, A_SLZ, A_SLH, A_BATCH,
+    A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K, A_VARLEN, A_HEAD_DIM,
+    A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE, -1};
+static const int dq_convert_slots[] = {
+    A_DQ_ACC, A_DQ, A_CU_Q, A_SDQAZ, A_SDQAH, A_SDQAM, A_SDQZ, A_SDQH, A_SDQM, A_BATCH,
+    A_NUM_HEADS, A_MAX_SEQLEN_Q, A_VARLEN, A_HEAD_DIM, A_SM_SCALE, -1};
 static const int uniform_slots[] = {
     A_R, A_RNG_SEED, A_RNG_OFFSET, A_BATCH, A_NUM_HEADS, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
     A_DROPOUT_P, A_ENCODE_KEEP, -1};
@@ -106,6 +117,10 @@ const int *aotr_kernel_required_slots(int kernel_id)
         return aotr_kv_required_slots(kernel_id);
     if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM)
         return uniform_slots;
+    if (kernel_id == AOTR_KERNEL_BWD_FUSED)
+        return fused_slots;
+    if (kernel_id == AOTR_KERNEL_BWD_DQ_CONVERT)
+        return dq_convert_slots;
     return kernel_id >= 0 && kernel_id <= AOTR_KERNEL_BWD_DQ ? table[kernel_id] : none;
 }
 
@@ -317,6 +332,10 @@ static uint32_t kernels_needed(uint32_t needs, int kernels[AOTR_KERNEL_COUNT])
         kernels[n++] = AOTR_KERNEL_BWD_PRE;
         kernels[n++] = AOTR_KERNEL_BWD_DKDV;
         kernels[n++] = AOTR_KERNEL_BWD_DQ;
+    }
+    if (needs & AOTR_NEED_DQ_ACCUM) {
+        kernels[n++] = AOTR_KERNEL_BWD_FUSED;
+        kernels[n++] = AOTR_KERNEL_BWD_DQ_CONVERT;
     }
     return n;
 }
@@ -664,6 +683,28 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
                   params->stream, v);
 }
 
+/* The fused route: Delta, then dK, dV and the fp32 sum of dQ in one pass
+ * over the key blocks, then dQ from that sum. */
+static aotr_status fused_backward(aotr_runtime *rt, aotr_device *dev, const aotr_launchable *pre,
+                                  const aotr_launchable *fused, const aotr_launchable *conv,
+                                  const aotr_tensor *acc, const dims *d, void *stream,
+                                  aotr_arg_value *v)
+{
+    aotr_status st;
+    v[A_DQ_ACC].p = acc->data;
+    if ((st = set_zhm(v, A_SDQAZ, acc, d->varlen)) || (st = aotr_launchable_check(pre, v)) ||
+        (st = aotr_launchable_check(fused, v)) || (st = aotr_launchable_check(conv, v)))
+        return st;
+    if ((st = launch(rt, dev, pre, cdiv(d->sq, aotr_launchable_block_m(pre)), d->b * d->h,
+                     stream, v)) != AOTR_OK)
+        return st;
+    if ((st = launch(rt, dev, fused, cdiv(d->sk, aotr_launchable_block_n(fused)), d->b * d->hk,
+                     stream, v)) != AOTR_OK)
+        return st;
+    return launch(rt, dev, conv, cdiv(d->sq, aotr_launchable_block_m(conv)), d->b * d->h,
+                  stream, v);
+}
+
 aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
@@ -729,6 +770,18 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
         return st;
     if (store_dbias && (st = set_strides(v, A_SDBZ, db->strides, 3)) != AOTR_OK)
         return st;
+    const aotr_tensor *acc = NULL;
+    if (params->struct_size >= offsetof(aotr_attn_bwd_params, grad_q_accum) + sizeof(aotr_tensor) &&
+        aotr_present(&params->grad_q_accum)) {
+        acc = &params->grad_q_accum;
+        if ((st = check_tensor(acc, "grad_q_accum")) != AOTR_OK)
+            return st;
+        if (acc->dtype != AOTR_FP32 || !same_shape(acc, &p->q))
+            return aotr_fail(AOTR_INVALID_ARGUMENT, "grad_q_accum must be an fp32 tensor shaped "
+                             "like q");
+        if ((st = aotr_need_layout(acc, "grad_q_accum")) != AOTR_OK)
+            return st;
+    }
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
@@ -737,9 +790,20 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
     unsigned features = pick_features(bias, dropout, &mod);
     const aotr_launchable *pre = aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d.d,
                                                   0, d.sq, d.sk);
-    const aotr_launchable *dkdv = pre ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype,
-                                                         (int32_t)d.d, features, d.sq, d.sk)
-                                      : NULL;
+    if (!pre)
+        return AOTR_UNSUPPORTED;
+    if (acc) {
+        const aotr_launchable *fused = aotr_device_pick(dev, AOTR_KERNEL_BWD_FUSED, dtype,
+                                                        (int32_t)d.d, features, d.sq, d.sk);
+        const aotr_launchable *conv = fused ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ_CONVERT,
+                                                               dtype, (int32_t)d.d, 0, d.sq, d.sk)
+                                            : NULL;
+        if (conv)
+            return fused_backward(rt, dev, pre, fused, conv, acc, &d, params->stream, v);
+        aotr_clear_error(); /* no fused kernels for this problem: the split ones below */
+    }
+    const aotr_launchable *dkdv = aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype,
+                                                   (int32_t)d.d, features, d.sq, d.sk);
     const aotr_launchable *dq = dkdv ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ, dtype,
                                                         (int32_t)d.d, features, d.sq, d.sk)
                                      : NULL;

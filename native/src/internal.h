@@ -95,6 +95,7 @@ typedef struct aotr_kernel_record {
     int32_t pad_head, has_bias, enable_dropout;
     /* config: BLOCK_M / BLOCK_N (0 when absent) */
     int32_t block_m, block_n;
+    int32_t min_seqlen;   /* config MIN_SEQLEN: shorter sequences take another route (0: none) */
     int32_t num_warps, num_stages, warp_size;
     uint32_t shared;
     uint32_t global_scratch_size; /* bytes per program, allocated per launch */
@@ -156,7 +157,7 @@ AOTR_HIDDEN void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *st
 /* ---------------------------------------------- runtime.c / attention.c */
 enum { AOTR_KERNEL_FWD, AOTR_KERNEL_BWD_PRE, AOTR_KERNEL_BWD_DKDV, AOTR_KERNEL_BWD_DQ,
        AOTR_KERNEL_KVCACHE, AOTR_KERNEL_KVCACHE_COMBINE, AOTR_KERNEL_DROPOUT_UNIFORM,
-       AOTR_KERNEL_COUNT };
+       AOTR_KERNEL_BWD_FUSED, AOTR_KERNEL_BWD_DQ_CONVERT, AOTR_KERNEL_COUNT };
 AOTR_HIDDEN extern const char *const aotr_kernel_names[AOTR_KERNEL_COUNT];
 
 /* The value of every kernel argument name the library knows (attention.c

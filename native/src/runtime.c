@@ -21,7 +21,7 @@
 
 const char *const aotr_kernel_names[AOTR_KERNEL_COUNT] = {
     "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_fwd_kvcache",
-    "attn_fwd_kvcache_combine", "dropout_uniform"};
+    "attn_fwd_kvcache_combine", "dropout_uniform", "attn_bwd_fused", "attn_bwd_dq_convert"};
 
 struct aotr_launchable {
     const aotr_kernel_record *record;
@@ -558,7 +558,7 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
         /* Element-wise: one fp32 variant, head_dim a fixed label (variants.toml). */
         slots[n++] = group_slot(kernel_id, AOTR_FP32, 16, -1, -1, -1);
     } else if (kernel_id == AOTR_KERNEL_BWD_PRE || kernel_id == AOTR_KERNEL_KVCACHE ||
-               kernel_id == AOTR_KERNEL_KVCACHE_COMBINE) {
+               kernel_id == AOTR_KERNEL_KVCACHE_COMBINE || kernel_id == AOTR_KERNEL_BWD_DQ_CONVERT) {
         /* always masked along the head dim; no bias or dropout axis */
         slots[n++] = group_slot(kernel_id, dtype, block_d, -1, -1, -1);
     } else {
@@ -574,6 +574,12 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
         size_t r = 0;
         while (r + 1 < g->num_runs && g->bounds[r] < s)
             r++;
+        int32_t min_seqlen = g->runs[r]->record->min_seqlen;
+        if (seqlen_q < min_seqlen || seqlen_k < min_seqlen) {
+            aotr_fail(AOTR_UNSUPPORTED, "the %s image's %s kernel serves sequences of %d and "
+                      "more", dev->arch, aotr_kernel_names[kernel_id], (int)min_seqlen);
+            return NULL;
+        }
         return g->runs[r];
     }
     aotr_fail(AOTR_UNSUPPORTED, "the %s image has no %s kernel for dtype=%s, head_dim=%d%s%s",

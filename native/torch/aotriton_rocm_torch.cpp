@@ -681,6 +681,20 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
         !view(s, gi[0], perm, &p.grad_q) || !view(s, gi[1], perm, &p.grad_k) ||
         !view(s, gi[2], perm, &p.grad_v))
         return false;
+    // The fused backward where the image has it for the problem (its head dim
+    // is then a tile width, so a dense accumulator meets the layout rules):
+    // faster, but dQ is summed with atomics, not bitwise deterministic.
+    // torch's deterministic-algorithms flag is out of the stable ABI's reach,
+    // so this route cannot honour it (README, the features table).
+    Owned dq_accum;
+    if (aotr_attn_supported(s.runtime, tg.device, &p.problem,
+                            AOTR_NEED_BACKWARD | AOTR_NEED_DQ_ACCUM) == AOTR_OK) {
+        std::vector<int64_t> sizes = q.size_vec(); // in q's dim order, so `perm` applies
+        dq_accum = empty_strided(sizes, contiguous_strides(sizes), s.dt.f32, q);
+        check(aoti_torch_zero_(dq_accum.get()), "aoti_torch_zero_");
+        if (!view(s, info(dq_accum.get()), perm, &p.grad_q_accum))
+            return false;
+    }
     std::vector<Slot> slots;
     slots.push_back({&p.problem.q, q, perm, false, {}});
     slots.push_back({&p.problem.k, k, perm, false, {}});

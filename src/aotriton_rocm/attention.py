@@ -511,15 +511,18 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
              bias_grad: torch.Tensor | None = None, dropout_p: float = 0.0,
              rng: tuple[torch.Tensor, torch.Tensor] | None = None,
              varlen: Varlen | None = None, softcap: float = 0.0,
-             alibi_slopes: torch.Tensor | None = None
+             alibi_slopes: torch.Tensor | None = None, deterministic: bool = False
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV (written into ``grads`` if given, else like q, k, v).
 
     ``bias_grad`` (a (B, H, Sq, Sk) view, e.g. :func:`new_bias_grad`)
     receives the gradient of the bias; ``rng``, ``softcap`` and
     ``alibi_slopes`` must be the forward's.
-    Deterministic: with GQA each dK/dV block is summed over its query heads by
-    one program, without atomics.
+    With GQA each dK/dV block is summed over its query heads by one program,
+    without atomics. dQ too, but where the GPU's image has the fused backward
+    for the problem (sm_90): there dQ is summed with atomics, in an order
+    that varies from run to run, unless ``deterministic`` or torch's
+    ``use_deterministic_algorithms(True)`` asks for the split kernels.
     """
     backend: Backend = backend_for(q)
     b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
@@ -546,7 +549,8 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                          bias_grad=bias_grad, rng=rng, varlen=varlen,
                          bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
                          dropout_p=float(dropout_p), softcap=float(softcap),
-                         alibi_slopes=alibi_slopes)
+                         alibi_slopes=alibi_slopes,
+                         deterministic=deterministic or torch.are_deterministic_algorithms_enabled())
     else:
         _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, (dq, dk, dv), bias4,
                               bias_grad, rng, varlen, (b, h, hk, sq, sk, d),

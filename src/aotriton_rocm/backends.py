@@ -16,7 +16,7 @@ import torch
 
 from .device import arch_of
 from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
-from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, OK as NATIVE_OK,
+from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, NEED_DQ_ACCUM, OK as NATIVE_OK,
                      UNSUPPORTED as NATIVE_UNSUPPORTED, BwdParams, DropoutUniformParams,
                      FwdParams, KvcacheParams, NativeError, Problem as NativeProblem,
                      Runtime as NativeRuntime, check as check_status, error as native_error,
@@ -26,6 +26,9 @@ from .torch_native import launch_count as torch_native_launch_count
 from ._version import ABI_VERSION
 
 KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
+# The fused backward (sm_90): dK, dV and the fp32 sum of dQ in one pass, then
+# dQ from the sum; it replaces attn_bwd_dkdv + attn_bwd_dq where it runs.
+FUSED_BACKWARD_KERNELS = ("attn_bwd_fused", "attn_bwd_dq_convert")
 # The KV-cache forward (flash_attn_with_kvcache) and its split-KV combine.
 KVCACHE_KERNELS = ("attn_fwd_kvcache", "attn_fwd_kvcache_combine")
 
@@ -41,7 +44,7 @@ def kvcache_workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen
 # The attention kernels' dropout draws (torch's mask regeneration); not part
 # of an attention call's coverage.
 DROPOUT_UNIFORM = "dropout_uniform"
-_COUNTED = KERNELS + (DROPOUT_UNIFORM,)
+_COUNTED = KERNELS + FUSED_BACKWARD_KERNELS + (DROPOUT_UNIFORM,)
 # (backend name, kernel name) -> launches since import (or the last reset).
 _LAUNCHES: collections.Counter = collections.Counter()
 # The interpreter executes every block op in numpy: keep CPU work bounded.
@@ -359,7 +362,7 @@ class AOTBackend(Backend):
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
                  varlen, bottom_right, window, scale, dropout_p, softcap=0.0,
-                 alibi_slopes=None) -> None:
+                 alibi_slopes=None, deterministic=False) -> None:
         params = BwdParams()
         params.device = self.device_index
         params.stream = self._stream()
@@ -371,6 +374,16 @@ class AOTBackend(Backend):
             if t is not None:
                 setattr(params, name, tensor_view(t))
         params.softcap = softcap
+        # The fused backward where the image has it for the problem (its head
+        # dim is then a tile width, so a dense accumulator meets the layout
+        # rules): faster, but dQ is summed with atomics, so not where the
+        # caller asks for a deterministic backward. Later allocations on this
+        # stream queue behind the launches, so the accumulator may be freed
+        # on return.
+        if not (deterministic or softcap or alibi_slopes is not None) and self.runtime.supported(
+                self.device_index, params.problem, NEED_BACKWARD | NEED_DQ_ACCUM) == NATIVE_OK:
+            dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            params.grad_q_accum = tensor_view(dq_accum)
         check_status(self.runtime.bwd(params))
 
 
@@ -413,15 +426,17 @@ class InterpreterBackend(Backend):
 
     def __init__(self):
         spec = load_variants(kernels_dir())
-        self._functions = {name: interpreted_function(ks)
-                           for name, ks in spec.kernels.items()}
-        self._arg_names = {name: frozenset(n for n, _ in ks.args)
-                           for name, ks in spec.kernels.items()}
         self._variants: dict[tuple, object] = {}
         self._reasons: dict[tuple, str | None] = {}
         for v in spec.variants_for(INTERPRETER_ARCH):
             # the first config is the default
             self._variants.setdefault(functional_key(v.kernel, v.functional), v)
+        # the kernels it has variants of (not the sm_90-only fused backward)
+        served = {v.kernel for v in self._variants.values()}
+        self._functions = {name: interpreted_function(ks)
+                           for name, ks in spec.kernels.items() if name in served}
+        self._arg_names = {name: frozenset(n for n, _ in ks.args)
+                           for name, ks in spec.kernels.items() if name in served}
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         missing = _memo_missing(self._reasons, self._variants, kernel, dtype, head_dim, bias,

@@ -73,7 +73,7 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, scale, is_causal, causal_alignment, window_size,
                 dropout_p=0.0, varlen=None, return_debug_mask=False, softcap=0.0,
-                alibi_slopes=None):
+                alibi_slopes=None, deterministic=False):
         state = None
         if dropout_p:
             state = new_rng_state(q.device)
@@ -94,14 +94,15 @@ class AttentionFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse, bias, state if dropout_p else None,
                               alibi_slopes)
         ctx.options = (scale, is_causal, causal_alignment, window_size, dropout_p, varlen,
-                       softcap)
+                       softcap, deterministic)
         ctx.mark_non_differentiable(*(t for t in (lse, debug) if t is not None))
         return out, lse, debug
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse=None, _grad_debug=None):
         q, k, v, out, lse, bias, state, alibi_slopes = ctx.saved_tensors
-        scale, is_causal, causal_alignment, window_size, dropout_p, varlen, softcap = ctx.options
+        (scale, is_causal, causal_alignment, window_size, dropout_p, varlen, softcap,
+         deterministic) = ctx.options
         want_bias_grad = (bias is not None and bias.dtype != torch.bool
                           and ctx.needs_input_grad[3])
         bias_grad = None
@@ -113,10 +114,10 @@ class AttentionFunction(torch.autograd.Function):
             causal_alignment=causal_alignment, window_size=window_size, bias=bias,
             bias_grad=bias_grad, dropout_p=dropout_p,
             rng=None if state is None else (state[0], state[1]), varlen=varlen,
-            softcap=softcap, alibi_slopes=alibi_slopes)
+            softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic)
         # The kernels write the (B, H, Sq, Sk) gradient; a broadcast bias gets its sum.
         dbias = None if bias_grad is None else bias_grad.sum_to_size(bias.shape)
-        return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, None, None
 
 
 def _fail(api: str, reason: str):
@@ -163,8 +164,11 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     attention probabilities (kept ones scaled by ``1 / (1 - dropout_p)``)
     with a Philox stream seeded from torch's generator on q's device
     (``torch.manual_seed`` reproduces it); the backward drops the same ones.
-    The backward pass is always deterministic (``deterministic`` is accepted
-    for compatibility).
+    ``deterministic=True`` makes the backward bitwise reproducible, as
+    flash-attn's: by default, where the GPU's image has the fused backward
+    (sm_90, head dim 64, both sequences long enough), dQ is summed with
+    atomics in an order that varies from run to run; torch's
+    ``use_deterministic_algorithms(True)`` has the same effect.
 
     Returns the output, (batch, seqlen_q, nheads, headdim), or with
     ``return_attn_probs=True`` ``(out, softmax_lse, S_dmask)`` as flash-attn
@@ -197,7 +201,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     window = flash_attn_window(*window, k.size(1))
     out, lse, dmask = AttentionFunction.apply(qt, kt, vt, None, softmax_scale, bool(causal),
                                               "bottom_right", window, dropout_p, None, debug,
-                                              softcap, alibi_slopes)
+                                              softcap, alibi_slopes, bool(deterministic))
     out = out.transpose(1, 2)
     if not return_attn_probs:
         return out
@@ -340,7 +344,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     debug = bool(return_attn_probs) and dropout_p > 0
     out, lse, dmask = AttentionFunction.apply(q, k, v, None, softmax_scale, bool(causal),
                                               "bottom_right", window, dropout_p, varlen, debug,
-                                              softcap, alibi_slopes)
+                                              softcap, alibi_slopes, bool(deterministic))
     if out.shape[0] < total_q:
         out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, total_q - out.shape[0]))
         lse = torch.nn.functional.pad(lse, (0, total_q - lse.shape[1]), value=float("inf"))

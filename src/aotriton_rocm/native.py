@@ -27,7 +27,7 @@ SONAME = f"libaotriton_rocm.so.{ABI_VERSION}"
 
 OK, INVALID_ARGUMENT, UNSUPPORTED, NEEDS_LAYOUT = 0, 1, 2, 3
 BACKEND_AUTO, BACKEND_HIP, BACKEND_CUDA = 0, 1, 2
-NEED_BACKWARD, NEED_DEBUG_MASK = 1, 2
+NEED_BACKWARD, NEED_DEBUG_MASK, NEED_DQ_ACCUM = 1, 2, 4
 CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT = 0, 1
 # aotr_dtype by torch dtype name
 DTYPES = {"float16": 1, "bfloat16": 2, "float32": 3, "int32": 4, "int64": 5, "uint64": 5}
@@ -69,7 +69,9 @@ class BwdParams(ctypes.Structure):
                 ("grad_q", Tensor), ("grad_k", Tensor), ("grad_v", Tensor),
                 ("grad_bias", Tensor), ("delta", Tensor),
                 # appended in 0.1: the forward's softcap and ALiBi slopes
-                ("softcap", c_float), ("alibi_slopes", Tensor)]
+                ("softcap", c_float), ("alibi_slopes", Tensor),
+                # appended in 0.1: the fused backward's fp32 dQ workspace (optional)
+                ("grad_q_accum", Tensor)]
 
 
 class KvcacheParams(ctypes.Structure):

@@ -417,3 +417,85 @@ def test_images_without_softcap_and_alibi_arguments(stub, tmp_path):
         assert rt.fwd(p) == native.UNSUPPORTED
         assert f"predates {what}" in native.library().aotr_last_error().decode()
     assert lib.aotr_stub_launch_count() == 1
+
+
+@pytest.fixture
+def fused(stub, tmp_path):
+    """An sm_90 archive of the fp16 head-dim-64 unmasked points with the fused
+    backward's kernels beside the split ones (their real argument lists)."""
+    from pathlib import Path
+
+    from aotriton_rocm import kernel_spec
+    from aotriton_rocm.tooling.targets import load_targets
+
+    stub_path, lib = stub
+    sm90 = load_targets(Path(__file__).resolve().parents[2] / "ci" / "targets.toml").resolve(None, ["sm_90"])[1][0]
+    spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
+    extra = [v for v in spec.variants_for(sm90)
+             if v.kernel in backends.FUSED_BACKWARD_KERNELS and v.functional["dtype"] == "fp16"]
+    plain = [v for v in _variants() if not v.functional.get("has_bias")]
+    recs = [_record(v, f"{v.kernel}#{i}") for i, v in enumerate(plain + extra)]
+    archive = tmp_path / "sm_90.aotr"
+    write_archive(archive, MANIFEST, [(r, _image(r.symbol)) for r in recs])
+    min_seqlen = next(v.config["MIN_SEQLEN"] for v in extra if v.kernel == "attn_bwd_fused")
+    return _runtime(stub_path, archive), lib, {r.symbol: r for r in recs}, min_seqlen
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 2, 3000, 2500, 64), (1, 2, 2, 2049, 5000, 64)])
+def test_the_fused_backward_runs_with_an_accumulator(fused, shape):
+    rt, lib, recs, min_seqlen = fused
+    b, h, hk, sq, sk, d = shape
+    q, out, do, dq = (_padded(b, h, sq, d) for _ in range(4))
+    k, v, dk, dv = (_padded(b, hk, sk, d) for _ in range(4))
+    lse, delta = torch.empty(b, h, sq), torch.empty(b, h, sq)
+    acc = torch.zeros(b, h, sq, d)
+    problem = native.make_problem(q, k, v, causal=True, scale=0.125)
+    need = native.NEED_BACKWARD | native.NEED_DQ_ACCUM
+    assert rt.supported(0, problem, need) == native.OK
+    p = native.BwdParams()
+    p.stream = 0x5000
+    p.problem = problem
+    for name, t in (("out", out), ("lse", lse), ("grad_out", do), ("grad_q", dq), ("grad_k", dk),
+                    ("grad_v", dv), ("delta", delta), ("grad_q_accum", acc)):
+        setattr(p, name, native.tensor_view(t))
+    lib.aotr_stub_reset()
+    assert rt.bwd(p) == native.OK
+    got = _launches(lib)
+    assert [recs[s].kernel for s, *_ in got] == ["attn_bwd_preprocess", *backends.FUSED_BACKWARD_KERNELS]
+    (_, _, _, _, pre_raw), (fsym, fgrid, _, _, fraw), (csym, cgrid, _, _, craw) = got
+    assert fgrid == (-(-sk // recs[fsym].config["BLOCK_N"]), b * hk, 1)
+    assert cgrid == (-(-sq // recs[csym].config["BLOCK_M"]), b * h, 1)
+    fa, ca = _decode(recs[fsym].args, fraw), _decode(recs[csym].args, craw)
+    strides = {"stride_dqaz": acc.stride(0), "stride_dqah": acc.stride(1), "stride_dqam": acc.stride(2)}
+    assert fa["DQ_ACC"] == ca["DQ_ACC"] == acc.data_ptr() and fa["DK"] == dk.data_ptr()
+    assert {n: fa[n] for n in strides} == strides == {n: ca[n] for n in strides}
+    assert ca["DQ"] == dq.data_ptr() and ca["sm_scale"] == _f32(0.125)
+
+    # shorter than MIN_SEQLEN, or no accumulator: the split kernels
+    lib.aotr_stub_reset()
+    p.grad_q_accum = native.Tensor()
+    assert rt.bwd(p) == native.OK
+    assert [recs[s].kernel for s, *_ in _launches(lib)] == ["attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
+    short = min_seqlen - 1
+    q2, k2, v2 = _padded(1, 1, short, d), _padded(1, 1, short, d), _padded(1, 1, short, d)
+    assert rt.supported(0, native.make_problem(q2, k2, v2, scale=0.125), need) == native.UNSUPPORTED
+
+
+def test_a_malformed_accumulator_is_refused(fused):
+    rt, lib, _, min_seqlen = fused
+    n = min_seqlen
+    q, out, do, dq, k, v, dk, dv = (_padded(1, 2, n, 64) for _ in range(8))
+    lse, delta = torch.empty(1, 2, n), torch.empty(1, 2, n)
+    p = native.BwdParams()
+    p.problem = native.make_problem(q, k, v, scale=0.125)
+    for name, t in (("out", out), ("lse", lse), ("grad_out", do), ("grad_q", dq), ("grad_k", dk),
+                    ("grad_v", dv), ("delta", delta)):
+        setattr(p, name, native.tensor_view(t))
+    lib.aotr_stub_reset()
+    for bad in (torch.zeros(1, 2, n, 64, dtype=torch.float16), torch.zeros(1, 2, n - 1, 64)):
+        p.grad_q_accum = native.tensor_view(bad)
+        assert rt.bwd(p) == native.INVALID_ARGUMENT
+        assert "grad_q_accum must be an fp32 tensor shaped like q" in str(native.error(native.INVALID_ARGUMENT))
+    p.grad_q_accum = native.tensor_view(torch.zeros(1, 2, n, 72)[..., :64])
+    assert rt.bwd(p) == native.NEEDS_LAYOUT
+    assert lib.aotr_stub_launch_count() == 0

@@ -235,6 +235,16 @@ typedef struct aotr_attn_bwd_params {
     /* ---- appended in 0.1 (absent when struct_size does not cover them) */
     float softcap;             /* the forward's (see aotr_attn_fwd_params) */
     aotr_tensor alibi_slopes;  /* the forward's; the slopes get no gradient */
+    /* ---- appended in 0.1 (absent when struct_size does not cover it) */
+    /* Optional workspace for the fused backward: fp32, shaped like q, laid
+     * out as the kernels assume (aotr_layout_ok), zeroed by the caller.
+     * Where the device's image has the fused kernels for the problem
+     * (aotr_attn_supported with AOTR_NEED_DQ_ACCUM), one pass over the key
+     * blocks computes dK, dV and dQ, summing dQ here in fp32 before it is
+     * scaled into grad_q: faster, but the order of that sum varies from run
+     * to run (not bitwise deterministic). Absent: the split kernels, which
+     * are deterministic. */
+    aotr_tensor grad_q_accum;
 } aotr_attn_bwd_params;
 
 /* The device-independent half of aotr_attn_supported: ranks, dtypes,
@@ -244,7 +254,10 @@ AOTR_API aotr_status aotr_attn_check(const aotr_attn_problem *problem);
 
 enum {
     AOTR_NEED_BACKWARD = 1,   /* the backward kernels must be there too */
-    AOTR_NEED_DEBUG_MASK = 2  /* the forward writes a debug mask */
+    AOTR_NEED_DEBUG_MASK = 2, /* the forward writes a debug mask */
+    /* the backward would use aotr_attn_bwd_params.grad_q_accum: AOTR_OK
+     * only where the image has the fused backward for the problem */
+    AOTR_NEED_DQ_ACCUM = 4
 };
 
 /* AOTR_OK if the kernels cover the request (aotr_attn_check passes and the

@@ -395,7 +395,7 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
     from .build_plan import Sources, Subset
     from .targets import load_targets
     from .tune_space import load_space
-    from .tune_workloads import workload_for
+    from .tune_workloads import NOT_TUNED, workload_for
 
     stream = stream if stream is not None else sys.stderr
 
@@ -437,7 +437,7 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
     declared_keys = {v.key for v in declared}
     points: Dict[Any, List[Variant]] = {}
     for v in every:
-        if subset.accepts(v):
+        if subset.accepts(v) and v.kernel not in NOT_TUNED:
             points.setdefault(functional_key(v.kernel, v.functional), []).append(v)
     if not points:
         raise UsageError(f"--only {subset.text()}: no functional point of {arch.name}")

@@ -24,7 +24,13 @@ from .. import attention, kvcache
 from ..dropout_masks import fill_dropout_uniform
 from ..smoke import tolerance
 
-__all__ = ["Workload", "workload_for", "DROPOUT_P", "KVCACHE_HEADS", "KVCACHE_SEQLENS"]
+__all__ = ["Workload", "workload_for", "DROPOUT_P", "KVCACHE_HEADS", "KVCACHE_SEQLENS", "NOT_TUNED"]
+
+# Kernels tune leaves alone: the fused backward has one tile by construction
+# (two warpgroups of 64 keys), and its MIN_SEQLEN, where it takes over from
+# the split kernels, is a comparison of routes (docs/BUILD.md, "The fused
+# backward"), not of its own configs; its dQ conversion follows it.
+NOT_TUNED = ("attn_bwd_fused", "attn_bwd_dq_convert")
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 DROPOUT_P = 0.1
