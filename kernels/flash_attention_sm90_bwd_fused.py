@@ -3,7 +3,7 @@
 ``attn_bwd_fused`` takes the argument list of ``flash_attention.attn_bwd_dkdv``
 plus an fp32 dQ accumulator (``DQ_ACC``, zeroed by the caller, strided like
 the queries) and computes the same dK and dV for the unmasked fast-path
-variants at head dims 64 and 128 (variants.toml ships 64; fp16/bf16; causal, sliding windows, varlen,
+variants at head dims 64 and 128 (fp16/bf16; causal, sliding windows, varlen,
 GQA and ragged ends as runtime arguments). It adds each key block's share of
 dQ, dS K, into ``DQ_ACC`` by TMA reduce-add; ``flash_attention.attn_bwd_dq_convert``
 then scales and converts it into dQ. So every block pair costs five matrix
@@ -20,7 +20,9 @@ Per CTA of BLOCK_N = 128 keys, in steps of BLOCK_M = 64 queries:
   dP^T = V_w dO_i^T, then P^T and dS^T, then dV_w += P^T dO_i and
   dK_w += dS^T Q_i. Each stores its dS^T rows in shared memory; once both
   have, each computes half of dQ_i's columns, dS_i K[:, half] over all 128
-  keys, and adds it to ``DQ_ACC`` by one TMA reduce-add.
+  keys, and adds it to ``DQ_ACC`` by one TMA reduce-add. dS^T has two slots
+  (block ``t`` in slot ``t % 2``): with one, the warpgroups met twice per
+  step and ran 15-20% slower at head dim 128.
 
 dQ is summed in fp32 in an order that varies from run to run (the key blocks
 of a query block add concurrently): not bitwise deterministic, as
@@ -42,7 +44,7 @@ MMA_REGS = gl.constexpr(240)
 
 
 @gluon.jit
-def _step(k_w, v_w, k_half, q_smem, do_smem, ds_smem, ds_w, dq_smem, bars, ds_bars, dq_desc, dk, dv, t, g, m,
+def _step(k_w, v_w, k_half, q_smem, do_smem, ds_smem, ds_row, dq_buf, bars, ds_bars, dq_desc, dk, dv, t, g, m,
           lse_base, delta_base, seqlen_q, cols, lo_shift, hi_shift, qk_scale, dq_col,
           s_layout: gl.constexpr, op_layout: gl.constexpr, dq_layout: gl.constexpr, MASKED: gl.constexpr):
     q_ready, do_ready, qdo_empty = bars
@@ -71,24 +73,23 @@ def _step(k_w, v_w, k_half, q_smem, do_smem, ds_smem, ds_w, dq_smem, bars, ds_ba
     p_op = gl.convert_layout(p.to(dtype), op_layout)
     dv = warpgroup_mma(p_op, do_smem.index(slot), dv, is_async=True)
     dk = warpgroup_mma(gl.convert_layout(ds, op_layout), q_smem.index(slot), dk, is_async=True)
-    # dS^T rows of this warpgroup's keys, for both warpgroups' dQ halves
+    # dS^T rows of this warpgroup's keys, for both warpgroups' dQ halves; two
+    # slots, so neither warpgroup waits for the other to finish the last step
+    ds_slot = ds_smem.index(t % 2)
     _ring_wait(ds_empty, t, True)
-    ds_w.store(ds)
+    ds_slot.slice(ds_row, ds.shape[0]).store(ds)
     fence_async_shared()
     BARRIER()
-    mbarrier.arrive(ds_full.index(0), count=1)
-    # the register operands of dV and dK stay live until their products end
-    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-    mbarrier.wait(ds_full.index(0), t & 1)
-    dq = warpgroup_mma(ds_smem.permute((1, 0)), k_half,
+    mbarrier.arrive(ds_full.index(t % 2), count=1)
+    _ring_wait(ds_full, t, False)
+    dq = warpgroup_mma(ds_slot.permute((1, 0)), k_half,
                        gl.zeros([BLOCK_M, k_half.shape[1]], gl.float32, dq_layout), use_acc=False, is_async=True)
-    dq = warpgroup_mma_wait(0, deps=(dq, ))
+    dq, dk, dv = warpgroup_mma_wait(0, deps=(dq, dk, dv))
     BARRIER()
-    mbarrier.arrive(ds_empty.index(0), count=1)
+    mbarrier.arrive(ds_empty.index(t % 2), count=1)
     mbarrier.arrive(qdo_empty.index(slot), count=1)
-    # two staging buffers: the reduce-add of block t - 2 has read its buffer
-    dq_buf = dq_smem.index(t % 2)
-    tma.store_wait(1)
+    # the reduce-add of the last step has read the staging buffer
+    tma.store_wait(0)
     BARRIER()
     dq_buf.store(dq)
     fence_async_shared()
@@ -115,9 +116,9 @@ def _mma(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, bars, ds_bar
     k_w = k_smem.slice(W * KEYS, KEYS)
     v_w = v_smem.slice(W * KEYS, KEYS)
     k_half = k_smem.slice(W * HALF_D, HALF_D, dim=1)
-    ds_w = ds_smem.slice(W * KEYS, KEYS)
-    dq_w = dq_smem.slice(2 * W, 2)  # this warpgroup's two staging buffers
-    dq_box = _box(dq_w.index(0))
+    ds_row: gl.constexpr = W * KEYS  # this warpgroup's rows of dS^T
+    dq_w = dq_smem.index(W)  # its dQ staging buffer
+    dq_box = _box(dq_w)
     dq_desc = tma.make_tensor_descriptor(dqa_base, [gqa_group, gl.maximum(seqlen_q, 1), BLOCK_D],
                                          [stride_dqah, stride_dqam, 1], dq_box.shape, dq_box.type.layout)
     start_w = start_n + W * KEYS
@@ -131,11 +132,11 @@ def _mma(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, bars, ds_bar
         lse_base = LSE + lse_zq + (h0 + g) * stride_lh
         delta_base = Delta + lse_zq + (h0 + g) * stride_lh
         for x in range(f_lo, f_hi, BLOCK_M):
-            dk, dv, t = _step(k_w, v_w, k_half, q_smem, do_smem, ds_smem, ds_w, dq_w, bars, ds_bars, dq_desc, dk,
+            dk, dv, t = _step(k_w, v_w, k_half, q_smem, do_smem, ds_smem, ds_row, dq_w, bars, ds_bars, dq_desc, dk,
                               dv, t, g, x, lse_base, delta_base, seqlen_q, cols, lo_shift, hi_shift, qk_scale,
                               W * HALF_D, s_layout, op_layout, dq_layout, False)
         for x in range(lo, up - (f_hi - f_lo), BLOCK_M):
-            dk, dv, t = _step(k_w, v_w, k_half, q_smem, do_smem, ds_smem, ds_w, dq_w, bars, ds_bars, dq_desc, dk,
+            dk, dv, t = _step(k_w, v_w, k_half, q_smem, do_smem, ds_smem, ds_row, dq_w, bars, ds_bars, dq_desc, dk,
                               dv, t, g, _block_start(x, f_lo, f_hi, True), lse_base, delta_base, seqlen_q, cols,
                               lo_shift, hi_shift, qk_scale, W * HALF_D, s_layout, op_layout, dq_layout, True)
     tma.store_wait(0)
@@ -238,21 +239,21 @@ def attn_bwd_fused(
     v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_D], sh_layout)
     q_smem = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M, BLOCK_D], sh_layout)
     do_smem = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M, BLOCK_D], sh_layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, BLOCK_D // 2], dq_layout)  # 2 per warpgroup
+    ds_smem = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_N, BLOCK_M], ds_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, BLOCK_D // 2], dq_layout)  # one per warpgroup
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     qdo_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    ds_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    ds_empty = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    ds_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(SLOTS):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(qdo_empty.index(i), count=2)  # both MMA warpgroups release Q_i and dO_i
-    mbarrier.init(ds_full.index(0), count=2)
-    mbarrier.init(ds_empty.index(0), count=2)
+        mbarrier.init(ds_full.index(i), count=2)  # both MMA warpgroups store and read dS
+        mbarrier.init(ds_empty.index(i), count=2)
     bars = (q_ready, do_ready, qdo_empty)
     ds_bars = (ds_full, ds_empty)
 

@@ -1,7 +1,8 @@
 """The fused backward (kernels/flash_attention_sm90_bwd_fused.py) on the H100.
 
-The installed sm_90 archive ships it for the unmasked head-dim-64 points
-(fp16/bf16, no bias or dropout), for sequences of at least its MIN_SEQLEN.
+The installed sm_90 archive ships it for the unmasked head-dim-64 and 128
+points (fp16/bf16, no bias or dropout), for sequences of at least its
+MIN_SEQLEN.
 Each case checks by launch counts which route ran (fused: attn_bwd_fused +
 attn_bwd_dq_convert; split: attn_bwd_dkdv + attn_bwd_dq), then judges dQ, dK
 and dV against float32 math with PyTorch's tolerance model: causal and not,
@@ -64,23 +65,26 @@ def _judge(out, grads, q, k, v, g, **mask):
     ref.check_all({n: t.transpose(1, 2) for n, t in results.items()}, *bhsd, **mask)
 
 
-# (dtype, batch, heads, kv heads, seqlen_q, seqlen_k, causal, window)
+# (head dim, dtype, batch, heads, kv heads, seqlen_q, seqlen_k, causal, window)
 CASES = [
-    (torch.float16, 1, 4, 4, 4096, 4096, False, (-1, -1)),
-    (torch.bfloat16, 1, 4, 4, 4096, 4096, True, (-1, -1)),
-    (torch.bfloat16, 1, 8, 2, 3000, 4199, True, (-1, -1)),   # GQA, ragged, shifted diagonal
-    (torch.float16, 1, 4, 4, 5000, 3100, True, (-1, -1)),    # Sq > Sk: top rows see no key
-    (torch.bfloat16, 2, 2, 2, 4100, 4100, False, (700, 90)),  # sliding window, ragged
+    (64, torch.float16, 1, 4, 4, 4096, 4096, False, (-1, -1)),
+    (64, torch.bfloat16, 1, 4, 4, 4096, 4096, True, (-1, -1)),
+    (64, torch.bfloat16, 1, 8, 2, 3000, 4199, True, (-1, -1)),   # GQA, ragged, shifted diagonal
+    (64, torch.float16, 1, 4, 4, 5000, 3100, True, (-1, -1)),    # Sq > Sk: top rows see no key
+    (64, torch.bfloat16, 2, 2, 2, 4100, 4100, False, (700, 90)),  # sliding window, ragged
+    (128, torch.float16, 1, 4, 4, 4096, 4096, True, (-1, -1)),
+    (128, torch.bfloat16, 1, 8, 2, 2500, 4500, False, (-1, -1)),  # GQA, Sq != Sk
+    (128, torch.bfloat16, 2, 2, 2, 5000, 3100, True, (-1, -1)),
 ]
 
 
-@pytest.mark.parametrize("dtype,b,h,hk,sq,sk,causal,window", CASES,
-                         ids=[f"{str(c[0])[6:]}-h{c[2]}:{c[3]}-{c[4]}x{c[5]}-"
-                              f"{'causal' if c[6] else 'full'}{'-win' if c[7] != (-1, -1) else ''}"
+@pytest.mark.parametrize("d,dtype,b,h,hk,sq,sk,causal,window", CASES,
+                         ids=[f"d{c[0]}-{str(c[1])[6:]}-h{c[3]}:{c[4]}-{c[5]}x{c[6]}-"
+                              f"{'causal' if c[7] else 'full'}{'-win' if c[8] != (-1, -1) else ''}"
                               for c in CASES])
-def test_fused_backward_matches_math(dtype, b, h, hk, sq, sk, causal, window):
+def test_fused_backward_matches_math(d, dtype, b, h, hk, sq, sk, causal, window):
     assert min(sq, sk) >= _min_seqlen()
-    q, k, v, g = _inputs(dtype, b, h, hk, sq, sk)
+    q, k, v, g = _inputs(dtype, b, h, hk, sq, sk, d)
     out, grads = _backward(q, k, v, g, causal=causal, window_size=window)
     assert _route() == "fused"
     _judge(out, grads, q, k, v, g, causal=causal, window=window)
@@ -96,7 +100,7 @@ def test_short_sequences_take_the_split_kernels():
 
 def test_head_dims_without_the_fused_kernel_take_the_split_kernels():
     _min_seqlen()
-    q, k, v, g = _inputs(torch.bfloat16, 1, 2, 2, 4096, 4096, d=128)
+    q, k, v, g = _inputs(torch.bfloat16, 1, 2, 2, 4096, 4096, d=256)
     _backward(q, k, v, g, causal=True)
     assert _route() == "split"
 
