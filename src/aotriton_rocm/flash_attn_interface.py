@@ -166,7 +166,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     (``torch.manual_seed`` reproduces it); the backward drops the same ones.
     ``deterministic=True`` makes the backward bitwise reproducible, as
     flash-attn's: by default, where the GPU's image has the fused backward
-    (sm_90, head dim 64, both sequences long enough), dQ is summed with
+    (sm_90, head dims 64 and 128, both sequences long enough), dQ is summed with
     atomics in an order that varies from run to run; torch's
     ``use_deterministic_algorithms(True)`` has the same effect.
 
