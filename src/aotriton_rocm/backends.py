@@ -16,8 +16,8 @@ import torch
 
 from .device import arch_of
 from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
-from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, NEED_DQ_ACCUM, OK as NATIVE_OK,
-                     UNSUPPORTED as NATIVE_UNSUPPORTED, BwdParams, DropoutUniformParams,
+from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, NEED_DQ_ACCUM,
+                     OK as NATIVE_OK, UNSUPPORTED as NATIVE_UNSUPPORTED, BwdParams, DropoutUniformParams,
                      FwdParams, KvcacheParams, NativeError, Problem as NativeProblem,
                      Runtime as NativeRuntime, check as check_status, error as native_error,
                      make_problem, tensor_view)
