@@ -14,19 +14,20 @@ in which every warp loads, multiplies and exponentiates in turn, with a CTA
 barrier between the steps (docs/BUILD.md, "Speed limits"). Here, per CTA of
 128 query rows:
 
-* one producer warpgroup (``_producer``) copies Q once and then K and V
-  blocks with TMA into two-slot rings (one thread issues each copy; the
-  copy engine signals the slot's ``ready`` mbarrier when its bytes land),
-  waiting on a slot's ``empty`` mbarrier before refilling it. The tensor
-  descriptors are built on the device, per sequence (base, rows, row
-  stride), so TMA zero-fills the rows past a sequence's end; they live in
-  the launch's global scratch, which the runtime allocates;
-* two consumer warpgroups (``_consumer``), 64 query rows each, run the
-  online softmax with no CTA-wide barrier between them. In every iteration
-  a warpgroup issues S = Q K_j^T and O += P_{j-1} V_{j-1} as asynchronous
-  wgmma, waits for S only, computes the softmax of block j while the P V
-  product runs, then waits for it and rescales O (FlashAttention-3's
-  intra-warpgroup overlap).
+* one producer warpgroup (``_producer``) copies K and V blocks with TMA
+  into two-slot rings (one thread issues each copy; the copy engine
+  signals the slot's ``ready`` mbarrier when its bytes land), waiting on a
+  slot's ``empty`` mbarrier before refilling it. The tensor descriptors are
+  built on the device, per sequence (base, rows, row stride), so TMA
+  zero-fills the rows past a sequence's end; they live in the launch's
+  global scratch, which the runtime allocates;
+* two consumer warpgroups (``_consumer``), 64 query rows each, copy their
+  own halves of Q (building those descriptors while the producer builds
+  K's), then run the online softmax with no CTA-wide barrier between
+  them. In every iteration a warpgroup issues S = Q K_j^T and O +=
+  P_{j-1} V_{j-1} as asynchronous wgmma, waits for S only, computes the
+  softmax of block j while the P V product runs, then waits for it and
+  rescales O (FlashAttention-3's intra-warpgroup overlap).
 
 Block order matches ``flash_attention.attn_fwd``: the unmasked blocks, then
 the masked ones at the diagonal / window edges / ragged end. The ring slot
@@ -168,9 +169,14 @@ def _consume_range(q_smem, k_smem, v_smem, bars, m_i, l_i, acc, t,
 
 
 @gluon.jit
-def _consumer(q_half, r0, k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_base, start_m, seqlen_q,
-              f_lo, f_hi, lo, hi, seqlen_k, lo_shift, hi_shift, exp_scale):
-    # One warpgroup: rows [half * HM, half * HM + HM) of the query block.
+def _consumer(q_half, r0, q_bar, q_seq, stride_qm, k_smem, v_smem, bars, o_blk, stride_om, lse_base, start_m,
+              seqlen_q, f_lo, f_hi, lo, hi, seqlen_k, lo_shift, hi_shift, exp_scale):
+    # One warpgroup: rows [r0, r0 + HM) of the query block. It copies its
+    # half of Q itself, building that tensor map while the producer builds
+    # K's (each takes most of a microsecond before the first S product can
+    # start). Rows past the sequence's end copy nothing (the sequence may be
+    # empty, its base the tensor's end): q_bar then completes by a plain
+    # arrival.
     NW: gl.constexpr = gl.num_warps()
     HM: gl.constexpr = q_half.shape[0]
     BLOCK_D: gl.constexpr = q_half.shape[1]
@@ -187,6 +193,11 @@ def _consumer(q_half, r0, k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_bas
     m_i = gl.full([HM], float("-inf"), gl.float32, row_s)
     l_i = gl.full([HM], 0.0, gl.float32, row_s)
     acc = gl.zeros([HM, BLOCK_D], gl.float32, o_layout)
+    live = start_m + r0 < seqlen_q
+    q_desc = _rows_descriptor(q_seq, seqlen_q, stride_qm, q_half)
+    mbarrier.expect(q_bar, HM * BLOCK_D * dtype.primitive_bitwidth // 8, pred=live)
+    TMA_LOAD(q_desc, [start_m + r0, 0], q_bar, q_half, pred=live)
+    mbarrier.arrive(q_bar, count=1, pred=start_m + r0 >= seqlen_q)
     mbarrier.wait(q_bar, 0)
     m_i, l_i, acc, t = _consume_range(q_half, k_smem, v_smem, bars, m_i, l_i, acc, f_lo * 0, f_lo, f_hi, f_lo,
                                       f_hi, seqlen_k, rows, lo_shift, hi_shift, exp_scale, HM, BLOCK_N,
@@ -212,15 +223,7 @@ def _consumer(q_half, r0, k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_bas
 
 
 @gluon.jit
-def _producer(q_smem, k_smem, v_smem, bars, q_bar, q_seq, stride_qm, start_m, seqlen_q, k_base, v_base,
-              stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k):
-    # A program past its sequence's rows copies no Q (its sequence may be
-    # empty, its base the tensor's end) and completes q_bar by a plain arrival.
-    live = start_m < seqlen_q
-    q_desc = _rows_descriptor(q_seq, seqlen_q, stride_qm, q_smem)
-    mbarrier.expect(q_bar, q_smem.shape[0] * q_smem.shape[1] * q_smem.dtype.primitive_bitwidth // 8, pred=live)
-    TMA_LOAD(q_desc, [start_m, 0], q_bar, q_smem, pred=live)
-    mbarrier.arrive(q_bar, count=1, pred=start_m >= seqlen_q)
+def _producer(k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k):
     # K and V are copied only by programs that see a key (seqlen_k > 0)
     k_desc = _rows_descriptor(k_base, seqlen_k, stride_kn, k_smem.index(0))
     # The first block's K goes out before V's descriptor is built (about a
@@ -295,13 +298,14 @@ def attn_fwd(
     k_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # one per Q half
     for i in gl.static_range(SLOTS):
         mbarrier.init(k_ready.index(i), count=1)  # the producer's expect; TMA completes the bytes
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(k_empty.index(i), count=2)  # one arrival per consumer warpgroup
         mbarrier.init(v_empty.index(i), count=2)
-    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(q_bar.index(i), count=1)  # the consumer's own expect
     bars = (k_ready, k_empty, v_ready, v_empty)
 
     qk_scale = sm_scale * LOG2E
@@ -309,14 +313,13 @@ def attn_fwd(
         start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
     lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
 
-    cons_args = (k_smem, v_smem, bars, q_bar, o_blk, stride_om, lse_base, start_m, seqlen_q,
+    cons_args = (q_seq, stride_qm, k_smem, v_smem, bars, o_blk, stride_om, lse_base, start_m, seqlen_q,
                  f_lo, f_hi, lo, hi, seqlen_k, lo_shift, hi_shift, qk_scale)
     HM: gl.constexpr = BLOCK_M // 2
     # (worker partitions take no constexpr arguments: shapes come from the
     # shared-memory descriptors, the row offset as a runtime scalar)
     gl.warp_specialize([
-        (_consumer, (q_smem.slice(0, HM, dim=0), start_m * 0) + cons_args),
-        (_consumer, (q_smem.slice(HM, HM, dim=0), start_m * 0 + HM) + cons_args),
-        (_producer, (q_smem, k_smem, v_smem, bars, q_bar, q_seq, stride_qm, start_m, seqlen_q, k_base, v_base,
-                     stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k)),
+        (_consumer, (q_smem.slice(0, HM, dim=0), start_m * 0, q_bar.index(0)) + cons_args),
+        (_consumer, (q_smem.slice(HM, HM, dim=0), start_m * 0 + HM, q_bar.index(1)) + cons_args),
+        (_producer, (k_smem, v_smem, bars, k_base, v_base, stride_kn, stride_vn, f_lo, f_hi, lo, hi, seqlen_k)),
     ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])

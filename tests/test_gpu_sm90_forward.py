@@ -41,6 +41,10 @@ CASES = [
     (torch.float16, 128, 1, 4, 4, 2100, 1030, True, (-1, -1)),    # Sq > Sk: top rows see no key
     (torch.bfloat16, 128, 2, 4, 4, 1536, 1536, False, (300, 40)),  # sliding window
     (torch.float16, 128, 1, 4, 2, 4096, 4096, True, (-1, -1)),
+    # S = 513-1024 (Gluon since the Q split); the last block's second half
+    # of rows lies past the end, so its warpgroup copies no Q
+    (torch.bfloat16, 128, 2, 4, 4, 900, 900, True, (-1, -1)),
+    (torch.float16, 128, 1, 8, 2, 1000, 650, False, (-1, -1)),
     (torch.bfloat16, 64, 1, 4, 2, 8300, 8300, True, (-1, -1)),     # head dim 64: above S = 4096
     (torch.float16, 64, 1, 4, 4, 9000, 9000, False, (-1, -1)),
 ]

@@ -151,15 +151,17 @@ def test_config_functions_take_the_kernel_parameters():
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gluon_fwd_compiles_for_sm90(head_dim):
     """The warp-specialised sm_90 forward, compiled as the build compiles it,
-    with no register spills; Q, K and V arrive by TMA through descriptors it
-    builds in the launch's global scratch."""
+    with no register spills in its loops (at head dim 64 ptxas keeps one
+    64-bit launch value on the stack, 8 bytes, stored once at entry and
+    loaded once per warpgroup); Q, K and V arrive by TMA through
+    descriptors it builds in the launch's global scratch."""
     k = _compile_sm90_config_function("attn_fwd", "flash_attention_sm90", dtype="bf16", head_dim=head_dim,
                                       pad_head=False)
-    # three 128-byte tensor maps (Q, K, V) per program
-    assert k.metadata.global_scratch_size == 3 * 128
+    # four 128-byte tensor maps per program: K, V and each consumer's half of Q
+    assert k.metadata.global_scratch_size == 4 * 128
     ptx = k.asm["ptx"]
     assert "cp.async.bulk.tensor.2d" in ptx and "tensormap.replace" in ptx and "cp.async.ca" not in ptx
-    assert _stack_bytes(k) == 0
+    assert _stack_bytes(k) <= 8
 
 
 def test_gluon_dkdv_compiles_for_sm90():

@@ -21,7 +21,9 @@
  *   `extra` (CUDA: pairs ended by 0; HIP: ended by 3); else 1 (invalid value).
  * - Dynamic shared memory above 48 KiB needs cuFuncSetAttribute (CUDA).
  * - cuMemAllocAsync / cuMemFreeAsync hand out host memory and count the
- *   live allocations (aotr_stub_scratch).
+ *   live allocations (aotr_stub_scratch); cuMemAllocFromPoolAsync too, from
+ *   pools cuMemPoolCreate hands out (aotr_stub_pools: the live ones, the
+ *   device and release threshold of the last).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -60,6 +62,11 @@ STUB_API stub_result cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned 
                                     void *stream, void **kernel_params, void **extra);
 STUB_API stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream);
 STUB_API stub_result cuMemFreeAsync(unsigned long long ptr, void *stream);
+STUB_API stub_result cuMemPoolCreate(void **pool, const void *props);
+STUB_API stub_result cuMemPoolSetAttribute(void *pool, int attribute, void *value);
+STUB_API stub_result cuMemPoolDestroy(void *pool);
+STUB_API stub_result cuMemAllocFromPoolAsync(unsigned long long *ptr, size_t bytes, void *pool,
+                                             void *stream);
 
 STUB_API stub_result hipInit(unsigned flags);
 STUB_API const char *hipGetErrorName(stub_result error);
@@ -78,6 +85,7 @@ STUB_API stub_result hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, un
 
 STUB_API int aotr_stub_launch_count(void);
 STUB_API int aotr_stub_scratch(size_t *last_bytes, void **last_stream);
+STUB_API int aotr_stub_pools(int *last_device, unsigned long long *last_threshold);
 STUB_API int aotr_stub_launch_info(int i, char *symbol, size_t cap, unsigned grid[3],
                                    unsigned *block_x, unsigned *shared, void **stream,
                                    size_t *args_size);
@@ -729,12 +737,9 @@ static int scratch_live;
 static size_t scratch_last_bytes;
 static void *scratch_last_stream;
 
-stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream)
+static stub_result stub_alloc(unsigned long long *ptr, size_t bytes, void *stream)
 {
-    stub_result rc = cuda_enter("cuMemAllocAsync");
     void *p;
-    if (rc)
-        return rc;
     if (!ptr || bytes == 0)
         return 1;
     if (!(p = malloc(bytes)))
@@ -746,6 +751,12 @@ stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream)
     pthread_mutex_unlock(&lock);
     *ptr = (unsigned long long)(uintptr_t)p;
     return 0;
+}
+
+stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemAllocAsync");
+    return rc ? rc : stub_alloc(ptr, bytes, stream);
 }
 
 stub_result cuMemFreeAsync(unsigned long long ptr, void *stream)
@@ -761,6 +772,79 @@ stub_result cuMemFreeAsync(unsigned long long ptr, void *stream)
     scratch_live--;
     pthread_mutex_unlock(&lock);
     return 0;
+}
+
+/* Memory pools: a handle per pool; the location and release threshold of
+ * the last one created / set. */
+static int pools_live;
+static int pool_last_device = -1;
+static unsigned long long pool_last_threshold;
+
+stub_result cuMemPoolCreate(void **pool, const void *props)
+{
+    stub_result rc = cuda_enter("cuMemPoolCreate");
+    const int *p = props; /* alloc type, handle types, location type, location id */
+    if (rc)
+        return rc;
+    if (!pool || !p || p[0] != 1 || p[2] != 1 || p[3] < 0 || p[3] >= device_count())
+        return 1;
+    if (!(*pool = malloc(1)))
+        return 2;
+    pthread_mutex_lock(&lock);
+    pools_live++;
+    pool_last_device = p[3];
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+stub_result cuMemPoolSetAttribute(void *pool, int attribute, void *value)
+{
+    stub_result rc = cuda_enter("cuMemPoolSetAttribute");
+    if (rc)
+        return rc;
+    if (!pool || !value || attribute != 4) /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD only */
+        return 1;
+    pthread_mutex_lock(&lock);
+    pool_last_threshold = *(const unsigned long long *)value;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+stub_result cuMemPoolDestroy(void *pool)
+{
+    stub_result rc = enter("cuMemPoolDestroy");
+    if (rc)
+        return rc;
+    if (!pool)
+        return 1;
+    free(pool);
+    pthread_mutex_lock(&lock);
+    pools_live--;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+stub_result cuMemAllocFromPoolAsync(unsigned long long *ptr, size_t bytes, void *pool, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemAllocFromPoolAsync");
+    if (rc)
+        return rc;
+    if (!pool)
+        return 1;
+    return stub_alloc(ptr, bytes, stream);
+}
+
+int aotr_stub_pools(int *last_device, unsigned long long *last_threshold)
+{
+    int n;
+    pthread_mutex_lock(&lock);
+    n = pools_live;
+    if (last_device)
+        *last_device = pool_last_device;
+    if (last_threshold)
+        *last_threshold = pool_last_threshold;
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 /* Live scratch allocations; the size and stream of the last one. */

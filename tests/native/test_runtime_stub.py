@@ -166,17 +166,24 @@ def test_seqlen_buckets_follow_the_tuning_runs(stub, tmp_path):
     assert sum(loads) == 4 + 2  # each chosen record loaded once
 
 
-def test_global_scratch_is_allocated_per_launch(stub, tmp_path):
-    """A kernel that declares global scratch (the sm_90 forward builds its TMA
-    descriptors there) gets size x programs bytes, allocated and freed in the
-    launch's stream order; kernels without get NULL."""
-    stub_path, lib = stub
+def _scratch_forward(stub, tmp_path):
+    """A runtime serving one fast-path forward record that declares 384
+    bytes of global scratch per program: (runtime, record)."""
     v = next(v for v in _variants() if v.kernel == "attn_fwd" and not v.functional.get("has_bias")
              and not v.functional["pad_head"])
     rec = dataclasses.replace(_record(v, "tma"), global_scratch_size=384)
     archive = tmp_path / "sm_90.aotr"
     write_archive(archive, MANIFEST, [(rec, _image(rec.symbol))])
-    rt = _runtime(stub_path, archive)
+    return _runtime(stub[0], archive), rec
+
+
+def test_global_scratch_is_allocated_per_launch(stub, tmp_path):
+    """A kernel that declares global scratch (the sm_90 forward builds its TMA
+    descriptors there) gets size x programs bytes, allocated and freed in the
+    launch's stream order from the runtime's own pool of the device (which
+    keeps 64 MiB mapped across synchronisations); kernels without get NULL."""
+    lib = stub[1]
+    rt, rec = _scratch_forward(stub, tmp_path)
     q = _padded(2, 3, 300, 64)
     assert _fwd(rt, q, q, q, _padded(2, 3, 300, 64), torch.empty(2, 3, 300), scale=1.0) == native.OK
     (sym, grid, _, _, raw), = _launches(lib)
@@ -185,16 +192,38 @@ def test_global_scratch_is_allocated_per_launch(stub, tmp_path):
     last_bytes, last_stream = ctypes.c_size_t(), ctypes.c_void_p()
     assert lib.aotr_stub_scratch(ctypes.byref(last_bytes), ctypes.byref(last_stream)) == 0  # freed
     assert last_bytes.value == 384 * programs and last_stream.value == 0x5000
-    assert lib.aotr_stub_calls(b"cuMemAllocAsync") == lib.aotr_stub_calls(b"cuMemFreeAsync") == 1
+    assert lib.aotr_stub_calls(b"cuMemAllocFromPoolAsync") == lib.aotr_stub_calls(b"cuMemFreeAsync") == 1
+    assert lib.aotr_stub_calls(b"cuMemAllocAsync") == 0
+    device, threshold = ctypes.c_int(), ctypes.c_ulonglong()
+    assert lib.aotr_stub_pools(ctypes.byref(device), ctypes.byref(threshold)) == 1
+    assert device.value == 0 and threshold.value == 64 << 20
     args = _decode(rec.args, raw)
     assert args["global_scratch"] != 0 and args["profile_scratch"] == 0
 
     # a failed allocation launches nothing and says which kernel needed it
-    lib.aotr_stub_fail_next(b"cuMemAllocAsync", 2)  # CUDA_ERROR_OUT_OF_MEMORY
+    lib.aotr_stub_fail_next(b"cuMemAllocFromPoolAsync", 2)  # CUDA_ERROR_OUT_OF_MEMORY
     assert _fwd(rt, q, q, q, _padded(2, 3, 300, 64), torch.empty(2, 3, 300), scale=1.0) == 8  # AOTR_DRIVER_ERROR
     err = native.library().aotr_last_error().decode()
-    assert "cuMemAllocAsync failed" in err and "attn_fwd" in err and "global scratch" in err
+    assert "cuMemAllocFromPoolAsync failed" in err and "attn_fwd" in err and "global scratch" in err
     assert lib.aotr_stub_launch_count() == 1 and lib.aotr_stub_scratch(None, None) == 0
+    assert lib.aotr_stub_calls(b"cuMemPoolCreate") == 1  # one pool, made once
+    del rt
+    assert lib.aotr_stub_pools(None, None) == 0  # destroyed with the runtime
+
+
+def test_global_scratch_without_a_pool_uses_the_default_one(stub, tmp_path):
+    """Where the driver cannot make a pool, scratch comes from the device's
+    default pool (cuMemAllocAsync), and the runtime does not try again."""
+    lib = stub[1]
+    rt, rec = _scratch_forward(stub, tmp_path)
+    q = _padded(2, 3, 300, 64)
+    lib.aotr_stub_fail_next(b"cuMemPoolCreate", 2)
+    for _ in range(2):
+        assert _fwd(rt, q, q, q, _padded(2, 3, 300, 64), torch.empty(2, 3, 300), scale=1.0) == native.OK
+    assert lib.aotr_stub_calls(b"cuMemPoolCreate") == 1
+    assert lib.aotr_stub_calls(b"cuMemAllocAsync") == lib.aotr_stub_calls(b"cuMemFreeAsync") == 2
+    assert lib.aotr_stub_launch_count() == 2 and lib.aotr_stub_scratch(None, None) == 0
+    assert lib.aotr_stub_pools(None, None) == 0
 
 
 def test_hip_refuses_kernels_that_need_global_scratch(stub, tmp_path):

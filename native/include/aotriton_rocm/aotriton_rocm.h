@@ -270,10 +270,12 @@ AOTR_API aotr_status aotr_attn_supported(aotr_runtime *runtime, int32_t device,
 /* Launch the forward / backward on `stream`. Asynchronous, like any
  * kernel launch. AOTR_UNSUPPORTED / AOTR_NEEDS_LAYOUT launch nothing.
  * A kernel that needs global scratch (on CUDA, the sm_90 forward keeps its
- * TMA descriptors there: a few hundred bytes per program) gets it from the
- * device's default memory pool in `stream`'s order (cuMemAllocAsync, freed
- * with cuMemFreeAsync right after the launch), which CUDA-graph capture
- * records as memory nodes. */
+ * TMA descriptors there: a few hundred bytes per program) gets it in
+ * `stream`'s order from a memory pool the runtime makes for the device,
+ * which keeps up to 64 MiB of freed scratch mapped across synchronisations
+ * (cuMemAllocFromPoolAsync; the device's default pool, cuMemAllocAsync,
+ * where the driver has no pools), freed with cuMemFreeAsync right after the
+ * launch; CUDA-graph capture records both as memory nodes. */
 AOTR_API aotr_status aotr_attn_fwd(aotr_runtime *runtime, const aotr_attn_fwd_params *params);
 AOTR_API aotr_status aotr_attn_bwd(aotr_runtime *runtime, const aotr_attn_bwd_params *params);
 
