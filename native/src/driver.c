@@ -926,6 +926,12 @@ static drv_handle scratch_pool(aotr_driver *d, int32_t device)
 {
     drv_handle ctx, pool = NULL;
     int dev = 0;
+    pthread_mutex_lock(&d->lock); /* every launch after the first: made already */
+    if ((size_t)device < d->num_contexts && d->pools[device])
+        pool = d->pools[device];
+    pthread_mutex_unlock(&d->lock);
+    if (pool)
+        return pool == (drv_handle)&no_pool ? NULL : pool;
     if (!d->cu.MemPoolCreate || !d->cu.MemPoolSetAttribute || !d->cu.MemPoolDestroy ||
         !d->cu.MemAllocFromPoolAsync || cuda_primary_context(d, device, &ctx) != AOTR_OK)
         return NULL; /* (the context also sizes the pools' slots) */
@@ -953,6 +959,14 @@ static drv_handle scratch_pool(aotr_driver *d, int32_t device)
     return pool;
 }
 
+/* pool: the runtime's (scratch_pool), or NULL for the device's default one */
+static drv_result scratch_alloc_from(aotr_driver *d, drv_handle pool, uint64_t *ptr, size_t bytes,
+                                     void *stream)
+{
+    return pool ? d->cu.MemAllocFromPoolAsync(ptr, bytes, pool, stream)
+                : d->cu.MemAllocAsync(ptr, bytes, stream);
+}
+
 aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes,
                                       void *stream, uint64_t *ptr)
 {
@@ -970,11 +984,9 @@ aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t byt
                          "update the NVIDIA driver (CUDA 11.2 or newer)",
                          d->library);
     drv_handle pool = scratch_pool(d, device);
-    rc = pool ? d->cu.MemAllocFromPoolAsync(ptr, bytes, pool, stream)
-              : d->cu.MemAllocAsync(ptr, bytes, stream);
+    rc = scratch_alloc_from(d, pool, ptr, bytes, stream);
     if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device))
-        rc = pool ? d->cu.MemAllocFromPoolAsync(ptr, bytes, pool, stream)
-                  : d->cu.MemAllocAsync(ptr, bytes, stream);
+        rc = scratch_alloc_from(d, pool, ptr, bytes, stream);
     if (rc == CUDA_SUCCESS)
         return AOTR_OK;
     *ptr = 0; /* the caller frees nothing after a failure */
