@@ -73,16 +73,38 @@ def standard_shape(dtype: str, head_dim: int, seqlen: int, causal: bool) -> Shap
                  seqlen, seqlen, head_dim, causal, dtype)
 
 
+def decode_shape(dtype: str) -> Shape:
+    """A decoding step's shape: one query row per sequence against 8k keys."""
+    return Shape("decode", 16, 32, 32, 1, 8192, 128, False, dtype)
+
+
 def add_one_shape_arguments(parser) -> None:
-    """The options naming one standard shape, one pass and the backends to
-    run it on (kernel_times.py, sustained_power.py); ``standard_shape`` of
-    the parsed dtype, head_dim, seqlen and causal gives the shape."""
+    """The options naming one shape, one pass and the backends to run it on
+    (kernel_times.py, sustained_power.py); ``one_shape`` of the parsed
+    arguments gives the shape."""
     parser.add_argument("--dtype", default="bf16", choices=("fp16", "bf16"))
     parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--decode", action="store_true",
+                        help="the decode shape (Sq = 1, Sk = 8k, D = 128) instead of a standard one")
     parser.add_argument("--pass", dest="pass_name", default="bwd", choices=PASSES)
     parser.add_argument("--peers", default=f"{OURS},FLASH,CUDNN")
+
+
+def shape_text(shape: Shape) -> str:
+    """``bf16 D128 S4096 B4 H16 causal`` (Sq/Sk given apart where they differ)."""
+    seqlens = (f"S{shape.seqlen_q}" if shape.seqlen_q == shape.seqlen_k
+               else f"Sq{shape.seqlen_q} Sk{shape.seqlen_k}")
+    return (f"{shape.dtype} D{shape.head_dim} {seqlens} B{shape.batch} H{shape.heads_q} "
+            f"{'causal' if shape.causal else 'full'}")
+
+
+def one_shape(args) -> Shape:
+    """The shape ``add_one_shape_arguments``'s options name."""
+    if args.decode:
+        return decode_shape(args.dtype)
+    return standard_shape(args.dtype, args.head_dim, args.seqlen, args.causal)
 
 
 def standard_shapes(quick: bool, dtypes=("fp16", "bf16")) -> list[Shape]:
@@ -94,7 +116,7 @@ def standard_shapes(quick: bool, dtypes=("fp16", "bf16")) -> list[Shape]:
             for causal in (False, True):
                 for s in seqlens:
                     shapes.append(standard_shape(dtype, d, s, causal))
-        shapes.append(Shape("decode", 16, 32, 32, 1, 8192, 128, False, dtype))
+        shapes.append(decode_shape(dtype))
         for causal in (False, True):
             shapes.append(Shape("llama-gqa", 4, 32, 8, 4096, 4096, 128, causal, dtype))
     return shapes

@@ -2,10 +2,10 @@
 beside torch's FLASH and CUDNN backends, from torch.profiler's CUDA trace.
 
     python benchmarks/kernel_times.py [--dtype bf16] [--head-dim 128] [--seqlen 16384]
-                                      [--causal] [--pass bwd] [--json FILE]
+                                      [--causal] [--decode] [--pass bwd] [--json FILE]
 
 The shape is one of bench_attention.py's standard ones (B*S = 16k tokens,
-H*D = 2048). Each backend runs the pass a few times after warm-up; the
+H*D = 2048), or with --decode its decode shape (Sq = 1, Sk = 8k). Each backend runs the pass a few times after warm-up; the
 table lists each kernel's mean time per pass and share of the pass. Use it
 to see which of our kernels limits a cell of bench_attention.py's table.
 """
@@ -23,8 +23,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import (Shape, add_one_shape_arguments, make_inputs, pass_fns, refusal_text,  # noqa: E402
-                             sdpa_call, sdpa_on, standard_shape)
+from bench_attention import (Shape, add_one_shape_arguments, make_inputs, one_shape, pass_fns,  # noqa: E402
+                             refusal_text, sdpa_call, sdpa_on, shape_text)
 
 RUNS = 5
 
@@ -56,12 +56,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("kernel_times needs a GPU", file=sys.stderr)
         return 2
-    s, d = args.seqlen, args.head_dim
-    shape = standard_shape(args.dtype, d, s, args.causal)
+    shape = one_shape(args)
     report = {"gpu": torch.cuda.get_device_name(), "shape": asdict(shape), "pass": args.pass_name,
               "us_per_pass": {}}
-    print(f"{report['gpu']}: {args.dtype} D{d} S{s} B{shape.batch} H{shape.heads_q} "
-          f"{'causal' if args.causal else 'full'}, {args.pass_name}, mean us per pass")
+    print(f"{report['gpu']}: {shape_text(shape)}, {args.pass_name}, mean us per pass")
     for peer in args.peers.split(","):
         try:
             times = kernel_times(peer, shape, args.pass_name)

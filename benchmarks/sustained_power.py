@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_attention import (add_one_shape_arguments, make_inputs, pass_fns, refusal_text, sdpa_call,  # noqa: E402
-                             sdpa_on, standard_shape)
+from bench_attention import (add_one_shape_arguments, make_inputs, one_shape, pass_fns,  # noqa: E402
+                             refusal_text, sdpa_call, sdpa_on, shape_text)
 
 SAMPLE_MS = 100
 FIELDS = "timestamp,uuid,power.draw,clocks.sm,clocks_event_reasons.active"
@@ -87,12 +87,11 @@ def main(argv=None) -> int:
         print("sustained_power needs an NVIDIA GPU and nvidia-smi on PATH", file=sys.stderr)
         return 2
     seconds = max(args.seconds, 2.0)
-    shape = standard_shape(args.dtype, args.head_dim, args.seqlen, args.causal)
+    shape = one_shape(args)
     q, k, v, grad = make_inputs(shape)
     report = {"gpu": torch.cuda.get_device_name(), "shape": asdict(shape), "pass": args.pass_name,
               "seconds": seconds, "backends": {}}
-    print(f"{report['gpu']}: {args.dtype} D{args.head_dim} S{args.seqlen} "
-          f"{'causal' if args.causal else 'full'}, {args.pass_name}, {seconds:g} s per backend")
+    print(f"{report['gpu']}: {shape_text(shape)}, {args.pass_name}, {seconds:g} s per backend")
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "smi.csv"
         with log.open("w") as out:

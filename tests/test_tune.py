@@ -108,6 +108,25 @@ def test_with_choice_ships_one_config_at_every_length_for_matched_points():
         T.with_choice(both, Subset.parse(["dtype=fp16"]).accepts_point, picked, "why")
 
 
+def test_shortest_bucket_is_timed_as_decoding():
+    """The kernels chosen by seqlen_q are timed at their 16-row bucket with
+    a few query rows against 8k keys (what that bucket serves); dK/dV,
+    chosen by seqlen_k, at square shapes."""
+    from aotriton_rocm.tooling.tune_workloads import workload_for
+
+    point = {"dtype": "bf16", "head_dim": 128, "pad_head": False, "has_bias": False,
+             "enable_dropout": False}
+    cpu = torch.device("cpu")
+
+    def shape(kernel, s):
+        return workload_for(kernel, point, cpu, tokens=16384, hidden=2048, open_seqlen=16384).shape(s)
+
+    for kernel in ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dq"):
+        assert shape(kernel, 16) == "B=32 H=16 Sq=16 Sk=8192 D=128, causal and not"
+        assert shape(kernel, 32) == "B=512 H=16 S=32 D=128, causal and not"
+    assert shape("attn_bwd_dkdv", 16) == "B=1024 H=16 S=16 D=128, causal and not"
+
+
 def test_seqlens_must_be_bucket_bounds():
     with pytest.raises(UsageError, match="not a bucket bound"):
         run_tune(TuneOptions(device="cpu", seqlens=(1000,), only=("kernel=attn_fwd",)))
@@ -121,30 +140,51 @@ def _tuned_root(tmp_path) -> Path:
     return root
 
 
-def test_cpu_flow_writes_checked_choices_and_keeps_other_entries(tmp_path, monkeypatch):
+@pytest.mark.parametrize("earlier", [True, False], ids=["earlier-entries", "first-tuning"])
+def test_cpu_flow_writes_checked_choices_and_keeps_other_entries(tmp_path, monkeypatch, earlier):
+    """Timed at buckets 16 and 32 only: the point's earlier entries still
+    decide the buckets above 32; without any, the 32 winner covers them."""
     root = _tuned_root(tmp_path)
     out = root / "kernels" / "tuning" / "sm_90.json"
+    point = {"dtype": ["fp16"], "head_dim": [16], "pad_head": [True], "has_bias": [False],
+             "enable_dropout": [True]}
+
+    def of_point(c):
+        return c["kernel"] == "attn_fwd" and all(c["functional"].get(k) == v for k, v in point.items())
+
+    if not earlier:
+        doc = json.loads(out.read_text())
+        doc["choices"] = [c for c in doc["choices"] if not of_point(c)]
+        out.write_text(json.dumps(doc))
     before = T.load_measured(root / "kernels", "sm_90")
+    func = {k: v[0] for k, v in point.items()}
+    old_open = before.entry_for("attn_fwd", func, None)
+    assert (old_open is not None) == earlier
     monkeypatch.chdir(root)
     only = ("kernel=attn_fwd,dtype=fp16,head_dim=16,has_bias=false,enable_dropout=true",)
     rc = run_tune(TuneOptions(device="cpu", only=only, seqlens=(16, 32), tokens=64, hidden=32,
                               work=tmp_path / "work"))
     assert rc == 0
     doc = json.loads(out.read_text())
-    point = {"dtype": ["fp16"], "head_dim": [16], "pad_head": [True], "has_bias": [False],
-             "enable_dropout": [True]}
     n = next(i for i, c in enumerate(doc["choices"]) if c["functional"] != point)
     mine = doc["choices"][:n]
     assert mine and all(c["kernel"] == "attn_fwd" and "measured" in c for c in mine)
-    assert mine[-1]["seqlen_max"] is None
+    assert mine[-1]["seqlen_max"] == (32 if earlier else None)
     for c in mine:
         # dropout is checked against float64 math with the kernels' own keep mask
         assert c["check"].startswith("S=") and " > " not in c["check"]
         for row in c["measured"]:
             assert 0 < row["us"] <= row["fallback_us"]
+    after = T.load_measured(root / "kernels", "sm_90")
+    for bound in (16, 32):
+        assert dict(after.entry_for("attn_fwd", func, bound).config) == next(
+            c["config"] for c in mine if c["seqlen_max"] is None or c["seqlen_max"] >= bound)
+    if earlier:  # the open bucket: still what was measured before
+        assert after.entry_for("attn_fwd", func, None).config == old_open.config
     # the entries of the other points stay, after the new ones, in their order
     assert [(c["kernel"], tuple((k, tuple(v)) for k, v in c["functional"].items()),
-             c.get("seqlen_max"), tuple(c["config"].items())) for c in doc["choices"][n:]] \
+             c.get("seqlen_max"), tuple(c["config"].items()))
+            for c in doc["choices"][n:] if not of_point(c)] \
         == [(e.kernel, e.functional, e.seqlen_max, e.config) for e in before.entries
             if not (e.kernel == "attn_fwd" and dict(e.functional) == {k: tuple(v) for k, v in point.items()})]
     assert doc["device"]["name"].startswith("CPU") and "--device cpu" in doc["commands"][-1]

@@ -334,21 +334,49 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
             header: Dict[str, Any], previous: Optional[_Previous]) -> Dict[str, Any]:
     """The new file: this run's choices first, then the entries of the
     previous file that still decide a bucket of some point of ``points``
-    ((kernel, functional) pairs): one the entries before it do not cover."""
-    choices = [c for r in results if not r.error for c in r.runs]
+    ((kernel, functional) pairs): one this run did not time and the entries
+    before it do not cover. A point timed up to bucket ``b`` only (no length
+    in the open bucket) keeps its earlier entries above ``b``; where it has
+    none, its last winner covers the rest."""
     doc = dict(header)
+    choices: List[Dict[str, Any]] = []
+    # per point tuned now: the largest bucket bound timed (OPEN: every bucket is decided)
+    reach: Dict[Any, Any] = {}
+    for r in results:
+        if r.error:
+            continue
+        runs = [dict(c) for c in r.runs]
+        timed = [row["seqlen"] for c in runs for row in c["measured"]]
+        point = _point_of(runs[0])
+        top = _OPEN if "open" in timed else max(timed)
+        if top is not _OPEN and previous is not None and not any(
+                entry.applies(point[0], dict(point[1]), b)
+                for entry, _ in previous.entries for b in _buckets_above(top)):
+            top = _OPEN
+        if top is not _OPEN:
+            runs[-1]["seqlen_max"] = top
+        reach[point] = top
+        choices += runs
     if previous is None:
         doc["choices"] = choices
         return doc
-    covered = {_point_of(c) for c in choices if c.get("seqlen_max") is None}
     kept_how = ""
     for entry, old in previous.entries:
-        if any(kernel == entry.kernel and (kernel, tuple(sorted(func.items()))) not in covered
-               and any(entry.applies(kernel, func, b) for b in list(SEQLEN_BUCKETS) + [None])
-               for kernel, func in points):
+        decides = False
+        for kernel, func in points:
+            if kernel != entry.kernel:
+                continue
+            point = (kernel, tuple(sorted(func.items())))
+            top = reach.get(point)
+            if top is _OPEN:
+                continue
+            undecided = list(SEQLEN_BUCKETS) + [None] if top is None else _buckets_above(top)
+            if any(entry.applies(kernel, func, b) for b in undecided):
+                decides = True
+                if old.get("seqlen_max") is None:
+                    reach[point] = _OPEN
+        if decides:
             choices.append(old)
-            if old.get("seqlen_max") is None:
-                covered.add(_point_of(old))
             if "measured" not in old:
                 kept_how = previous.raw.get("how", "")
     raw = previous.raw
@@ -358,6 +386,13 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
         doc["how"] = f"{header['how']} Entries without \"measured\": {kept_how}"
     doc["choices"] = choices
     return doc
+
+
+_OPEN = object()  # _merged: every bucket of a point is decided
+
+
+def _buckets_above(bound: int) -> List[Optional[int]]:
+    return [b for b in SEQLEN_BUCKETS if b > bound] + [None]
 
 
 def _runs_beside(k, point) -> bool:

@@ -38,6 +38,15 @@ KVCACHE_HEADS = (32, 8)  # query heads, key/value heads (a Llama-style GQA decod
 KVCACHE_BATCH = 8
 KVCACHE_SEQLENS = (8192, 65536)
 DRAWS_HEADS = 16
+# The shortest bucket of the kernels chosen by seqlen_q (all but dK/dV)
+# serves decoding: a few new query rows against a long context. It is timed
+# so: seqlen_q = the bound against DECODE_SEQLEN_K keys (or half the tokens,
+# if fewer), over tokens / DECODE_TOKENS_PER_ROW (batch x heads) rows; 512
+# rows of 8192 keys at the default 16k tokens, as bench_attention.py's
+# decode shape.
+DECODE_BUCKET = 16
+DECODE_SEQLEN_K = 8192
+DECODE_TOKENS_PER_ROW = 32
 
 @dataclass
 class Workload:
@@ -116,14 +125,20 @@ def _attention(kernel: str, functional: Dict[str, Any], device, tokens, hidden,
         return open_seqlen if s is None else s
 
     def dims(s):
+        """(batch, heads, seqlen_q, seqlen_k) timed for bucket ``s``."""
         s = seqlen_of(s)
-        return max(1, tokens // s), heads, s
+        if kernel != "attn_bwd_dkdv" and s <= DECODE_BUCKET:
+            rows = max(1, tokens // DECODE_TOKENS_PER_ROW)
+            return max(1, rows // heads), heads, s, max(s, min(DECODE_SEQLEN_K, tokens // 2))
+        return max(1, tokens // s), heads, s, s
 
-    def make(b, h, s):
-        g = torch.Generator(device=device).manual_seed(1234 + s)
-        q, k, v, do = (torch.randn((b, h, s, d), generator=g, device=device, dtype=dtype)
-                       for _ in range(4))
-        bias = (torch.randn((1, 1, s, s), generator=g, device=device, dtype=dtype)
+    def make(b, h, sq, sk):
+        g = torch.Generator(device=device).manual_seed(1234 + sq + sk)
+        q, do = (torch.randn((b, h, sq, d), generator=g, device=device, dtype=dtype)
+                 for _ in range(2))
+        k, v = (torch.randn((b, h, sk, d), generator=g, device=device, dtype=dtype)
+                for _ in range(2))
+        bias = (torch.randn((1, 1, sq, sk), generator=g, device=device, dtype=dtype)
                 if has_bias else None)
         return q, k, v, do, bias
 
@@ -145,7 +160,7 @@ def _attention(kernel: str, functional: Dict[str, Any], device, tokens, hidden,
     def check(s):
         # inside the bucket, not a multiple of any tile: the masked edges run
         sc = max(16, min(seqlen_of(s), 1024) - 3)
-        q, k, v, do, bias = inputs = make(2, 3, sc)
+        q, k, v, do, bias = inputs = make(2, 3, sc, sc)
         texts, ok = [], True
         for causal in (False, True):
             out, grads, rng = call(inputs, causal)
@@ -167,8 +182,9 @@ def _attention(kernel: str, functional: Dict[str, Any], device, tokens, hidden,
         return ok, f"S={sc}: " + ", ".join(texts), None
 
     def shape(s):
-        b, h, s_ = dims(s)
-        return f"B={b} H={h} S={s_} D={d}" + (" bias" if has_bias else "") + \
+        b, h, sq, sk = dims(s)
+        seqlens = f"S={sq}" if sq == sk else f"Sq={sq} Sk={sk}"
+        return f"B={b} H={h} {seqlens} D={d}" + (" bias" if has_bias else "") + \
             (f" dropout={p}" if p else "") + ", causal and not"
 
     return Workload(prepare, run, (False, True), check, shape)
