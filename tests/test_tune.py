@@ -188,6 +188,9 @@ def test_cpu_flow_writes_checked_choices_and_keeps_other_entries(tmp_path, monke
         == [(e.kernel, e.functional, e.seqlen_max, e.config) for e in before.entries
             if not (e.kernel == "attn_fwd" and dict(e.functional) == {k: tuple(v) for k, v in point.items()})]
     assert doc["device"]["name"].startswith("CPU") and "--device cpu" in doc["commands"][-1]
+    # each choice names the GPU that measured it: this run's, or the one before's
+    assert all(c["device"] == doc["device"]["name"] for c in mine)
+    assert all(c["device"] and not c["device"].startswith("CPU") for c in doc["choices"][n:])
     # and the build reads it: every choice names a compilable config
     configs = T.measured_configs(T.load_measured(root / "kernels", "sm_90"),
                                  load_variants(root / "kernels"))

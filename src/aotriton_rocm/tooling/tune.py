@@ -337,15 +337,18 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
     ((kernel, functional) pairs): one this run did not time and the entries
     before it do not cover. A point timed up to bucket ``b`` only (no length
     in the open bucket) keeps its earlier entries above ``b``; where it has
-    none, its last winner covers the rest."""
+    none, its last winner covers the rest. Each choice names the GPU that
+    measured it (``device``; earlier entries without one: the previous
+    file's)."""
     doc = dict(header)
+    gpu = header["device"]["name"]
     choices: List[Dict[str, Any]] = []
     # per point tuned now: the largest bucket bound timed (OPEN: every bucket is decided)
     reach: Dict[Any, Any] = {}
     for r in results:
         if r.error:
             continue
-        runs = [dict(c) for c in r.runs]
+        runs = [dict(c, device=gpu) for c in r.runs]
         timed = [row["seqlen"] for c in runs for row in c["measured"]]
         point = _point_of(runs[0])
         top = _OPEN if "open" in timed else max(timed)
@@ -361,6 +364,7 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
         doc["choices"] = choices
         return doc
     kept_how = ""
+    earlier_gpu = (previous.raw.get("device") or {}).get("name")
     for entry, old in previous.entries:
         decides = False
         for kernel, func in points:
@@ -376,7 +380,7 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
                 if old.get("seqlen_max") is None:
                     reach[point] = _OPEN
         if decides:
-            choices.append(old)
+            choices.append(old if "device" in old or not earlier_gpu else dict(old, device=earlier_gpu))
             if "measured" not in old:
                 kept_how = previous.raw.get("how", "")
     raw = previous.raw
@@ -410,7 +414,8 @@ def _header(options: TuneOptions, torch, device, arch: str) -> Dict[str, Any]:
              else "run by Triton's interpreter (timings not meaningful)")
     return {
         "schema": 1, "arch": arch,
-        "how": (f"Measured by `aotriton-rocm tune` on {rec['name']}: per functional point and "
+        "how": ("Measured by `aotriton-rocm tune` on the GPU each choice names (\"device\"; "
+                "the file's \"device\" is the latest run's): per functional point and "
                 "sequence-length bucket, the fastest of the candidates (variants.toml + "
                 f"tuning/space.toml), {timed} (the shape in each choice's \"measured\"; "
                 "causal and non-causal times added); each winner checked against float64 math "
