@@ -18,6 +18,7 @@ from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E
 from aotriton_rocm.tooling import build as B  # noqa: E402
 from aotriton_rocm.tooling import tuning as T  # noqa: E402
 from support.select_toy import HOG, HOG_SMALL, MEASURED, SCALE_ADD, make_root  # noqa: E402
+from support.toy_build import config_table  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -227,6 +228,35 @@ def test_why_not_chosen():
     assert T.losses([big, small], runs) == [
         {"128x64": "pads more rows at these seqlens (128-row tile vs 64)"},
         {"64x64": "fewer useful rows (64-row tile vs 128)"}]
+
+
+def test_seqlen_max_limits_a_candidate_to_short_buckets(tmp_path):
+    """A config's seqlen_max: the cost model ships it only for buckets up to
+    that length, even where it would win a longer one (here on occupancy),
+    says why elsewhere, and the variant carries it (not in its key)."""
+    def cand(key, rows, occ, order, seqlen_max=None):
+        return T.Candidate(key=key, config={"BLOCK_M": rows}, order=order, rows=rows, cols=64,
+                           occupancy=occ, seqlen_max=seqlen_max)
+
+    big, small = cand("128x64", 128, 1, 0), cand("16x64", 16, 2, 1, seqlen_max=32)
+    assert T.choose([big, small], kernel="k", functional={}) == [
+        [32, "16x64", "static"], [None, "128x64", "static"]]
+    assert T.losses([big, small], [[32, "16x64", "static"], [None, "128x64", "static"]])[1] == {
+        "16x64": "a tile for sequences of up to 32 only (its seqlen_max)"}
+    # alone it still ships everywhere rather than nothing
+    assert T.choose([small], kernel="k", functional={}) == [[None, "16x64", "static"]]
+
+    root = make_root(tmp_path / "root", SCALE_ADD + config_table("scale_add", "gfx942", BLOCK=64,
+                                                                  num_warps=4, seqlen_max=32))
+    spec = load_variants(root / "kernels")
+    from aotriton_rocm.tooling.targets import load_targets
+    vs = [v for v in spec.variants_for(load_targets(ROOT / "ci" / "targets.toml").archs["gfx942"])
+          if v.kernel == "scale_add"]
+    assert {v.config.get("BLOCK"): v.seqlen_max for v in vs}[64] == 32
+    assert all("seqlen_max" not in v.key for v in vs)
+    with pytest.raises(VariantSpecError, match="seqlen_max must be a positive integer"):
+        load_variants(make_root(tmp_path / "bad", SCALE_ADD + config_table(
+            "scale_add", "gfx942", BLOCK=64, num_warps=4, seqlen_max=0)) / "kernels")
 
 
 def test_selection_records_every_candidate(built):

@@ -54,7 +54,7 @@ __all__ = [
 OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_instr_nonkdim",
                "kpack", "maxnreg")
 REQUIRED_OPTIONS = ("num_warps", "num_stages")
-CONFIG_META_KEYS = ("archs", "head_dims", "when", "allow")
+CONFIG_META_KEYS = ("archs", "head_dims", "when", "allow", "seqlen_max")
 # A config may compile another function than its kernel's ("module:function",
 # same parameters; e.g. an arch-specific Gluon implementation). It is part of
 # the config's values, so the variant key and the tuning file name it.
@@ -124,6 +124,8 @@ class ConfigSpec:
     allow_only: Tuple[Tuple[Tuple[str, Any], ...], ...] = ()
     # Other functional values the config is limited to: ((name, (values...)), ...).
     when: Tuple[Tuple[str, Tuple[Any, ...]], ...] = ()
+    # The longest bucket the static cost model may ship it for (None: every one).
+    seqlen_max: Optional[int] = None
 
     @property
     def function(self) -> Optional[str]:
@@ -181,6 +183,8 @@ class Variant:
     grid: Tuple[str, ...]
     # The config's waivers (kind -> reason); not part of the key or the code.
     allow: Dict[str, str] = field(default_factory=dict)
+    # The config's seqlen_max (the cost model's bucket limit); not part of the key.
+    seqlen_max: Optional[int] = None
 
     def __hash__(self) -> int:
         return hash((self.arch, self.key))
@@ -322,7 +326,8 @@ def _make_variant(ks: KernelSpec, arch: ArchSpec, func: Dict[str, Any], cfg: Con
                    constexprs=constexprs, options=options, args=tuple(args),
                    divisible_16=ks.divisible_16, grid=ks.grid,
                    allow=dict(cfg.allow) if not cfg.allow_only or any(
-                       all(func.get(k) == val for k, val in pt) for pt in cfg.allow_only) else {})
+                       all(func.get(k) == val for k, val in pt) for pt in cfg.allow_only) else {},
+                   seqlen_max=cfg.seqlen_max)
 
 
 def _parse_allow(allow: Any, functional: Dict[str, Tuple[Any, ...]], where: str):
@@ -406,10 +411,16 @@ def parse_config(c: Any, constexprs: Tuple[str, ...], functional: Dict[str, Tupl
         if k not in c:
             raise VariantSpecError(f"{where} lacks {k!r}")
     allow, allow_only = _parse_allow(c.get("allow"), functional, where)
+    seqlen_max = c.get("seqlen_max")
+    if seqlen_max is not None and (isinstance(seqlen_max, bool) or not isinstance(seqlen_max, int)
+                                   or seqlen_max < 1):
+        raise VariantSpecError(f"{where}: seqlen_max must be a positive integer (the longest "
+                               f"seqlen bucket the cost model may ship the config for), not "
+                               f"{seqlen_max!r}")
     return ConfigSpec(archs=tuple(str(a) for a in archs),
                       head_dims=tuple(int(h) for h in hd) if hd is not None else None,
                       values=values, allow=allow, allow_only=allow_only,
-                      when=_parse_when(c.get("when"), functional, where))
+                      when=_parse_when(c.get("when"), functional, where), seqlen_max=seqlen_max)
 
 
 def _parse_kernel(name: str, t: Dict[str, Any], path: Path) -> KernelSpec:

@@ -72,7 +72,7 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
             c = Candidate(key=v.key, config=dict(v.config), order=i, rows=rows, cols=cols,
                           num_warps=int(v.options.get("num_warps", 4)), occupancy=stats.get("occupancy"),
                           scratch=int(stats.get("private_segment_fixed_size") or 0),
-                          findings=list(resources), waived=dict(v.allow))
+                          findings=list(resources), waived=dict(v.allow), seqlen_max=v.seqlen_max)
             cands.append(c)
             cand_of[v.key] = c
         if not cands:

@@ -12,7 +12,10 @@ chosen ones. A choice is
 
 Static cost model, lexicographic, per bucket with upper bound ``U`` (the
 seqlen along the kernel's grid axis: ``seqlen_q`` for fwd/dq/preprocess,
-``seqlen_k`` for dK/dV; ``U`` is infinite for the last, open bucket):
+``seqlen_k`` for dK/dV; ``U`` is infinite for the last, open bucket), over
+the eligible candidates whose ``seqlen_max`` (a config key: a tile meant
+for short sequences, e.g. decoding's few query rows) is at least ``U``
+(over all eligible ones where none is):
 
 1. clean before waived: a candidate with an unwaived spill, scratch or LDS
    finding is never chosen; one whose findings are all waived by its
@@ -96,6 +99,11 @@ class Candidate:
     scratch: int = 0  # bytes per lane
     findings: List[Tuple[str, str]] = field(default_factory=list)  # (kind, message)
     waived: Dict[str, str] = field(default_factory=dict)  # kind -> reason (the config's allow)
+    seqlen_max: Optional[int] = None  # the config's limit on the buckets it ships for statically
+
+    def serves(self, bound: Optional[int]) -> bool:
+        """May the cost model ship it for the bucket with upper bound ``bound``?"""
+        return self.seqlen_max is None or (bound is not None and bound <= self.seqlen_max)
 
     @property
     def unwaived(self) -> List[Tuple[str, str]]:
@@ -150,6 +158,8 @@ def why_not_chosen(loser: Candidate, winner: Candidate, bound: Optional[int], so
         return "rejected: " + "; ".join(m for _, m in loser.unwaived)
     if source == "measured":
         return f"measured: the tuning file names {_config_text(winner.config)}"
+    if not loser.serves(bound):
+        return f"a tile for sequences of up to {loser.seqlen_max} only (its seqlen_max)"
     lr, wr = static_rank(loser, bound), static_rank(winner, bound)
     step = next(i for i, (a, b) in enumerate(zip(lr, wr)) if a != b)
     return [
@@ -287,6 +297,13 @@ def tuning_files_bytes(kernels_dir) -> bytes:
     return out
 
 
+def _static_best(ok: Sequence[Candidate], bound: Optional[int]) -> Candidate:
+    """The cost model's choice among eligible candidates for one bucket: of
+    those whose seqlen_max admits it (all of them if none does)."""
+    pool = [c for c in ok if c.serves(bound)] or ok
+    return min(pool, key=lambda c: static_rank(c, bound))
+
+
 def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[str, Any],
            measured: Optional[MeasuredData] = None,
            buckets: Sequence[int] = SEQLEN_BUCKETS,
@@ -322,10 +339,9 @@ def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[
                         "ships instead")
                 if notes is not None and note not in notes:
                     notes.append(note)
-                best, source = min(ok, key=lambda c: static_rank(c, bound)), "static"
+                best, source = _static_best(ok, bound), "static"
         else:
-            best = min(ok, key=lambda c: static_rank(c, bound))
-            source = "static"
+            best, source = _static_best(ok, bound), "static"
         if runs and runs[-1][1] == best.key and runs[-1][2] == source:
             runs[-1][0] = bound
         else:
