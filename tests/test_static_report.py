@@ -127,11 +127,15 @@ def test_chosen_and_rejected(built):
             # each run: the chosen config and every other candidate of the point
             for r in runs:
                 assert {r.chosen.key} | {o.key for o in r.others} == candidates[key]
-            assert len(candidates[key]) == (2 if key[0] == "attn_fwd" else 1)
+            assert len(candidates[key]) == (3 if key[0] == "attn_fwd" else 1)
     text = R.format_report(reports)
     # a chosen row, the candidate beneath it and why it lost
-    assert re.search(r"^attn_fwd +fp16 d128 +q<=64 +64x64 w4 s1 +(\d+ +){4}\d+/\d+ +\d+ +\d+ +\d+ +\d+ "
+    assert re.search(r"^attn_fwd +fp16 d128 +q 33\.\.64 +64x64 w4 s1 +(\d+ +){4}\d+/\d+ +\d+ +\d+ +\d+ +\d+ "
                      r"+\d+/\d+ +\d+ +chosen \(static\)$", text, re.M), text
+    # the decoding tile: chosen up to 32 query rows, held back above by its seqlen_max
+    assert re.search(r"^attn_fwd +fp16 d128 +q<=32 +16x64 w4 s1 .* chosen \(static\)$", text, re.M), text
+    assert re.search(r"^ +vs 16x64 w4 s1 .* a tile for sequences of up to 32 only \(its seqlen_max\)$",
+                     text, re.M), text
     assert re.search(r"^ +vs 128x64 w4 s1 .* pads more rows at these seqlens \(128-row tile vs 64\)$",
                      text, re.M), text
     assert re.search(r"^attn_fwd +fp16 d128 +q>64 +128x64 w4 s1 ", text, re.M)
@@ -158,9 +162,13 @@ def test_cli_json_and_filters(built, tmp_path, capsys):
 
 
 def test_diff_between_builds(built, rebuilt, tmp_path, capsys):
-    # the 64x64 tile at 8 warps: 2 waves per SIMD on gfx942, so it wins every bucket
+    # the 64x64 tile at 8 warps: 2 waves per SIMD on gfx942, so it wins every
+    # bucket above the decoding tile's (up to 32 query rows)
     (rep,) = R.read_build(rebuilt)
-    assert {c.chosen.config["num_warps"] for c in rep.choices if c.kernel == "attn_fwd"} == {8}
+    assert {(c.chosen.config["BLOCK_M"], c.chosen.config["num_warps"])
+            for c in rep.choices if c.kernel == "attn_fwd"} == {(16, 4), (64, 8)}
+    assert all(c.bounds[-1] == 32 for c in rep.choices
+               if c.kernel == "attn_fwd" and c.chosen.config["BLOCK_M"] == 16)
     (old,) = R.read_build(built, ["gfx942"])
     changes = R.compare([old], [rep])
     assert changes and all(c.arch == "gfx942" and c.kernel == "attn_fwd" for c in changes)
