@@ -92,14 +92,6 @@ def add_one_shape_arguments(parser) -> None:
     parser.add_argument("--peers", default=f"{OURS},FLASH,CUDNN")
 
 
-def shape_text(shape: Shape) -> str:
-    """``bf16 D128 S4096 B4 H16 causal`` (Sq/Sk given apart where they differ)."""
-    seqlens = (f"S{shape.seqlen_q}" if shape.seqlen_q == shape.seqlen_k
-               else f"Sq{shape.seqlen_q} Sk{shape.seqlen_k}")
-    return (f"{shape.dtype} D{shape.head_dim} {seqlens} B{shape.batch} H{shape.heads_q} "
-            f"{'causal' if shape.causal else 'full'}")
-
-
 def one_shape(args) -> Shape:
     """The shape ``add_one_shape_arguments``'s options name."""
     if args.decode:
@@ -349,7 +341,7 @@ def run(shapes: list[Shape], reps: int, peers: list[str], passes=PASSES) -> list
     return rows
 
 
-def _shape_text(s: dict) -> str:
+def shape_text(s: dict) -> str:
     heads = f"H{s['heads_q']}" + (f"/{s['heads_kv']}" if s["heads_kv"] != s["heads_q"] else "")
     seq = f"S{s['seqlen_q']}" if s["seqlen_q"] == s["seqlen_k"] else \
         f"Sq{s['seqlen_q']} Sk{s['seqlen_k']}"
@@ -358,7 +350,7 @@ def _shape_text(s: dict) -> str:
 
 
 def format_row(row: dict) -> str:
-    cells = [_shape_text(row["shape"])]
+    cells = [shape_text(row["shape"])]
     for name in PASSES:
         by_peer = row["tflops"].get(name, {})
         ours = by_peer.get(OURS)
@@ -382,7 +374,7 @@ def markdown_table(rows: list[dict], pass_name: str) -> str:
         if not by_peer:
             continue
         ours = by_peer.get(OURS)
-        cells = [_shape_text(row["shape"]).replace("  ", " ")]
+        cells = [shape_text(row["shape"]).replace("  ", " ")]
         if row["shape"]["seqlen_q"] == 1 and row.get("ms", {}).get(pass_name):
             # decoding is memory-bound: its time says more than its FLOP rate
             times = row["ms"][pass_name]

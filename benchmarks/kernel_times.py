@@ -5,9 +5,10 @@ beside torch's FLASH and CUDNN backends, from torch.profiler's CUDA trace.
                                       [--causal] [--decode] [--pass bwd] [--json FILE]
 
 The shape is one of bench_attention.py's standard ones (B*S = 16k tokens,
-H*D = 2048), or with --decode its decode shape (Sq = 1, Sk = 8k). Each backend runs the pass a few times after warm-up; the
-table lists each kernel's mean time per pass and share of the pass. Use it
-to see which of our kernels limits a cell of bench_attention.py's table.
+H*D = 2048), or with --decode its decode shape (Sq = 1, Sk = 8k). Each
+backend runs the pass a few times after warm-up; the table lists each
+kernel's mean time per pass and share of the pass. Use it to see which of
+our kernels limits a cell of bench_attention.py's table.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     shape = one_shape(args)
     report = {"gpu": torch.cuda.get_device_name(), "shape": asdict(shape), "pass": args.pass_name,
               "us_per_pass": {}}
-    print(f"{report['gpu']}: {shape_text(shape)}, {args.pass_name}, mean us per pass")
+    print(f"{report['gpu']}: {shape_text(report['shape'])}, {args.pass_name}, mean us per pass")
     for peer in args.peers.split(","):
         try:
             times = kernel_times(peer, shape, args.pass_name)

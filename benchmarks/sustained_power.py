@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     q, k, v, grad = make_inputs(shape)
     report = {"gpu": torch.cuda.get_device_name(), "shape": asdict(shape), "pass": args.pass_name,
               "seconds": seconds, "backends": {}}
-    print(f"{report['gpu']}: {shape_text(shape)}, {args.pass_name}, {seconds:g} s per backend")
+    print(f"{report['gpu']}: {shape_text(report['shape'])}, {args.pass_name}, {seconds:g} s per backend")
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "smi.csv"
         with log.open("w") as out:
