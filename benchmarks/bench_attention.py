@@ -276,15 +276,16 @@ def _triton_jit_forward(shape: Shape, q, k, v):
         fn = kernel_spec.jit_function(kernel)
     except (ImportError, OSError) as exc:
         return f"our kernel sources through the Triton JIT: {type(exc).__name__}: {exc}"
-    pad = shape.head_dim != 1 << (shape.head_dim - 1).bit_length()
+    tile = 1 << (shape.head_dim - 1).bit_length()
     candidates = [v_ for v_ in spec.variants_for(kernel_spec.INTERPRETER_ARCH)
                   if v_.kernel == "attn_fwd" and v_.functional["dtype"] == shape.dtype
-                  and v_.functional["head_dim"] == shape.head_dim
-                  and v_.functional["pad_head"] == pad and not v_.functional["has_bias"]
-                  and not v_.functional["enable_dropout"]]
+                  and v_.functional["head_dim"] == tile
+                  and (v_.functional["pad_head"] or tile == shape.head_dim)
+                  and not v_.functional["has_bias"] and not v_.functional["enable_dropout"]]
     if not candidates:
         return "no attn_fwd variant for this dtype and head dim"
-    variant = candidates[0]
+    # the unmasked variant where one exists (head dims 64 and 128), else the masked one
+    variant = min(candidates, key=lambda v_: v_.functional["pad_head"])
     qd, kd, vd = (t.detach() for t in (q, k, v))
     b, h, s, d = qd.shape
     o = torch.empty_like(qd)
