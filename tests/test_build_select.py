@@ -259,6 +259,32 @@ def test_seqlen_max_limits_a_candidate_to_short_buckets(tmp_path):
             "scale_add", "gfx942", BLOCK=64, num_warps=4, seqlen_max=0)) / "kernels")
 
 
+def test_decoding_entry_is_a_choice_of_its_own():
+    """A tuning entry with seqlen_q_max names the decoding tile of a point
+    (the manifest's "decode"), apart from the buckets, which it never
+    decides; it serves every key length."""
+    def cand(key, rows, order):
+        return T.Candidate(key=key, config={"BLOCK_M": 16, "BLOCK_N": rows}, order=order, rows=rows,
+                           cols=16)
+
+    big, small = cand("16x128", 128, 0), cand("16x64", 64, 1)
+    doc = {"schema": 1, "arch": "sm_90", "choices": [
+        {"kernel": "k", "functional": {"dtype": ["bf16"]}, "seqlen_max": None, "seqlen_q_max": 16,
+         "config": {"BLOCK_N": 64}},
+        {"kernel": "k", "functional": {"dtype": ["bf16"]}, "seqlen_max": None, "config": {"BLOCK_N": 128}}]}
+    measured = T.load_measured_text(json.dumps(doc), "sm_90", "sm_90.json")
+    for func, decode in (({"dtype": "bf16"}, [16, "16x64", "measured"]), ({"dtype": "fp16"}, None)):
+        assert T.choose_decode([big, small], kernel="k", functional=func, measured=measured) == decode
+    assert T.choose([big, small], kernel="k", functional={"dtype": "bf16"}, measured=measured) == [
+        [None, "16x128", "measured"]]
+    assert T.choose_decode([big, small], kernel="k", functional={"dtype": "bf16"}) is None
+    with pytest.raises(T.TuningError, match="no candidate config has it"):
+        T.choose_decode([big], kernel="k", functional={"dtype": "bf16"}, measured=measured)
+    doc["choices"][0]["seqlen_max"] = 512
+    with pytest.raises(T.TuningError, match="serves every key length"):
+        T.load_measured_text(json.dumps(doc), "sm_90", "sm_90.json")
+
+
 def test_selection_records_every_candidate(built):
     out, res = built
     per = res.report["per_arch"]

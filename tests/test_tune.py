@@ -111,7 +111,7 @@ def test_with_choice_ships_one_config_at_every_length_for_matched_points():
 def test_shortest_bucket_is_timed_as_decoding():
     """The kernels chosen by seqlen_q are timed at their 16-row bucket with
     a few query rows against 8k keys (what that bucket serves); dK/dV,
-    chosen by seqlen_k, at square shapes."""
+    chosen by seqlen_k, too, for its decoding tile (not a bucket)."""
     from aotriton_rocm.tooling.tune_workloads import workload_for
 
     point = {"dtype": "bf16", "head_dim": 128, "pad_head": False, "has_bias": False,
@@ -121,10 +121,11 @@ def test_shortest_bucket_is_timed_as_decoding():
     def shape(kernel, s):
         return workload_for(kernel, point, cpu, tokens=16384, hidden=2048, open_seqlen=16384).shape(s)
 
-    for kernel in ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dq"):
+    for kernel in ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dq", "attn_bwd_dkdv"):
         assert shape(kernel, 16) == "B=32 H=16 Sq=16 Sk=8192 D=128, causal and not"
         assert shape(kernel, 32) == "B=512 H=16 S=32 D=128, causal and not"
-    assert shape("attn_bwd_dkdv", 16) == "B=1024 H=16 S=16 D=128, causal and not"
+        w = workload_for(kernel, point, cpu, tokens=16384, hidden=2048, open_seqlen=16384)
+        assert w.decode_rows == (16 if kernel == "attn_bwd_dkdv" else None)
 
 
 def test_seqlens_must_be_bucket_bounds():
@@ -196,6 +197,40 @@ def test_cpu_flow_writes_checked_choices_and_keeps_other_entries(tmp_path, monke
                                  load_variants(root / "kernels"))
     assert len(configs["attn_fwd"]) == sum(1 for c in doc["choices"] if c["kernel"] == "attn_fwd"
                                            and {"num_warps", "num_stages"} <= c["config"].keys())
+
+
+def test_cpu_flow_times_the_decoding_tile_of_dkdv(tmp_path, monkeypatch):
+    """dK/dV timed at the 16-row bucket only: the winner is the point's
+    decoding entry (seqlen_q_max), first in the file; it replaces the
+    point's earlier one (twice over), and the entries that decide its
+    key-length buckets stay as they were."""
+    root = _tuned_root(tmp_path)
+    out = root / "kernels" / "tuning" / "sm_90.json"
+    func = {"dtype": "fp16", "head_dim": 16, "pad_head": True, "has_bias": False,
+            "enable_dropout": False}
+    before = T.load_measured(root / "kernels", "sm_90")
+    decoding_before = sum(e.seqlen_q_max is not None for e in before.entries)
+    assert before.decode_entry_for("attn_bwd_dkdv", func) is not None  # the tree's, replaced below
+    buckets = [before.entry_for("attn_bwd_dkdv", func, b) for b in (*T.SEQLEN_BUCKETS, None)]
+    monkeypatch.chdir(root)
+    only = ("kernel=attn_bwd_dkdv,dtype=fp16,head_dim=16,pad_head=true,has_bias=false,"
+            "enable_dropout=false",)
+    for _ in range(2):
+        assert run_tune(TuneOptions(device="cpu", only=only, seqlens=(16,), tokens=64, hidden=32,
+                                    work=tmp_path / "work")) == 0
+    doc = json.loads(out.read_text())
+    mine = [c for c in doc["choices"] if c["kernel"] == "attn_bwd_dkdv"
+            and c["functional"] == {k: [v] for k, v in func.items()}]
+    decoding = [c for c in mine if "seqlen_q_max" in c]
+    assert len(decoding) == 1 and decoding[0] == doc["choices"][0]
+    (row,) = decoding[0]["measured"]
+    assert decoding[0]["seqlen_q_max"] == 16 and decoding[0]["seqlen_max"] is None
+    assert row["at"].startswith("B=1 H=2 Sq=16 Sk=32 ") and 0 < row["us"] <= row["fallback_us"]
+    after = T.load_measured(root / "kernels", "sm_90")
+    assert dict(after.decode_entry_for("attn_bwd_dkdv", func).config) == decoding[0]["config"]
+    assert sum(e.seqlen_q_max is not None for e in after.entries) == decoding_before
+    assert [after.entry_for("attn_bwd_dkdv", func, b).config for b in (*T.SEQLEN_BUCKETS, None)] \
+        == [e.config for e in buckets]
 
 
 @pytest.mark.gpu

@@ -42,6 +42,8 @@ typedef struct group {
     int64_t bounds[MAX_RUNS];     /* runs[i] serves seqlens <= bounds[i]; the last the rest */
     aotr_launchable *runs[MAX_RUNS];
     int on_k;                     /* bucket by seqlen_k (else seqlen_q) */
+    aotr_launchable *decode;      /* before the runs where seqlen_q <= decode_rows, or NULL */
+    int64_t decode_rows;
 } group;
 
 struct aotr_device {
@@ -335,8 +337,9 @@ static aotr_status bind_arguments(aotr_launchable *k, int kernel_id)
     return AOTR_OK;
 }
 
-/* The tuning run list (manifest "tuning".choices[].select) naming `key`. */
-static const aotr_json *select_naming(const aotr_json *choices, const char *key)
+/* The tuning choice (manifest "tuning".choices[]) whose run list ("select")
+ * names `key`. */
+static const aotr_json *choice_naming(const aotr_json *choices, const char *key)
 {
     for (size_t c = 0; choices && c < choices->n; c++) {
         const aotr_json *sel = aotr_json_get(&choices->items[c], "select");
@@ -345,7 +348,7 @@ static const aotr_json *select_naming(const aotr_json *choices, const char *key)
             if (run->type == AOTR_JSON_ARRAY && run->n >= 2) {
                 const char *k = aotr_json_str(&run->items[1]);
                 if (k && strcmp(k, key) == 0)
-                    return sel;
+                    return &choices->items[c];
             }
         }
     }
@@ -361,14 +364,16 @@ static aotr_launchable *find_in(aotr_launchable **members, size_t n, const char 
 }
 
 /* Fill one group from its members (archive order) and the tuning data: the
- * runs the build chose for some seqlen bucket, else the first member. */
+ * runs the build chose for some seqlen bucket (and its decoding tile, if
+ * any), else the first member. */
 static void fill_group(group *g, aotr_launchable **members, size_t n, const aotr_json *tuning)
 {
     const aotr_json *choices = aotr_json_get(tuning, "choices");
     const aotr_json *axes = aotr_json_get(tuning, "axes");
-    const aotr_json *sel = NULL;
-    for (size_t i = 0; i < n && !sel; i++)
-        sel = select_naming(choices, members[i]->record->key);
+    const aotr_json *choice = NULL;
+    for (size_t i = 0; i < n && !choice; i++)
+        choice = choice_naming(choices, members[i]->record->key);
+    const aotr_json *sel = aotr_json_get(choice, "select");
     g->num_runs = 1;
     g->runs[0] = members[0];
     g->on_k = 0;
@@ -387,6 +392,15 @@ static void fill_group(group *g, aotr_launchable **members, size_t n, const aotr
     }
     const char *axis = aotr_json_str(aotr_json_get(axes, members[0]->record->kernel));
     t.on_k = axis && strcmp(axis, "seqlen_k") == 0;
+    /* "decode": [seqlen_q_max, key, source] */
+    const aotr_json *decode = aotr_json_get(choice, "decode");
+    if (decode && decode->type == AOTR_JSON_ARRAY && decode->n >= 2 &&
+        aotr_json_int(&decode->items[0], &t.decode_rows) && t.decode_rows > 0) {
+        const char *key = aotr_json_str(&decode->items[1]);
+        t.decode = key ? find_in(members, n, key) : NULL;
+        if (!t.decode)
+            return;
+    }
     *g = t;
 }
 
@@ -570,17 +584,21 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
         const group *g = slots[i] >= 0 ? dev->groups[slots[i]] : NULL;
         if (!g)
             continue;
-        int64_t s = g->on_k ? seqlen_k : seqlen_q;
-        size_t r = 0;
-        while (r + 1 < g->num_runs && g->bounds[r] < s)
-            r++;
-        int32_t min_seqlen = g->runs[r]->record->min_seqlen;
+        aotr_launchable *run = g->decode && seqlen_q <= g->decode_rows ? g->decode : NULL;
+        if (!run) {
+            int64_t s = g->on_k ? seqlen_k : seqlen_q;
+            size_t r = 0;
+            while (r + 1 < g->num_runs && g->bounds[r] < s)
+                r++;
+            run = g->runs[r];
+        }
+        int32_t min_seqlen = run->record->min_seqlen;
         if (seqlen_q < min_seqlen || seqlen_k < min_seqlen) {
             aotr_fail(AOTR_UNSUPPORTED, "the %s image's %s kernel serves sequences of %d and "
                       "more", dev->arch, aotr_kernel_names[kernel_id], (int)min_seqlen);
             return NULL;
         }
-        return g->runs[r];
+        return run;
     }
     aotr_fail(AOTR_UNSUPPORTED, "the %s image has no %s kernel for dtype=%s, head_dim=%d%s%s",
               dev->arch, aotr_kernel_names[kernel_id], dtype_name(dtype), (int)head_dim,

@@ -136,16 +136,18 @@ def test_seqlen_buckets_follow_the_tuning_runs(stub, tmp_path):
     f128 = _record(vs["attn_fwd"], "f128", {**vs["attn_fwd"].config, "BLOCK_M": 128})
     k16 = _record(vs["attn_bwd_dkdv"], "k16", {**vs["attn_bwd_dkdv"].config, "BLOCK_N": 16})
     k32 = _record(vs["attn_bwd_dkdv"], "k32", {**vs["attn_bwd_dkdv"].config, "BLOCK_N": 32})
+    k64 = _record(vs["attn_bwd_dkdv"], "k64", {**vs["attn_bwd_dkdv"].config, "BLOCK_N": 64})
     others = [_record(vs[n], n) for n in ("attn_bwd_preprocess", "attn_bwd_dq")]
     tuning = {"schema": 1, "axes": {"attn_fwd": "seqlen_q", "attn_bwd_dkdv": "seqlen_k"},
               "choices": [
                   {"kernel": "attn_fwd", "functional": f64.functional,
                    "select": [[64, f64.key, "static"], [None, f128.key, "static"]]},
                   {"kernel": "attn_bwd_dkdv", "functional": k16.functional,
-                   "select": [[16, k16.key, "static"], [None, k32.key, "static"]]}]}
+                   "select": [[16, k16.key, "static"], [None, k32.key, "static"]],
+                   "decode": [16, k64.key, "measured"]}]}
     archive = tmp_path / "sm_90.aotr"
     write_archive(archive, {**MANIFEST, "tuning": tuning},
-                  [(r, _image(r.symbol)) for r in (f64, f128, k16, k32, *others)])
+                  [(r, _image(r.symbol)) for r in (f64, f128, k16, k32, k64, *others)])
     rt = _runtime(stub_path, archive)
     loads = []
 
@@ -160,10 +162,12 @@ def test_seqlen_buckets_follow_the_tuning_runs(stub, tmp_path):
         names = [s for s, *_ in _launches(lib)]
         return names[0], names[2]
 
-    assert run(1, 4096) == ("f64", "k32") and run(64, 4096) == ("f64", "k32")
+    # dK/dV: up to 16 query rows (decoding) take the decoding tile whatever the key length
+    assert run(1, 4096) == ("f64", "k64") and run(16, 16) == ("f64", "k64")
+    assert run(64, 4096) == ("f64", "k32") and run(17, 16) == ("f64", "k16")
     assert run(65, 16) == ("f128", "k16") and run(100000, 17) == ("f128", "k32")
     loads.append(lib.aotr_stub_load_count())
-    assert sum(loads) == 4 + 2  # each chosen record loaded once
+    assert sum(loads) == 5 + 2  # each chosen record loaded once
 
 
 def _scratch_forward(stub, tmp_path):

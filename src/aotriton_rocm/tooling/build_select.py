@@ -11,8 +11,8 @@ from .build_plan import BuildPlan
 from .build_validate import Validation
 from .compile import CompileTask
 from .targets import ArchSpec
-from .tuning import (COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, grid_axis, load_measured,
-                     losses)
+from .tuning import (COST_MODEL, SEQLEN_BUCKETS, Candidate, TuningError, choose, choose_decode, grid_axis,
+                     load_measured, losses)
 from ..kernel_spec import Variant
 
 __all__ = ["select_shipped"]
@@ -80,6 +80,7 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
         func = vs[0].functional
         try:
             runs = choose(cands, kernel=kname, functional=func, measured=measured, notes=notes)
+            decode = choose_decode(cands, kernel=kname, functional=func, measured=measured, notes=notes)
         except TuningError as e:
             errors.append(f"{a.name} {kname} [{_functional_text(func)}]: {e}")
             continue
@@ -91,11 +92,15 @@ def _select(a: ArchSpec, items: Sequence[Tuple[Variant, CompileTask]],
                 f"kernels/variants.toml, or waive the finding on one with "
                 f"allow = {{spills = true, reason = \"...\"}} (kinds: spills, scratch, lds)")
             continue
-        for _, key, source in runs:
+        for _, key, source in runs + ([decode] if decode else []):
             chosen.add(key)
             counts[source] += 1
-        choices.append({"kernel": kname, "functional": dict(func), "select": runs})
-        points.append(_point(kname, func, cands, runs, cache_key_of))
+        choice = {"kernel": kname, "functional": dict(func), "select": runs}
+        point = _point(kname, func, cands, runs, cache_key_of)
+        if decode:
+            choice["decode"] = point["decode"] = decode
+        choices.append(choice)
+        points.append(point)
         for c in cands:
             if c.key not in chosen and c.findings:
                 rejected.append({"key": c.key, "findings": [m for _, m in c.unwaived]})

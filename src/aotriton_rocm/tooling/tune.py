@@ -281,26 +281,37 @@ def _tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launch
             result.error = f"no candidate passed the check at seqlen {size}: " + \
                 "; ".join(f"{k.rsplit('|', 1)[-1]}: {why}" for k, why in failed.items())
             return result
-    # one choice per run of buckets with the same winner; the last covers the rest
-    for i, (size, w, times, text) in enumerate(winners):
+    # A decoding winner is a choice of its own (tuning.py, "Decoding"); the
+    # others make one choice per run of buckets with the same winner, the
+    # last covering the rest.
+    def decoding(size) -> bool:
+        return size is not None and size == workload.decode_rows
+
+    buckets = [wn for wn in winners if not decoding(wn[0])]
+    for size, w, times, text in sorted(winners, key=lambda wn: not decoding(wn[0])):
         runner = next((k for k in sorted(times, key=times.get) if k != w.key), None)
         row = {"seqlen": size if size is not None else "open", "at": workload.shape(size),
                "us": round(times[w.key], 2), "fallback_us": round(times[fallback.key], 2)}
         if runner:
             row.update(runner_up=_config_text(by_key[runner].config),
                        runner_up_us=round(times[runner], 2))
-        last = i == len(winners) - 1
-        bound = None if last else _bucket_of(size)
-        if result.runs and result.runs[-1]["config"] == w.config:
-            result.runs[-1]["seqlen_max"] = bound
-            result.runs[-1]["measured"].append(row)
+        decode = decoding(size)
+        say(f"  {'decoding ' if decode else ''}{size if size is not None else 'any'}: "
+            f"{_config_text(w.config)} {times[w.key]:.1f} us (variants.toml config "
+            f"{times[fallback.key]:.1f} us)")
+        entry = {"kernel": w.kernel, "functional": {k: [v] for k, v in w.functional.items()},
+                 "seqlen_max": None, **({"seqlen_q_max": size} if decode else {}),
+                 "config": dict(w.config), "measured": [row], "check": text, "candidates": len(cands)}
+        if decode:
+            result.runs.append(entry)
+            continue
+        bound = None if size == buckets[-1][0] else _bucket_of(size)
+        last = result.runs[-1] if result.runs else None
+        if last and "seqlen_q_max" not in last and last["config"] == w.config:
+            last["seqlen_max"] = bound
+            last["measured"].append(row)
         else:
-            result.runs.append({"kernel": w.kernel,
-                                "functional": {k: [v] for k, v in w.functional.items()},
-                                "seqlen_max": bound, "config": dict(w.config), "measured": [row],
-                                "check": text, "candidates": len(cands)})
-        say(f"  {size if size is not None else 'any'}: {_config_text(w.config)} "
-            f"{times[w.key]:.1f} us (variants.toml config {times[fallback.key]:.1f} us)")
+            result.runs.append(dict(entry, seqlen_max=bound))
     rejected = {k.rsplit("|", 1)[-1]: why for k, why in failed.items()}
     if rejected:
         result.runs[-1]["rejected"] = rejected
@@ -337,20 +348,28 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
     ((kernel, functional) pairs): one this run did not time and the entries
     before it do not cover. A point timed up to bucket ``b`` only (no length
     in the open bucket) keeps its earlier entries above ``b``; where it has
-    none, its last winner covers the rest. Each choice names the GPU that
-    measured it (``device``; earlier entries without one: the previous
-    file's)."""
+    none, its last winner covers the rest. A point's decoding entry
+    (``seqlen_q_max``) is kept unless this run timed its decoding. Each
+    choice names the GPU that measured it (``device``; earlier entries
+    without one: the previous file's)."""
     doc = dict(header)
     gpu = header["device"]["name"]
     choices: List[Dict[str, Any]] = []
     # per point tuned now: the largest bucket bound timed (OPEN: every bucket is decided)
     reach: Dict[Any, Any] = {}
+    decoded = set()  # the points whose decoding this run timed
     for r in results:
         if r.error:
             continue
         runs = [dict(c, device=gpu) for c in r.runs]
-        timed = [row["seqlen"] for c in runs for row in c["measured"]]
+        choices += runs
         point = _point_of(runs[0])
+        if any("seqlen_q_max" in c for c in runs):
+            decoded.add(point)
+        runs = [c for c in runs if "seqlen_q_max" not in c]
+        if not runs:
+            continue
+        timed = [row["seqlen"] for c in runs for row in c["measured"]]
         top = _OPEN if "open" in timed else max(timed)
         if top is not _OPEN and previous is not None and not any(
                 entry.applies(point[0], dict(point[1]), b)
@@ -359,7 +378,6 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
         if top is not _OPEN:
             runs[-1]["seqlen_max"] = top
         reach[point] = top
-        choices += runs
     if previous is None:
         doc["choices"] = choices
         return doc
@@ -371,6 +389,11 @@ def _merged(results: List[PointResult], points: Sequence[Tuple[str, Dict[str, An
             if kernel != entry.kernel:
                 continue
             point = (kernel, tuple(sorted(func.items())))
+            if entry.seqlen_q_max is not None:
+                if point not in decoded and entry.decodes(kernel, func):
+                    decides = True
+                    decoded.add(point)
+                continue
             top = reach.get(point)
             if top is _OPEN:
                 continue
@@ -502,6 +525,10 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
     previous = _Previous.read(out, arch.name)
     every_point = list({(v.kernel, tuple(sorted(v.functional.items()))): (v.kernel, v.functional)
                         for v in declared}.values())
+    unmasked: Dict[str, set] = {}  # per kernel, the head dims of its unmasked variants
+    for v in declared:
+        if v.functional.get("pad_head") is False:
+            unmasked.setdefault(v.kernel, set()).add(v.functional["head_dim"])
     results: List[PointResult] = []
     for i, (key, cands) in enumerate(points.items(), 1):
         started = time.monotonic()
@@ -512,7 +539,8 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
             f"{len(cands)} candidates")
         tokens = options.tokens // (FP32_TOKEN_SHARE if func.get("dtype") == "fp32" else 1)
         workload = workload_for(key.kernel, func, device, tokens=tokens, hidden=options.hidden,
-                                open_seqlen=open_seqlen)
+                                open_seqlen=open_seqlen,
+                                unmasked_head_dims=tuple(unmasked.get(key.kernel, ())))
         try:
             res = _tune_point(key, cands, fallback, base, launchers, workload,
                               sizes if workload.per_seqlen else [None], options, torch, device, say)

@@ -38,12 +38,14 @@ KVCACHE_HEADS = (32, 8)  # query heads, key/value heads (a Llama-style GQA decod
 KVCACHE_BATCH = 8
 KVCACHE_SEQLENS = (8192, 65536)
 DRAWS_HEADS = 16
-# The shortest bucket of the kernels chosen by seqlen_q (all but dK/dV)
-# serves decoding: a few new query rows against a long context. It is timed
-# so: seqlen_q = the bound against DECODE_SEQLEN_K keys (or half the tokens,
-# if fewer), over tokens / DECODE_TOKENS_PER_ROW (batch x heads) rows; 512
-# rows of 8192 keys at the default 16k tokens, as bench_attention.py's
-# decode shape.
+# The shortest bucket of the kernels chosen by seqlen_q serves decoding: a
+# few new query rows against a long context. It is timed so: seqlen_q = the
+# bound against DECODE_SEQLEN_K keys (or half the tokens, if fewer), over
+# tokens / DECODE_TOKENS_PER_ROW (batch x heads) rows; 512 rows of 8192 keys
+# at the default 16k tokens, as bench_attention.py's decode shape. dK/dV,
+# chosen by seqlen_k, is timed at that shape too when the bucket is asked
+# for: its winner becomes the point's decoding tile (tuning.py, "Decoding"),
+# not a key-length bucket.
 DECODE_BUCKET = 16
 DECODE_SEQLEN_K = 8192
 DECODE_TOKENS_PER_ROW = 32
@@ -63,12 +65,16 @@ class Workload:
     shape: Callable[[Optional[int]], str]
     same_bits: bool = False
     per_seqlen: bool = True  # False: timed once, the choice serves every bucket
-
+    decode_rows: Optional[int] = None  # the length timed as decoding, for a decoding tile
 
 def workload_for(kernel: str, functional: Dict[str, Any], device: torch.device, *,
-                 tokens: int, hidden: int, open_seqlen: int) -> Workload:
+                 tokens: int, hidden: int, open_seqlen: int,
+                 unmasked_head_dims: Tuple[int, ...] = (64, 128)) -> Workload:
+    """``unmasked_head_dims``: the head dims where the kernel has an unmasked
+    (pad_head = false) variant, which a masked one is timed beside."""
     if kernel in ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"):
-        return _attention(kernel, functional, device, tokens, hidden, open_seqlen)
+        return _attention(kernel, functional, device, tokens, hidden, open_seqlen,
+                          unmasked_head_dims)
     if kernel in ("attn_fwd_kvcache", "attn_fwd_kvcache_combine"):
         return _kvcache(functional, device)
     if kernel == "dropout_uniform":
@@ -76,12 +82,12 @@ def workload_for(kernel: str, functional: Dict[str, Any], device: torch.device, 
     raise ValueError(f"tune has no workload for kernel {kernel!r}")
 
 
-def _head_dim(functional: Dict[str, Any]) -> int:
+def _head_dim(functional: Dict[str, Any], unmasked_head_dims: Tuple[int, ...]) -> int:
     """The real head dim timed: the tile width, or 8 less for a masked
     variant that has an unmasked fast path at that width (what such a
     variant runs in production)."""
     block = int(functional["head_dim"])
-    return block - 8 if functional.get("pad_head") and block in (64, 128) else block
+    return block - 8 if functional.get("pad_head") and block in unmasked_head_dims else block
 
 
 def _allowed(name: str, ours: torch.Tensor, ref64: torch.Tensor,
@@ -111,9 +117,9 @@ def _reference(q, k, v, do, *, causal: bool, bias, keep, p: float, dtype):
 
 
 def _attention(kernel: str, functional: Dict[str, Any], device, tokens, hidden,
-               open_seqlen) -> Workload:
+               open_seqlen, unmasked_head_dims) -> Workload:
     dtype = DTYPES[functional["dtype"]]
-    d = _head_dim(functional)
+    d = _head_dim(functional, unmasked_head_dims)
     heads = max(1, hidden // int(functional["head_dim"]))
     has_bias = bool(functional.get("has_bias"))
     p = DROPOUT_P if functional.get("enable_dropout") else 0.0
@@ -127,7 +133,7 @@ def _attention(kernel: str, functional: Dict[str, Any], device, tokens, hidden,
     def dims(s):
         """(batch, heads, seqlen_q, seqlen_k) timed for bucket ``s``."""
         s = seqlen_of(s)
-        if kernel != "attn_bwd_dkdv" and s <= DECODE_BUCKET:
+        if s <= DECODE_BUCKET:
             rows = max(1, tokens // DECODE_TOKENS_PER_ROW)
             return max(1, rows // heads), heads, s, max(s, min(DECODE_SEQLEN_K, tokens // 2))
         return max(1, tokens // s), heads, s, s
@@ -187,7 +193,8 @@ def _attention(kernel: str, functional: Dict[str, Any], device, tokens, hidden,
         return f"B={b} H={h} {seqlens} D={d}" + (" bias" if has_bias else "") + \
             (f" dropout={p}" if p else "") + ", causal and not"
 
-    return Workload(prepare, run, (False, True), check, shape)
+    return Workload(prepare, run, (False, True), check, shape,
+                    decode_rows=DECODE_BUCKET if kernel == "attn_bwd_dkdv" else None)
 
 
 def _kvcache(functional: Dict[str, Any], device) -> Workload:

@@ -39,6 +39,13 @@ AOTriton's tuning database uses) and one open bucket above; a run-time seqlen
 ``s`` falls into the first bucket whose bound is >= s. Consecutive buckets
 with the same choice are merged, so the manifest holds per functional point a
 short list ``[[max_seqlen or null, variant key, "measured"|"static"], ...]``.
+
+Decoding: a kernel bucketed by seqlen_k (dK/dV) cannot tell a few query rows
+against a long context from a long square problem by its bucket. A tuning
+entry with ``"seqlen_q_max": N`` names its tile for problems of at most N
+query rows, whatever their key length; the manifest's choice then carries
+``"decode": [N, variant key, "measured"]``, which the runtime takes before
+the buckets. Only measured: the static cost model has no such choice.
 """
 from __future__ import annotations
 
@@ -68,6 +75,7 @@ __all__ = [
     "with_choice",
     "tuning_files_bytes",
     "choose",
+    "choose_decode",
     "static_rank",
     "why_not_chosen",
     "losses",
@@ -204,8 +212,17 @@ class MeasuredEntry:
     seqlen_max: Optional[int]  # applies to buckets with bound <= this (None: all)
     config: Tuple[Tuple[str, Any], ...]
     index: int
+    seqlen_q_max: Optional[int] = None  # a decoding tile: problems of at most this many query rows
 
     def applies(self, kernel: str, functional: Mapping[str, Any], bound: Optional[int]) -> bool:
+        """Does it choose the tile of this bucket (never a decoding entry)?"""
+        return self.seqlen_q_max is None and self._names(kernel, functional, bound)
+
+    def decodes(self, kernel: str, functional: Mapping[str, Any]) -> bool:
+        """Does it give this point its decoding tile?"""
+        return self.seqlen_q_max is not None and self._names(kernel, functional, None)
+
+    def _names(self, kernel: str, functional: Mapping[str, Any], bound: Optional[int]) -> bool:
         if kernel != self.kernel:
             return False
         # A filter on an axis the point does not have is ignored (a new axis
@@ -232,6 +249,10 @@ class MeasuredData:
     def entry_for(self, kernel: str, functional: Mapping[str, Any],
                   bound: Optional[int]) -> Optional[MeasuredEntry]:
         return next((e for e in self.entries if e.applies(kernel, functional, bound)), None)
+
+    def decode_entry_for(self, kernel: str, functional: Mapping[str, Any]) -> Optional[MeasuredEntry]:
+        """The point's decoding entry (``seqlen_q_max``), if any."""
+        return next((e for e in self.entries if e.decodes(kernel, functional)), None)
 
 
 def load_measured(kernels_dir, arch: str, path: Optional[Path] = None) -> MeasuredData:
@@ -277,12 +298,17 @@ def load_measured_text(text: str, arch: str, p) -> MeasuredData:
         func = ch.get("functional") or {}
         if not isinstance(func, dict) or not all(isinstance(v, list) and v for v in func.values()):
             raise TuningError(f"{where}: \"functional\" maps axes to non-empty lists of values")
-        smax = ch.get("seqlen_max")
-        if smax is not None and (isinstance(smax, bool) or not isinstance(smax, int) or smax < 1):
-            raise TuningError(f"{where}: \"seqlen_max\" is a positive integer or null")
+        smax, qmax = ch.get("seqlen_max"), ch.get("seqlen_q_max")
+        for name, value in (("seqlen_max", smax), ("seqlen_q_max", qmax)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise TuningError(f"{where}: \"{name}\" is a positive integer or null")
+        if qmax is not None and smax is not None:
+            raise TuningError(f"{where}: a decoding entry (\"seqlen_q_max\") serves every key "
+                              "length: its \"seqlen_max\" must be null")
         entries.append(MeasuredEntry(kernel=ch["kernel"],
                                      functional=tuple((k, tuple(v)) for k, v in func.items()),
-                                     seqlen_max=smax, config=tuple(ch["config"].items()), index=i))
+                                     seqlen_max=smax, config=tuple(ch["config"].items()), index=i,
+                                     seqlen_q_max=qmax))
     return MeasuredData(path=Path(p), arch=arch, how=str(doc.get("how", "")), entries=tuple(entries))
 
 
@@ -304,6 +330,31 @@ def _static_best(ok: Sequence[Candidate], bound: Optional[int]) -> Candidate:
     return min(pool, key=lambda c: static_rank(c, bound))
 
 
+def _measured_pick(entry: MeasuredEntry, candidates: Sequence[Candidate], kernel: str,
+                   functional: Mapping[str, Any], measured: MeasuredData,
+                   notes: Optional[List[str]]) -> Optional[Candidate]:
+    """The candidate a tuning entry names, or None where it cannot ship here
+    (a validator finding; a line in ``notes`` says so). TuningError where no
+    candidate has its config."""
+    picked = [c for c in candidates if entry.picks(c)]
+    if not picked:
+        cfg = ", ".join(f"{k}={v}" for k, v in entry.config)
+        raise TuningError(
+            f"{measured.path}: choices[{entry.index}] names {cfg} for {kernel} "
+            f"{dict(functional)}, but no candidate config has it (candidates: "
+            f"{'; '.join(c.key for c in candidates)}); fix the tuning file or add the "
+            f"config to kernels/variants.toml")
+    best = picked[0]
+    if best.eligible:
+        return best
+    note = (f"{measured.path}: choices[{entry.index}] names {best.key}, which cannot "
+            f"ship here ({'; '.join(m for _, m in best.unwaived)}); the static choice "
+            "ships instead")
+    if notes is not None and note not in notes:
+        notes.append(note)
+    return None
+
+
 def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[str, Any],
            measured: Optional[MeasuredData] = None,
            buckets: Sequence[int] = SEQLEN_BUCKETS,
@@ -321,32 +372,25 @@ def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[
     runs: List[List[Any]] = []
     for bound in list(buckets) + [None]:
         entry = measured.entry_for(kernel, functional, bound) if measured else None
-        if entry is not None:
-            picked = [c for c in candidates if entry.picks(c)]
-            cfg = ", ".join(f"{k}={v}" for k, v in entry.config)
-            if not picked:
-                raise TuningError(
-                    f"{measured.path}: choices[{entry.index}] names {cfg} for {kernel} "
-                    f"{dict(functional)}, but no candidate config has it (candidates: "
-                    f"{'; '.join(c.key for c in candidates)}); fix the tuning file or add the "
-                    f"config to kernels/variants.toml")
-            best = picked[0]
-            source = "measured"
-            if not best.eligible:
-                # the fallback: what the static cost model ships
-                note = (f"{measured.path}: choices[{entry.index}] names {best.key}, which cannot "
-                        f"ship here ({'; '.join(m for _, m in best.unwaived)}); the static choice "
-                        "ships instead")
-                if notes is not None and note not in notes:
-                    notes.append(note)
-                best, source = _static_best(ok, bound), "static"
-        else:
+        best = _measured_pick(entry, candidates, kernel, functional, measured, notes) if entry else None
+        source = "measured"
+        if best is None:
             best, source = _static_best(ok, bound), "static"
         if runs and runs[-1][1] == best.key and runs[-1][2] == source:
             runs[-1][0] = bound
         else:
             runs.append([bound, best.key, source])
     return runs
+
+
+def choose_decode(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[str, Any],
+                  measured: Optional[MeasuredData] = None,
+                  notes: Optional[List[str]] = None) -> Optional[List[Any]]:
+    """The point's decoding choice ``[seqlen_q_max, key, "measured"]``, or
+    None where the tuning file has none (or its tile cannot ship here)."""
+    entry = measured.decode_entry_for(kernel, functional) if measured else None
+    best = _measured_pick(entry, candidates, kernel, functional, measured, notes) if entry else None
+    return None if best is None else [entry.seqlen_q_max, best.key, "measured"]
 
 
 def measured_configs(measured: MeasuredData, spec: VariantSpec) -> Dict[str, Tuple[ConfigSpec, ...]]:
