@@ -3,4 +3,6 @@
 set -euo pipefail
 source "$(dirname "$0")/dev-env.sh"
 cd "$root"
-python -m pytest -q -ra "$@"
+# One worker per core; each test file stays in one worker (its fixtures are
+# built once).
+python -m pytest -q -ra -n auto --dist loadfile "$@"
