@@ -67,6 +67,7 @@ class Workload:
     per_seqlen: bool = True  # False: timed once, the choice serves every bucket
     decode_rows: Optional[int] = None  # the length timed as decoding, for a decoding tile
 
+
 def workload_for(kernel: str, functional: Dict[str, Any], device: torch.device, *,
                  tokens: int, hidden: int, open_seqlen: int,
                  unmasked_head_dims: Tuple[int, ...] = (64, 128)) -> Workload:

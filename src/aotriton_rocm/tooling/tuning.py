@@ -332,10 +332,10 @@ def _static_best(ok: Sequence[Candidate], bound: Optional[int]) -> Candidate:
 
 def _measured_pick(entry: MeasuredEntry, candidates: Sequence[Candidate], kernel: str,
                    functional: Mapping[str, Any], measured: MeasuredData,
-                   notes: Optional[List[str]]) -> Optional[Candidate]:
+                   notes: Optional[List[str]], instead: str) -> Optional[Candidate]:
     """The candidate a tuning entry names, or None where it cannot ship here
-    (a validator finding; a line in ``notes`` says so). TuningError where no
-    candidate has its config."""
+    (a validator finding; a line in ``notes`` says so and what ships
+    ``instead``). TuningError where no candidate has its config."""
     picked = [c for c in candidates if entry.picks(c)]
     if not picked:
         cfg = ", ".join(f"{k}={v}" for k, v in entry.config)
@@ -348,8 +348,7 @@ def _measured_pick(entry: MeasuredEntry, candidates: Sequence[Candidate], kernel
     if best.eligible:
         return best
     note = (f"{measured.path}: choices[{entry.index}] names {best.key}, which cannot "
-            f"ship here ({'; '.join(m for _, m in best.unwaived)}); the static choice "
-            "ships instead")
+            f"ship here ({'; '.join(m for _, m in best.unwaived)}); {instead}")
     if notes is not None and note not in notes:
         notes.append(note)
     return None
@@ -372,7 +371,8 @@ def choose(candidates: Sequence[Candidate], *, kernel: str, functional: Mapping[
     runs: List[List[Any]] = []
     for bound in list(buckets) + [None]:
         entry = measured.entry_for(kernel, functional, bound) if measured else None
-        best = _measured_pick(entry, candidates, kernel, functional, measured, notes) if entry else None
+        best = _measured_pick(entry, candidates, kernel, functional, measured, notes,
+                              "the static choice ships instead") if entry else None
         source = "measured"
         if best is None:
             best, source = _static_best(ok, bound), "static"
@@ -389,7 +389,8 @@ def choose_decode(candidates: Sequence[Candidate], *, kernel: str, functional: M
     """The point's decoding choice ``[seqlen_q_max, key, "measured"]``, or
     None where the tuning file has none (or its tile cannot ship here)."""
     entry = measured.decode_entry_for(kernel, functional) if measured else None
-    best = _measured_pick(entry, candidates, kernel, functional, measured, notes) if entry else None
+    best = _measured_pick(entry, candidates, kernel, functional, measured, notes,
+                          "the key-length buckets serve decoding instead") if entry else None
     return None if best is None else [entry.seqlen_q_max, best.key, "measured"]
 
 
