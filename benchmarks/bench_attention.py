@@ -270,22 +270,19 @@ def _triton_jit_forward(shape: Shape, q, k, v):
     by name from variants.toml, or why not (a string). Arguments this
     benchmark does not set are off: null-like pointers, zero scalars."""
     try:
-        from aotriton_rocm import attention, kernel_spec
+        from aotriton_rocm import attention, backends, kernel_spec
         spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
         kernel = spec.kernels["attn_fwd"]
         fn = kernel_spec.jit_function(kernel)
     except (ImportError, OSError) as exc:
         return f"our kernel sources through the Triton JIT: {type(exc).__name__}: {exc}"
-    tile = 1 << (shape.head_dim - 1).bit_length()
-    candidates = [v_ for v_ in spec.variants_for(kernel_spec.INTERPRETER_ARCH)
-                  if v_.kernel == "attn_fwd" and v_.functional["dtype"] == shape.dtype
-                  and v_.functional["head_dim"] == tile
-                  and (v_.functional["pad_head"] or tile == shape.head_dim)
-                  and not v_.functional["has_bias"] and not v_.functional["enable_dropout"]]
-    if not candidates:
+    # the variant the runtime would run: the unmasked one where the head dim is a tile width
+    table: dict = {}
+    for v_ in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
+        table.setdefault(backends.functional_key(v_.kernel, v_.functional), v_)
+    variant = backends.pick(table, "attn_fwd", shape.dtype, shape.head_dim)
+    if variant is None:
         return "no attn_fwd variant for this dtype and head dim"
-    # the unmasked variant where one exists (head dims 64 and 128), else the masked one
-    variant = min(candidates, key=lambda v_: v_.functional["pad_head"])
     qd, kd, vd = (t.detach() for t in (q, k, v))
     b, h, s, d = qd.shape
     o = torch.empty_like(qd)

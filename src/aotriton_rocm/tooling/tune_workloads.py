@@ -70,7 +70,7 @@ class Workload:
 
 def workload_for(kernel: str, functional: Dict[str, Any], device: torch.device, *,
                  tokens: int, hidden: int, open_seqlen: int,
-                 unmasked_head_dims: Tuple[int, ...] = (64, 128)) -> Workload:
+                 unmasked_head_dims: Tuple[int, ...] = ()) -> Workload:
     """``unmasked_head_dims``: the head dims where the kernel has an unmasked
     (pad_head = false) variant, which a masked one is timed beside."""
     if kernel in ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"):
