@@ -52,6 +52,34 @@ CONSUMER_REGS = gl.constexpr(240)
 
 
 @gluon.jit
+def _key_block(CU_Q, CU_K, batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, bottom_right,
+               window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """This program's key block: its first key, batch entry and key head, the
+    sequence's bounds (seqlen_q is 0 for a block past the keys, seqlen_k 0
+    past the batch) and its query block ranges (``query_block_ranges``)."""
+    start_n = gl.program_id(0) * BLOCK_N
+    off_zhk = gl.program_id(1) + gl.program_id(2) * gl.num_programs(1)
+    num_heads_k = num_heads // gqa_group
+    off_z = off_zhk // num_heads_k
+    off_hk = off_zhk % num_heads_k
+    _, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
+        CU_Q, CU_K, off_z, batch, max_seqlen_q, max_seqlen_k, varlen)
+    causal_shift = bottom_right * (seqlen_k - seqlen_q)
+    seqlen_k = gl.where(off_z < batch, seqlen_k, 0)
+    seqlen_q = gl.where(start_n < seqlen_k, seqlen_q, 0)
+    lo_shift, hi_shift, lo, up, f_lo, f_hi = query_block_ranges(
+        start_n, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
+    return start_n, off_z, off_hk, q_start, k_start, seqlen_q, seqlen_k, lo_shift, hi_shift, lo, up, f_lo, f_hi
+
+
+@gluon.jit
+def _row_base(T, off_z, head, row, stride_z, stride_h, stride_row):
+    """T's address at batch entry OFF_Z, HEAD and ROW, in 64-bit offsets."""
+    return T + off_z.to(gl.int64) * stride_z.to(gl.int64) + head.to(gl.int64) * stride_h.to(gl.int64) \
+        + row.to(gl.int64) * stride_row.to(gl.int64)
+
+
+@gluon.jit
 def _ring_wait(bar, t, EMPTY: gl.constexpr):
     NB: gl.constexpr = bar.shape[0]
     if EMPTY:  # the first pass over a fresh slot does not wait
@@ -323,36 +351,18 @@ def attn_bwd_dkdv(
                      "one warpgroup per gradient over 64 keys: BLOCK_N = 64, num_warps = 4")
     dtype: gl.constexpr = Q.dtype.element_ty
     gl.static_assert(dtype.primitive_bitwidth == 16, "fp16 / bf16 only")
-    start_n = gl.program_id(0) * BLOCK_N
-    off_zhk = gl.program_id(1) + gl.program_id(2) * gl.num_programs(1)
-    num_heads_k = num_heads // gqa_group
-    off_z32 = off_zhk // num_heads_k
-    off_hk32 = off_zhk % num_heads_k
-    off_z = off_z32.to(gl.int64)
-    off_hk = off_hk32.to(gl.int64)
-    z_last, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
-        CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen)
-    causal_shift = bottom_right * (seqlen_k - seqlen_q)
-    seqlen_k = gl.where(off_z32 < batch, seqlen_k, 0)
-    seqlen_q = gl.where(start_n < seqlen_k, seqlen_q, 0)
-    lo_shift, hi_shift, lo, up, f_lo, f_hi = query_block_ranges(
-        start_n, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
-
-    h0 = off_hk32 * gqa_group  # the group's first query head
-    k_start64 = k_start.to(gl.int64)
-    q_start64 = q_start.to(gl.int64)
-    n_off64 = k_start64 + start_n
-    k_base = K + off_z * stride_kz.to(gl.int64) + off_hk * stride_kh.to(gl.int64) + k_start64 * stride_kn.to(gl.int64)
-    v_base = V + off_z * stride_vz.to(gl.int64) + off_hk * stride_vh.to(gl.int64) + k_start64 * stride_vn.to(gl.int64)
-    dk_blk = DK + off_z * stride_dkz.to(gl.int64) + off_hk * stride_dkh.to(gl.int64) \
-        + n_off64 * stride_dkn.to(gl.int64)
-    dv_blk = DV + off_z * stride_dvz.to(gl.int64) + off_hk * stride_dvh.to(gl.int64) \
-        + n_off64 * stride_dvn.to(gl.int64)
-    q_base = Q + off_z * stride_qz.to(gl.int64) + h0.to(gl.int64) * stride_qh.to(gl.int64) \
-        + q_start64 * stride_qm.to(gl.int64)
-    do_base = DO + off_z * stride_doz.to(gl.int64) + h0.to(gl.int64) * stride_doh.to(gl.int64) \
-        + q_start64 * stride_dom.to(gl.int64)
-    lse_zq = off_z * stride_lz + q_start
+    start_n, off_z, off_hk, q_start, k_start, seqlen_q, seqlen_k, lo_shift, hi_shift, lo, up, f_lo, f_hi = \
+        _key_block(CU_Q, CU_K, batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, bottom_right,
+                   window_left, window_right, BLOCK_M, BLOCK_N)
+    h0 = off_hk * gqa_group  # the group's first query head
+    n_off = k_start.to(gl.int64) + start_n
+    k_base = _row_base(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = _row_base(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
+    dk_blk = _row_base(DK, off_z, off_hk, n_off, stride_dkz, stride_dkh, stride_dkn)
+    dv_blk = _row_base(DV, off_z, off_hk, n_off, stride_dvz, stride_dvh, stride_dvn)
+    q_base = _row_base(Q, off_z, h0, q_start, stride_qz, stride_qh, stride_qm)
+    do_base = _row_base(DO, off_z, h0, q_start, stride_doz, stride_doh, stride_dom)
+    lse_zq = off_z.to(gl.int64) * stride_lz + q_start
 
     sh_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_D * 2), element_bitwidth=16,
                                                    rank=2)

@@ -35,10 +35,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .flash_attention import LOG2E, batch_entry_sequence, query_block_ranges
+from .flash_attention import LOG2E
 from .flash_attention_sm90 import _block_start
-from .flash_attention_sm90_bwd import (BARRIER, PRODUCER_REGS, PRODUCER_WARPS, SLOTS, _probabilities, _producer,
-                                       _box, _ring_wait, _store_rows)
+from .flash_attention_sm90_bwd import (BARRIER, PRODUCER_REGS, PRODUCER_WARPS, SLOTS, _box, _key_block,
+                                       _probabilities, _producer, _ring_wait, _row_base, _store_rows)
 
 MMA_REGS = gl.constexpr(240)
 
@@ -145,6 +145,10 @@ def _mma(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, bars, ds_bar
     _store_rows(dk_blk + W * KEYS * stride_dkn, stride_dkn, dk * sm_scale, n_rows, a_layout)
 
 
+# The two MMA warpgroups' partitions. Worker partitions take no constexpr
+# arguments, and a warpgroup's rows of a dS^T ring slot are a slice at a
+# constexpr offset after the slot's index (Gluon slices a multibuffer only
+# in that order), so W is bound here rather than passed.
 @gluon.jit
 def _mma0(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, bars, ds_bars, dk_blk, dv_blk, stride_dkn,
           stride_dvn, LSE, Delta, lse_zq, stride_lh, h0, dqa_base, stride_dqah, stride_dqam, start_n, seqlen_q,
@@ -196,38 +200,19 @@ def attn_bwd_fused(
     gl.static_assert(BLOCK_D == 64 or BLOCK_D == 128, "head dim 64 or 128")
     dtype: gl.constexpr = Q.dtype.element_ty
     gl.static_assert(dtype.primitive_bitwidth == 16, "fp16 / bf16 only")
-    start_n = gl.program_id(0) * BLOCK_N
-    off_zhk = gl.program_id(1) + gl.program_id(2) * gl.num_programs(1)
-    num_heads_k = num_heads // gqa_group
-    off_z32 = off_zhk // num_heads_k
-    off_hk32 = off_zhk % num_heads_k
-    off_z = off_z32.to(gl.int64)
-    off_hk = off_hk32.to(gl.int64)
-    z_last, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
-        CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen)
-    causal_shift = bottom_right * (seqlen_k - seqlen_q)
-    seqlen_k = gl.where(off_z32 < batch, seqlen_k, 0)
-    seqlen_q = gl.where(start_n < seqlen_k, seqlen_q, 0)
-    lo_shift, hi_shift, lo, up, f_lo, f_hi = query_block_ranges(
-        start_n, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
-
-    h0 = off_hk32 * gqa_group  # the group's first query head
-    k_start64 = k_start.to(gl.int64)
-    q_start64 = q_start.to(gl.int64)
-    n_off64 = k_start64 + start_n
-    k_base = K + off_z * stride_kz.to(gl.int64) + off_hk * stride_kh.to(gl.int64) + k_start64 * stride_kn.to(gl.int64)
-    v_base = V + off_z * stride_vz.to(gl.int64) + off_hk * stride_vh.to(gl.int64) + k_start64 * stride_vn.to(gl.int64)
-    dk_blk = DK + off_z * stride_dkz.to(gl.int64) + off_hk * stride_dkh.to(gl.int64) \
-        + n_off64 * stride_dkn.to(gl.int64)
-    dv_blk = DV + off_z * stride_dvz.to(gl.int64) + off_hk * stride_dvh.to(gl.int64) \
-        + n_off64 * stride_dvn.to(gl.int64)
-    q_base = Q + off_z * stride_qz.to(gl.int64) + h0.to(gl.int64) * stride_qh.to(gl.int64) \
-        + q_start64 * stride_qm.to(gl.int64)
-    do_base = DO + off_z * stride_doz.to(gl.int64) + h0.to(gl.int64) * stride_doh.to(gl.int64) \
-        + q_start64 * stride_dom.to(gl.int64)
-    dqa_base = DQ_ACC + off_z * stride_dqaz.to(gl.int64) + h0.to(gl.int64) * stride_dqah.to(gl.int64) \
-        + q_start64 * stride_dqam.to(gl.int64)
-    lse_zq = off_z * stride_lz + q_start
+    start_n, off_z, off_hk, q_start, k_start, seqlen_q, seqlen_k, lo_shift, hi_shift, lo, up, f_lo, f_hi = \
+        _key_block(CU_Q, CU_K, batch, num_heads, gqa_group, max_seqlen_q, max_seqlen_k, varlen, bottom_right,
+                   window_left, window_right, BLOCK_M, BLOCK_N)
+    h0 = off_hk * gqa_group  # the group's first query head
+    n_off = k_start.to(gl.int64) + start_n
+    k_base = _row_base(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = _row_base(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
+    dk_blk = _row_base(DK, off_z, off_hk, n_off, stride_dkz, stride_dkh, stride_dkn)
+    dv_blk = _row_base(DV, off_z, off_hk, n_off, stride_dvz, stride_dvh, stride_dvn)
+    q_base = _row_base(Q, off_z, h0, q_start, stride_qz, stride_qh, stride_qm)
+    do_base = _row_base(DO, off_z, h0, q_start, stride_doz, stride_doh, stride_dom)
+    dqa_base = _row_base(DQ_ACC, off_z, h0, q_start, stride_dqaz, stride_dqah, stride_dqam)
+    lse_zq = off_z.to(gl.int64) * stride_lz + q_start
 
     sh_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_D * 2), element_bitwidth=16,
                                                    rank=2)
