@@ -39,8 +39,8 @@ def test_a_report_judged(tmp_path, capsys):
     assert T.main([str(report)]) == 1
     out = capsys.readouterr().out
     assert "3 of 5 checks met" in out
-    assert "below: bf16 head dim 128 S=4096 full fwd / CUDNN 0.840 < 0.85" in out
-    assert "below: bf16 head dim 128 S=4096 full bwd / FLASH 1.190 < 1.2" in out
+    assert "below: bf16 head dim 128 S=4096 full fwd / CUDNN 0.8400 < 0.85" in out
+    assert "below: bf16 head dim 128 S=4096 full bwd / FLASH 1.1900 < 1.2" in out
     assert "| 128 | no | 4096 | 1.30 | 0.84! | 1.19! |" in out
 
 
