@@ -277,9 +277,7 @@ def _triton_jit_forward(shape: Shape, q, k, v):
     except (ImportError, OSError) as exc:
         return f"our kernel sources through the Triton JIT: {type(exc).__name__}: {exc}"
     # the variant the runtime would run: the unmasked one where the head dim is a tile width
-    table: dict = {}
-    for v_ in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
-        table.setdefault(backends.functional_key(v_.kernel, v_.functional), v_)
+    table = backends.variant_table(spec.variants_for(kernel_spec.INTERPRETER_ARCH))
     variant = backends.pick(table, "attn_fwd", shape.dtype, shape.head_dim)
     if variant is None:
         return "no attn_fwd variant for this dtype and head dim"

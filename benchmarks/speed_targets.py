@@ -68,28 +68,21 @@ def met(value: float | None, check: Check) -> bool:
     return value is not None and value >= check.target
 
 
-def _cell(results, shape, pass_name, peer) -> str:
-    for s, check, value in results:
-        if s is shape and check.pass_name == pass_name and check.peer == peer:
-            return "-" if value is None else f"{value:.2f}" + ("" if met(value, check) else "!")
-    return ""
-
-
 def markdown(results) -> str:
-    """One table per dtype: a row per (head dim, causal, S)."""
+    """One table per dtype: a row per (head dim, causal, S), a column per check."""
+    cells: dict = {}
+    for s, check, value in results:
+        row = (s["dtype"], s["head_dim"], s["causal"], s["seqlen_q"])
+        text = "-" if value is None else f"{value:.2f}" + ("" if met(value, check) else "!")
+        cells.setdefault(row, {})[(check.pass_name, check.peer)] = text
     lines = []
-    shapes = []
-    for s, _, _ in results:
-        if not any(s is t for t in shapes):
-            shapes.append(s)
-    for dtype in sorted({s["dtype"] for s in shapes}):
+    for dtype in sorted({row[0] for row in cells}):
         lines += [f"### {dtype}", "",
                   "| head dim | causal | S | fwd / FLASH | fwd / CUDNN | bwd / FLASH |", "|---|---|---|---|---|---|"]
-        for s in sorted((s for s in shapes if s["dtype"] == dtype),
-                        key=lambda s: (s["head_dim"], s["causal"], s["seqlen_q"])):
-            lines.append(f"| {s['head_dim']} | {'yes' if s['causal'] else 'no'} | {s['seqlen_q']} | "
-                         f"{_cell(results, s, 'fwd', 'FLASH')} | {_cell(results, s, 'fwd', 'CUDNN')} | "
-                         f"{_cell(results, s, 'bwd', 'FLASH')} |")
+        for row in sorted(r for r in cells if r[0] == dtype):
+            c = cells[row]
+            lines.append(f"| {row[1]} | {'yes' if row[2] else 'no'} | {row[3]} | {c.get(('fwd', 'FLASH'), '')} | "
+                         f"{c.get(('fwd', 'CUDNN'), '')} | {c.get(('bwd', 'FLASH'), '')} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -114,6 +114,15 @@ def functional_key(kernel: str, functional: dict) -> FunctionalKey:
                          flag("pad_head"), flag("has_bias"), flag("enable_dropout"))
 
 
+def variant_table(variants: Iterable) -> dict:
+    """VARIANTS by functional key, the first of each key kept (a point's
+    first config is its default): the table ``pick`` chooses from."""
+    table: dict = {}
+    for v in variants:
+        table.setdefault(functional_key(v.kernel, v.functional), v)
+    return table
+
+
 def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout: bool,
                     score_mods: bool = False) -> tuple:
     """Functional keys that can run `head_dim`, best first: the unmasked fast
@@ -426,11 +435,8 @@ class InterpreterBackend(Backend):
 
     def __init__(self):
         spec = load_variants(kernels_dir())
-        self._variants: dict[tuple, object] = {}
+        self._variants = variant_table(spec.variants_for(INTERPRETER_ARCH))
         self._reasons: dict[tuple, str | None] = {}
-        for v in spec.variants_for(INTERPRETER_ARCH):
-            # the first config is the default
-            self._variants.setdefault(functional_key(v.kernel, v.functional), v)
         # the kernels it has variants of (not the sm_90-only fused backward)
         served = {v.kernel for v in self._variants.values()}
         self._functions = {name: interpreted_function(ks)
