@@ -28,9 +28,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from aotriton_rocm.errors import UsageError
-from aotriton_rocm.tooling.build_plan import Subset
-from aotriton_rocm.tooling.source_tree import find_source_root
-from aotriton_rocm.tooling.tuning import dump_measured, with_choice
+from aotriton_rocm.tooling.build.plan import Subset
+from aotriton_rocm.tooling.common.source_tree import find_source_root
+from aotriton_rocm.tooling.build.tuning import dump_measured, with_choice
 
 
 def parse_alt(text: str):

@@ -16,13 +16,13 @@ import pytest
 pytest.importorskip("triton")
 
 from aotriton_rocm import _version, kernel_abi  # noqa: E402
-from aotriton_rocm.tooling import public_api  # noqa: E402
+from aotriton_rocm.tooling.release import public_api  # noqa: E402
 from aotriton_rocm.archive import Archive  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.tooling import abi_check as AC  # noqa: E402
-from aotriton_rocm.tooling import build as B  # noqa: E402
-from aotriton_rocm.tooling import snapshot as S  # noqa: E402
-from aotriton_rocm.tooling import wheels as W  # noqa: E402
+from aotriton_rocm.tooling.release import abi_check as AC  # noqa: E402
+from aotriton_rocm.tooling.build import command as B  # noqa: E402
+from aotriton_rocm.tooling.package import snapshot as S  # noqa: E402
+from aotriton_rocm.tooling.package import wheels as W  # noqa: E402
 from support.toy_build import TOY_KERNEL, TOY_VARIANTS, make_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
     assert rc == 1 and "reset_launch_counts removed" in out, out
 
     # the same releases as conda packages (runtime + image .conda, a channel each)
-    from aotriton_rocm.tooling.conda import build_conda
+    from aotriton_rocm.tooling.package.conda import build_conda
 
     py = "%d.%d" % sys.version_info[:2]
     build_conda(ROOT, releases["old"], tmp_path / "old-conda", ["gfx942"], "6.4", python_versions=[py],

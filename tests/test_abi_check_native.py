@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from aotriton_rocm.cli import main as cli_main
-from aotriton_rocm.tooling import abi_native as NA
+from aotriton_rocm.tooling.release import abi_native as NA
 
 ROOT = Path(__file__).resolve().parents[1]
 CC = NA.find_cc()

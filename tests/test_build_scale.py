@@ -16,9 +16,9 @@ pytest.importorskip("triton")
 
 from aotriton_rocm.archive import Archive  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.tooling import build as B  # noqa: E402
-from aotriton_rocm.tooling import merge as M  # noqa: E402
-from aotriton_rocm.tooling.dask_executor import ExecutorError  # noqa: E402
+from aotriton_rocm.tooling.build import command as B  # noqa: E402
+from aotriton_rocm.tooling.build import merge as M  # noqa: E402
+from aotriton_rocm.tooling.build.dask_executor import ExecutorError  # noqa: E402
 from support.toy_build import make_root  # noqa: E402
 
 ARCHS = ["gfx942,sm_90"]

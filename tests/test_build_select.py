@@ -15,8 +15,8 @@ pytest.importorskip("triton")
 from aotriton_rocm.archive import Archive  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E402
-from aotriton_rocm.tooling import build as B  # noqa: E402
-from aotriton_rocm.tooling import tuning as T  # noqa: E402
+from aotriton_rocm.tooling.build import command as B  # noqa: E402
+from aotriton_rocm.tooling.build import tuning as T  # noqa: E402
 from support.select_toy import HOG, HOG_SMALL, MEASURED, SCALE_ADD, make_root  # noqa: E402
 from support.toy_build import config_table  # noqa: E402
 
@@ -168,7 +168,7 @@ def test_waiver_only_at_some_points(tmp_path):
     allow = 'allow = { spills = true, reason = "x", only = [{ dtype = "bf16" }] }'
     spec = load_variants(make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", allow).replace(
         'functional = { dtype = ["fp16"] }', 'functional = { dtype = ["fp16", "bf16"] }')) / "kernels")
-    from aotriton_rocm.tooling.targets import load_targets
+    from aotriton_rocm.tooling.common.targets import load_targets
     vs = spec.variants_for(load_targets(ROOT / "ci" / "targets.toml").archs["gfx1100"])
     assert {v.functional["dtype"]: v.allow for v in vs if v.kernel == "hog" and v.config["BLOCK_M"] == 32} == \
         {"fp16": {}, "bf16": {"spills": "x"}}
@@ -249,7 +249,7 @@ def test_seqlen_max_limits_a_candidate_to_short_buckets(tmp_path):
     root = make_root(tmp_path / "root", SCALE_ADD + config_table("scale_add", "gfx942", BLOCK=64,
                                                                   num_warps=4, seqlen_max=32))
     spec = load_variants(root / "kernels")
-    from aotriton_rocm.tooling.targets import load_targets
+    from aotriton_rocm.tooling.common.targets import load_targets
     vs = [v for v in spec.variants_for(load_targets(ROOT / "ci" / "targets.toml").archs["gfx942"])
           if v.kernel == "scale_add"]
     assert {v.config.get("BLOCK"): v.seqlen_max for v in vs}[64] == 32
@@ -314,7 +314,7 @@ def test_selection_records_every_candidate(built):
 def test_static_report_of_the_toy_build(built, capsys):
     # the report reads the AMD archives only; the rejected (spilling) hog
     # candidate is listed under the shipped one with its scratch and finding
-    from aotriton_rocm.tooling import static_report as R
+    from aotriton_rocm.tooling.build import static_report as R
     out, res = built
     reports = R.read_build(out)
     assert [r.arch for r in reports] == ["gfx942", "gfx1100"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from aotriton_rocm.tooling.progress import Progress, format_seconds
-from aotriton_rocm.tooling.source_tree import SourceTreeError, find_source_root
-from aotriton_rocm.tooling.targets import TargetError, load_targets
+from aotriton_rocm.tooling.common.progress import Progress, format_seconds
+from aotriton_rocm.tooling.common.source_tree import SourceTreeError, find_source_root
+from aotriton_rocm.tooling.common.targets import TargetError, load_targets
 from aotriton_rocm.kernel_spec import VariantSpecError, load_variants, variant_key
 from support.toy_build import config_table
 
@@ -94,7 +94,7 @@ def test_malformed_targets(tmp_path):
 def test_profile_matrix_data(targets):
     assert list(targets.profiles) == ["6.2", "6.3", "6.4", "7.0", "7.1", "7.2"]
     assert targets.default_profile == "6.4"
-    assert targets.default_archs == ("gfx908", "gfx90a", "gfx942", "sm_90")
+    assert targets.default_archs == ("gfx908", "gfx90a", "gfx942")
     for name, prof in targets.profiles.items():
         major = name.split(".")[0]
         assert prof.hip_soname == f"libamdhip64.so.{major}"

@@ -28,7 +28,7 @@ from rattler import (BuildString, Channel, Gateway, MatchSpec, PackageRecord, Su
 from rattler.exceptions import SolverError  # noqa: E402
 from rattler.package import RunExportsJson  # noqa: E402
 
-from aotriton_rocm.tooling.conda import index_channel, install_conda  # noqa: E402
+from aotriton_rocm.tooling.package.conda import index_channel, install_conda  # noqa: E402
 
 VERSIONS = ("0.1.0", "0.1.1", "0.2.0")
 IMAGE = f"aotriton-rocm-{TR.ARCH}"

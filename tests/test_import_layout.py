@@ -133,7 +133,7 @@ def _cycles(graph: Dict[str, Set[str]]):
 def test_graph_sees_known_edges():
     g = import_graph()
     assert "kernel_abi" in g["archive"] and "files" in g["archive"]
-    assert "tooling.naming" in g["tooling.wheels"]
+    assert "tooling.package.naming" in g["tooling.package.wheels"]
     assert "torch_integration" in g["__init__"]
 
 
@@ -145,6 +145,36 @@ def test_imports_run_one_way():
     wrong = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)})"
              for m, targets in sorted(import_graph().items()) for t in sorted(targets)
              if _layer(t) > _layer(m)]
+    assert wrong == []
+
+
+# The tooling's stage subpackages, lowest first: a stage imports only itself,
+# the stages listed before it that it depends on, and the runtime.
+TOOLING_STAGES = {
+    "common": set(),
+    "build": {"common"},
+    "package": {"common"},
+    "tune": {"common", "build"},
+    "release": {"common", "build", "package"},
+}
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "tooling" and len(parts) > 2 else None
+
+
+def test_every_tooling_module_is_in_a_stage():
+    loose = [m for m in import_graph() if m.startswith("tooling.") and _stage(m) is None
+             and m != "tooling.__init__"]
+    assert loose == [], f"put these in a stage subpackage of tooling/ ({sorted(TOOLING_STAGES)}): {loose}"
+    assert set(TOOLING_STAGES) == {_stage(m) for m in import_graph() if _stage(m)}
+
+
+def test_tooling_stages_import_one_way():
+    wrong = [f"{m} imports {t}" for m, targets in sorted(import_graph().items()) if _stage(m)
+             for t in sorted(targets) if _stage(t) and _stage(t) != _stage(m)
+             and _stage(t) not in TOOLING_STAGES[_stage(m)]]
     assert wrong == []
 
 

@@ -195,7 +195,7 @@ def test_info_subprocess_no_traceback(tmp_path):
 # -- validate --------------------------------------------------------------------
 
 def test_validate_reports_every_archive(tmp_path, capsys):
-    from aotriton_rocm.tooling import validate as V
+    from aotriton_rocm.tooling.build import validate_archives as V
 
     d = tmp_path / "archives"
     bad = RA.write(d, "gfx90a")
@@ -419,7 +419,7 @@ def test_build_argument_errors(tmp_path):
 
 def test_build_removes_leftovers_of_interrupted_runs(tmp_path):
     pytest.importorskip("triton")
-    from aotriton_rocm.tooling import build as B
+    from aotriton_rocm.tooling.build import command as B
 
     root = _toy_root(tmp_path / "root")
     out = tmp_path / "out"

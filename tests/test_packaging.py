@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from support import real_archives as RA
 
-from aotriton_rocm.tooling import package as pkg
-from aotriton_rocm.tooling import archive_intake as AI
-from aotriton_rocm.tooling import naming as N
-from aotriton_rocm.tooling import source_tree as ST
+from aotriton_rocm.tooling.package import command as pkg
+from aotriton_rocm.tooling.package import archive_intake as AI
+from aotriton_rocm.tooling.package import naming as N
+from aotriton_rocm.tooling.common import source_tree as ST
 from aotriton_rocm._version import abi_line
-from aotriton_rocm.tooling import wheels as W
+from aotriton_rocm.tooling.package import wheels as W
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ("gfx942", "sm_90")
@@ -112,7 +112,7 @@ def test_recipe_renders_outputs_and_pins(tmp_path):
     rb = pytest.importorskip("rattler_build")
     from rattler import BuildString, MatchSpec, PackageRecord
 
-    from aotriton_rocm.tooling.conda import _variant_config
+    from aotriton_rocm.tooling.package.conda import _variant_config
 
     recipe = rb.Stage0Recipe.from_file(ROOT / "recipe" / "recipe.yaml")
     variants = _variant_config(ROOT, "1.4.2", ROCM, list(ARCHS), ["3.11", "3.12"],
@@ -146,7 +146,7 @@ def test_recipe_renders_outputs_and_pins(tmp_path):
 
 
 def test_unpack_wheel_refuses_escaping_paths(tmp_path):
-    from aotriton_rocm.tooling.conda import unpack_wheel
+    from aotriton_rocm.tooling.package.conda import unpack_wheel
 
     whl = tmp_path / "evil-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
@@ -178,7 +178,7 @@ def wheels(tmp_path_factory, fake_archives):
 
 @pytest.fixture(scope="session")
 def venv_python(tmp_path_factory, wheels):
-    from aotriton_rocm.tooling.envs import install_wheels_in_fresh_venv
+    from aotriton_rocm.tooling.release.envs import install_wheels_in_fresh_venv
 
     t0 = time.perf_counter()
     py = install_wheels_in_fresh_venv([wheels["runtime"], *wheels["images"]],
@@ -191,7 +191,7 @@ def venv_python(tmp_path_factory, wheels):
 def conda_channel(tmp_path_factory, fake_archives, wheels):
     pytest.importorskip("rattler_build")
     pytest.importorskip("rattler")
-    from aotriton_rocm.tooling.conda import build_conda
+    from aotriton_rocm.tooling.package.conda import build_conda
 
     chan = tmp_path_factory.mktemp("conda-channel")
     t: dict = {}
@@ -203,7 +203,7 @@ def conda_channel(tmp_path_factory, fake_archives, wheels):
 
 @pytest.fixture(scope="session")
 def conda_prefix(tmp_path_factory, conda_channel):
-    from aotriton_rocm.tooling.conda import install_conda
+    from aotriton_rocm.tooling.package.conda import install_conda
 
     chan, _ = conda_channel
     prefix = tmp_path_factory.mktemp("conda-env") / "prefix"
@@ -358,7 +358,7 @@ def test_local_version_wheels(tmp_path, fake_archives):
 
 @pytest.mark.slow
 def test_fresh_venv_finds_archives_through_entry_points(venv_python, wheels):
-    from aotriton_rocm.tooling.envs import clean_env
+    from aotriton_rocm.tooling.release.envs import clean_env
 
     code = r"""
 import importlib.metadata as md, json, sys
@@ -393,7 +393,7 @@ print(json.dumps({
 
 @pytest.mark.slow
 def test_fresh_venv_import_and_smoke_entry(venv_python):
-    from aotriton_rocm.tooling.envs import clean_env, run_smoke
+    from aotriton_rocm.tooling.release.envs import clean_env, run_smoke
 
     proc = subprocess.run([str(venv_python), "-c",
                            "import aotriton_rocm, sys; print(aotriton_rocm.__version__)"],
@@ -450,7 +450,7 @@ def test_conda_install_fresh_prefix(conda_prefix, fake_archives):
 
 @pytest.mark.slow
 def test_conda_runtime_imports_from_prefix(conda_prefix):
-    from aotriton_rocm.tooling.envs import python_for_conda_prefix
+    from aotriton_rocm.tooling.release.envs import python_for_conda_prefix
 
     python, env = python_for_conda_prefix(conda_prefix)
     env.pop("AOTRITON_ROCM_ARCHIVE_DIR", None)
@@ -477,7 +477,7 @@ def test_conda_runtime_imports_from_prefix(conda_prefix):
 
 @pytest.mark.slow
 def test_conda_image_alone_pulls_runtime(conda_channel, tmp_path):
-    from aotriton_rocm.tooling.conda import install_conda
+    from aotriton_rocm.tooling.package.conda import install_conda
 
     chan, _ = conda_channel
     install_conda(chan, ["aotriton-rocm-sm90"], tmp_path / "p")
@@ -514,8 +514,8 @@ def test_installed_images_are_identity_checked(tmp_path, wheels):
     smoke and info in the fresh environment catch (1) a gfx90a archive shipped
     as gfx942.aotr and (2) a 0.2 image installed with --no-deps beside the 0.1
     runtime."""
-    from aotriton_rocm.tooling import install_check
-    from aotriton_rocm.tooling.envs import clean_env, run_smoke
+    from aotriton_rocm.tooling.release import install_check
+    from aotriton_rocm.tooling.release.envs import clean_env, run_smoke
 
     def image_wheel(arch, archive, version):
         inp = AI.ArchiveInput(arch, archive, archive.with_name(f"{arch}.manifest.json"),

@@ -28,7 +28,7 @@ pytest.importorskip("build")
 pytest.importorskip("rattler_build")
 
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.tooling import release as R  # noqa: E402
+from aotriton_rocm.tooling.release import command as R  # noqa: E402
 
 VERSION = "0.1.1"
 SECRET = "s3cr3t-never-printed-7f2a"
@@ -359,7 +359,7 @@ def test_credentials_gate_names_what_is_missing(monkeypatch, tmp_path):
 
 
 def test_matrix_arguments(capsys, toy):
-    from aotriton_rocm.tooling.targets import load_targets
+    from aotriton_rocm.tooling.common.targets import load_targets
 
     every = list(load_targets(TR.ROOT / "ci" / "targets.toml").profiles)
     import argparse

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from support import real_archives as RA
-from aotriton_rocm.tooling import dist_dir as D
-from aotriton_rocm.tooling import reproducible as R
-from aotriton_rocm.tooling import source_tree as ST
+from aotriton_rocm.tooling.package import dist_dir as D
+from aotriton_rocm.tooling.package import reproducible as R
+from aotriton_rocm.tooling.common import source_tree as ST
 from aotriton_rocm._version import abi_line
-from aotriton_rocm.tooling import wheels as W
+from aotriton_rocm.tooling.package import wheels as W
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = ST.read_version(ROOT)
@@ -89,7 +89,7 @@ def two_builds(tmp_path_factory):
     pytest.importorskip("rattler_build")
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
-    from aotriton_rocm.tooling.conda import build_conda
+    from aotriton_rocm.tooling.package.conda import build_conda
 
     base = tmp_path_factory.mktemp("repro")
     archives = _archives(base / "archives")
@@ -204,7 +204,7 @@ def test_two_fresh_builds_give_identical_archives(tmp_path):
     """The kernel archives: the toy kernel compiled from scratch twice, from
     source trees at two different paths, into two build directories."""
     pytest.importorskip("triton")
-    from aotriton_rocm.tooling import build as B
+    from aotriton_rocm.tooling.build import command as B
     from test_build import make_root
 
     got = []

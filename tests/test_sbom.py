@@ -24,13 +24,13 @@ pytest.importorskip("jsonschema")  # the validator: cyclonedx-python-lib[json-va
 
 from aotriton_rocm import _version, torch_compat  # noqa: E402
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.tooling import conda as C  # noqa: E402
+from aotriton_rocm.tooling.package import conda as C  # noqa: E402
 from aotriton_rocm._version import abi_line  # noqa: E402
-from aotriton_rocm.tooling import dist_dir as D  # noqa: E402
-from aotriton_rocm.tooling import package as pkg  # noqa: E402
-from aotriton_rocm.tooling import reproducible as R  # noqa: E402
-from aotriton_rocm.tooling import source_tree as ST  # noqa: E402
-from aotriton_rocm.tooling import sbom as S  # noqa: E402
+from aotriton_rocm.tooling.package import dist_dir as D  # noqa: E402
+from aotriton_rocm.tooling.package import command as pkg  # noqa: E402
+from aotriton_rocm.tooling.package import reproducible as R  # noqa: E402
+from aotriton_rocm.tooling.common import source_tree as ST  # noqa: E402
+from aotriton_rocm.tooling.package import sbom as S  # noqa: E402
 
 VERSION = ST.read_version(TR.ROOT)
 

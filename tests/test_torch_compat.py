@@ -13,7 +13,7 @@ import torch
 import aotriton_rocm
 from aotriton_rocm import _autoload, torch_compat, torch_integration
 from aotriton_rocm.cli import main as cli_main
-from aotriton_rocm.tooling import pin
+from aotriton_rocm.tooling.release import pin
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ def test_conda_recipe_takes_the_torch_range_from_the_data():
     from rattler import BuildString, MatchSpec, PackageRecord
     from rattler_build import Stage0Recipe
 
-    from aotriton_rocm.tooling import conda
+    from aotriton_rocm.tooling.package import conda
 
     recipe = (ROOT / "recipe" / "recipe.yaml").read_text(encoding="utf-8")
     lines = [ln.strip() for ln in recipe.splitlines() if re.match(r"\s*-\s*pytorch\b", ln)]

@@ -18,11 +18,11 @@ import torch  # noqa: E402
 from aotriton_rocm import device  # noqa: E402
 from aotriton_rocm.errors import UsageError  # noqa: E402
 from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E402
-from aotriton_rocm.tooling import tuning as T  # noqa: E402
-from aotriton_rocm.tooling.targets import load_targets  # noqa: E402
-from aotriton_rocm.tooling.tune import TuneOptions, run_tune  # noqa: E402
-from aotriton_rocm.tooling.tune_space import load_space  # noqa: E402
-from aotriton_rocm.tooling.tune_workloads import NOT_TUNED  # noqa: E402
+from aotriton_rocm.tooling.build import tuning as T  # noqa: E402
+from aotriton_rocm.tooling.common.targets import load_targets  # noqa: E402
+from aotriton_rocm.tooling.tune.command import TuneOptions, run_tune  # noqa: E402
+from aotriton_rocm.tooling.tune.space import load_space  # noqa: E402
+from aotriton_rocm.tooling.tune.workloads import NOT_TUNED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def test_dump_is_one_choice_per_line_and_loads_back(tmp_path):
 
 
 def test_with_choice_ships_one_config_at_every_length_for_matched_points():
-    from aotriton_rocm.tooling.build_plan import Subset
+    from aotriton_rocm.tooling.build.plan import Subset
 
     def entry(dtype, head_dim, smax, block_m):
         return {"kernel": "attn_fwd", "functional": {"dtype": [dtype], "head_dim": [head_dim]},
@@ -112,7 +112,7 @@ def test_shortest_bucket_is_timed_as_decoding():
     """The kernels chosen by seqlen_q are timed at their 16-row bucket with
     a few query rows against 8k keys (what that bucket serves); dK/dV,
     chosen by seqlen_k, too, for its decoding tile (not a bucket)."""
-    from aotriton_rocm.tooling.tune_workloads import workload_for
+    from aotriton_rocm.tooling.tune.workloads import workload_for
 
     point = {"dtype": "bf16", "head_dim": 128, "pad_head": False, "has_bias": False,
              "enable_dropout": False}
@@ -266,8 +266,8 @@ def test_amd_candidates_are_compiled_and_validated_before_timing(tmp_path, monke
 
     root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", "") + HOG_SMALL,
                      measured=None)
-    from aotriton_rocm.tooling.build_plan import Sources
-    from aotriton_rocm.tooling.tune import _Launchers
+    from aotriton_rocm.tooling.build.plan import Sources
+    from aotriton_rocm.tooling.tune.command import _Launchers
 
     sources = Sources.find(root)
     spec = load_variants(sources.kernels_dir)

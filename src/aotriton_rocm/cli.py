@@ -42,28 +42,28 @@ COMMANDS: Dict[str, Command] = {c.name: c for c in (
     Command("config", "paths of the C library, header, CMake and pkg-config files "
             "(--cmakedir, --includedir, --libdir, --pkgconfigdir, --library)",
             ".paths", "ConfigOptions", "run_config"),
-    Command("build", "compile the kernel archives ahead of time", ".tooling.build",
+    Command("build", "compile the kernel archives ahead of time", ".tooling.build.command",
             "BuildOptions", "run_build"),
     Command("merge", "assemble the archives of a sharded build (build --shard K/N)",
-            ".tooling.merge", "MergeOptions", "run_merge"),
-    Command("package", "wheels and conda packages from built archives", ".tooling.package",
+            ".tooling.build.merge", "MergeOptions", "run_merge"),
+    Command("package", "wheels and conda packages from built archives", ".tooling.package.command",
             "PackageOptions", "run_package"),
     Command("install-check", "install the packages into fresh environments and smoke-test them",
-            ".tooling.install_check", "InstallCheckOptions", "run_install_check"),
+            ".tooling.release.install_check", "InstallCheckOptions", "run_install_check"),
     Command("abi-check", "compare the ABI of two releases; refuse a breaking point release",
-            ".tooling.abi_check", "AbiCheckOptions", "run_abi_check"),
+            ".tooling.release.abi_check", "AbiCheckOptions", "run_abi_check"),
     Command("validate", "statically validate the AMD code objects of kernel archives",
-            ".tooling.validate", "ValidateOptions", "run_validate"),
+            ".tooling.build.validate_archives", "ValidateOptions", "run_validate"),
     Command("report", "AMD static speed report of a build: occupancy, registers, LDS, MFMA per loop "
             "iteration of every shipped kernel beside the configs it was chosen over; --against "
-            "OTHER_BUILD for what changed", ".tooling.static_report", "ReportOptions", "run_report"),
+            "OTHER_BUILD for what changed", ".tooling.build.static_report", "ReportOptions", "run_report"),
     Command("tune", "time each kernel's candidate configs per sequence-length bucket on this "
-            "GPU, check the winners, write kernels/tuning/<arch>.json", ".tooling.tune",
+            "GPU, check the winners, write kernels/tuning/<arch>.json", ".tooling.tune.command",
             "TuneOptions", "run_tune"),
-    Command("pin", "requirement and conda spec lines for a torch version", ".tooling.pin",
+    Command("pin", "requirement and conda spec lines for a torch version", ".tooling.release.pin",
             "PinOptions", "run_pin"),
     Command("release", "gated release: build, package, install-check, abi-check, changelog, "
-            "credentials, publish (--dry-run by default)", ".tooling.release", "ReleaseOptions",
+            "credentials, publish (--dry-run by default)", ".tooling.release.command", "ReleaseOptions",
             "run_release"),
 )}
 

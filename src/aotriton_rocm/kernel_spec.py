@@ -24,7 +24,7 @@ except ImportError:  # Python < 3.11
 
 
 class ArchSpec(Protocol):
-    """What the spec needs of an arch (tooling.targets.ArchSpec has it; so
+    """What the spec needs of an arch (tooling.common.targets.ArchSpec has it; so
     does INTERPRETER_ARCH)."""
     name: str
     family: str
@@ -60,7 +60,7 @@ CONFIG_META_KEYS = ("archs", "head_dims", "when", "allow", "seqlen_max")
 # the config's values, so the variant key and the tuning file name it.
 CONFIG_FUNCTION_KEY = "function"
 # What a config's ``allow = {KIND = true, reason = "..."}`` may waive in the
-# code-object validator (tooling.codeobject.validate_kernel): register spills
+# code-object validator (tooling.build.codeobject.validate_kernel): register spills
 # (and the scratch memory they take), other scratch use (stack, dynamic stack),
 # LDS over the arch's limit. The validator reports its resource findings by
 # these kinds.

@@ -319,8 +319,8 @@ def packages(native_build, tmp_path_factory):
                     "sanitized build (the CMake-install consumer test covers that one)")
     for mod in ("build", "auditwheel", "rattler", "rattler_build"):
         pytest.importorskip(mod)
-    from aotriton_rocm.tooling import package as pkg
-    from aotriton_rocm.tooling.conda import build_conda
+    from aotriton_rocm.tooling.package import command as pkg
+    from aotriton_rocm.tooling.package.conda import build_conda
 
     base = tmp_path_factory.mktemp("consumer-packages")
     archives = base / "archives"
@@ -334,7 +334,7 @@ def packages(native_build, tmp_path_factory):
 
 @pytest.mark.slow
 def test_consumers_against_the_wheel(native_build, packages, tmp_path):
-    from aotriton_rocm.tooling.envs import clean_env, install_wheels_in_fresh_venv
+    from aotriton_rocm.tooling.release.envs import clean_env, install_wheels_in_fresh_venv
 
     python = install_wheels_in_fresh_venv([packages["runtime"], packages["image"]],
                                           tmp_path / "venv", extra_requirements=())
@@ -354,8 +354,8 @@ def test_consumers_against_the_wheel(native_build, packages, tmp_path):
 
 @pytest.mark.slow
 def test_consumers_against_a_conda_prefix(native_build, packages, tmp_path):
-    from aotriton_rocm.tooling.conda import install_conda
-    from aotriton_rocm.tooling.envs import python_for_conda_prefix
+    from aotriton_rocm.tooling.package.conda import install_conda
+    from aotriton_rocm.tooling.release.envs import python_for_conda_prefix
 
     prefix = tmp_path / "prefix"
     install_conda(packages["channel"], ["aotriton-rocm-sm90",

@@ -459,7 +459,7 @@ def fused(stub, tmp_path):
     from pathlib import Path
 
     from aotriton_rocm import kernel_spec
-    from aotriton_rocm.tooling.targets import load_targets
+    from aotriton_rocm.tooling.common.targets import load_targets
 
     stub_path, lib = stub
     sm90 = load_targets(Path(__file__).resolve().parents[2] / "ci" / "targets.toml").resolve(None, ["sm_90"])[1][0]

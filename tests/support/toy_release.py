@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from . import real_archives as RA
-from aotriton_rocm.tooling import snapshot as S
-from aotriton_rocm.tooling import source_tree as ST
+from aotriton_rocm.tooling.package import snapshot as S
+from aotriton_rocm.tooling.common import source_tree as ST
 from aotriton_rocm._version import abi_line
-from aotriton_rocm.tooling import wheels as W
+from aotriton_rocm.tooling.package import wheels as W
 
 ROOT = Path(__file__).resolve().parents[2]
 ROCM = "6.4"
@@ -101,7 +101,7 @@ def conda_packages(version: str) -> List[Path]:
     """The .conda packages (runtime for this Python + the image) of a toy
     release, in a channel of their own; the runtime repacks the toy wheel."""
     def make() -> List[Path]:
-        from aotriton_rocm.tooling.conda import build_conda
+        from aotriton_rocm.tooling.package.conda import build_conda
 
         import sys
 

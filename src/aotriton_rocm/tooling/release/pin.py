@@ -1,0 +1,107 @@
+"""``aotriton-rocm pin --torch A.B``: the requirement lines for a torch version.
+
+Reads the torch compatibility matrix (``aotriton_rocm/torch_compat.json``),
+picks the newest ABI line that supports that torch and prints the pip
+requirement (``~=X.Y.0``: any point release of the line) and the conda specs
+(``>=X.Y.0,<X.(Y+1).0a0``: the bound stays below every pre-release of the next
+line). Also home of :func:`update_readme`, which rewrites README.md's
+generated torch table.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ... import torch_compat
+from ...errors import CommandError
+
+__all__ = ["PinError", "PinOptions", "pin_lines", "update_readme", "add_pin_arguments", "run_pin"]
+
+_ARCH = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class PinError(CommandError, ValueError):
+    """No release line fits the request (exit status 1)."""
+
+
+@dataclass(frozen=True)
+class PinOptions:
+    torch: str
+    archs: Tuple[str, ...] = ()
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "PinOptions":
+        return cls(torch=args.torch, archs=tuple(args.arch))
+
+
+def _line_bounds(line: str) -> tuple:
+    x, y = (int(p) for p in line.split("."))
+    return f"{x}.{y}.0", f"{x}.{y + 1}.0a0"
+
+
+def pin_lines(torch_version: str, archs: Sequence[str] = (), *,
+              data: Optional[Dict] = None) -> Dict[str, List[str]]:
+    """``{"pip": [...], "conda": [...], "line": [X.Y]}`` for ``torch_version``.
+
+    PinError names the supported torch versions when none of our lines supports it.
+    """
+    data = data or torch_compat.load()
+    try:
+        minor = torch_compat.torch_minor(torch_version)
+    except ValueError as e:
+        raise PinError(str(e)) from None
+    lines = torch_compat.lines_for_torch(minor, data=data)
+    if not lines:
+        known = sorted({v for e in data["lines"] for v in e["torch"]}, key=lambda v: tuple(map(int, v.split("."))))
+        raise PinError(f"no aotriton-rocm release supports torch {minor}; supported torch versions: "
+                       f"{', '.join(known)} (see the table in README.md)")
+    line = lines[0]
+    low, high = _line_bounds(line)
+    names = []
+    for a in archs:
+        if not _ARCH.match(a):
+            raise PinError(f"invalid arch {a!r}")
+        names.append(a.replace("_", ""))
+    extras = f"[{','.join(names)}]" if names else ""
+    pip = [f"aotriton-rocm{extras}~={low}", f"torch=={minor}.*"]
+    conda = [f"aotriton-rocm >={low},<{high}"]
+    conda += [f"aotriton-rocm-{n} >={low},<{high}" for n in names]
+    return {"line": [line], "pip": pip, "conda": conda}
+
+
+def update_readme(readme: Path, *, check: bool = False) -> bool:
+    """Replace the generated torch table in ``readme`` (between the markers).
+    Returns True if the file is (or, with ``check``, would stay) unchanged."""
+    text = readme.read_text(encoding="utf-8")
+    begin, end = torch_compat.TABLE_BEGIN, torch_compat.TABLE_END
+    if begin not in text or end not in text:
+        raise PinError(f"{readme}: no generated torch table markers")
+    i = text.index(begin)
+    j = text.index(end, i) + len(end) + 1
+    new = text[:i] + torch_compat.render_table() + text[j:]
+    if new == text:
+        return True
+    if not check:
+        readme.write_text(new, encoding="utf-8")
+    return False
+
+
+def add_pin_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--torch", required=True, metavar="A.B", help="torch version, e.g. 2.11")
+    parser.add_argument("--arch", action="append", default=[], metavar="ARCH",
+                        help="kernel image arch to include (repeatable), e.g. gfx942")
+
+
+def run_pin(options: PinOptions) -> int:
+    res = pin_lines(options.torch, options.archs)
+    print(f"# aotriton-rocm {res['line'][0]}.x for torch {torch_compat.torch_minor(options.torch)}")
+    print("# pip (requirements.txt; install torch from your ROCm version's wheel index):")
+    for line in res["pip"]:
+        print(line)
+    print("# conda (environment.yml / conda install):")
+    for line in res["conda"]:
+        print(line)
+    return 0
