@@ -14,9 +14,10 @@ import pytest
 
 from aotriton_rocm.cli import main as cli_main
 from aotriton_rocm.tooling.release import abi_native as NA
+from aotriton_rocm.tooling.release import c_header as CH
 
 ROOT = Path(__file__).resolve().parents[1]
-CC = NA.find_cc()
+CC = CH.find_cc()
 pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler to build libaotriton_rocm")
 needs_abigail = pytest.mark.skipif(not NA.have_libabigail(),
                                    reason=f"libabigail missing: {NA.INSTALL_ABIGAIL}")
@@ -207,15 +208,15 @@ def test_require_libabigail(libs, capsys, monkeypatch):
 
 def test_layout_rules_match_the_compiler():
     header = ROOT / "native" / HDR
-    model, fields = NA.parse_header(header.read_text())
-    assert NA._rule_layout(fields) == NA._cc_layout(header, fields, CC)
+    model, fields = CH.parse_header(header.read_text())
+    assert CH._rule_layout(fields) == CH._cc_layout(header, fields, CC)
     assert model.functions["aotr_find_archive"] == "aotr_status (const char *, const char *, char *, size_t)"
     assert model.enums["aotr_status"]["AOTR_OUT_OF_MEMORY"] == 9
 
 
 def test_header_parser_is_strict():
-    with pytest.raises(NA.NativeAbiError, match="unsupported declaration"):
-        NA.parse_header("AOTR_API int (*aotr_callback)(int);\n")
+    with pytest.raises(CH.NativeAbiError, match="unsupported declaration"):
+        CH.parse_header("AOTR_API int (*aotr_callback)(int);\n")
 
 
 def _strip_score_mod(header: Path) -> None:
