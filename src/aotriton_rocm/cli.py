@@ -42,6 +42,12 @@ COMMANDS: Dict[str, Command] = {c.name: c for c in (
     Command("config", "paths of the C library, header, CMake and pkg-config files "
             "(--cmakedir, --includedir, --libdir, --pkgconfigdir, --library)",
             ".paths", "ConfigOptions", "run_config"),
+    Command("aotriton-prefix", "an AOTRITON_INSTALLED_PREFIX for a PyTorch source build: our "
+            "libaotriton_v2 (AOTriton's API), its headers and the installed images",
+            ".aotriton_prefix", "PrefixOptions", "run_aotriton_prefix"),
+    Command("torch-dropin", "put our libaotriton_v2 in place of the one inside an installed ROCm "
+            "torch (with a backup; --undo restores it)", ".torch_dropin", "DropinOptions",
+            "run_torch_dropin"),
     Command("build", "compile the kernel archives ahead of time", ".tooling.build.command",
             "BuildOptions", "run_build"),
     Command("merge", "assemble the archives of a sharded build (build --shard K/N)",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Tuple
 
 from ._version import ABI_VERSION
-from .errors import CommandError
+from .errors import CommandError, UsageError
 
 SONAME = f"libaotriton_rocm.so.{ABI_VERSION}"
 _PACKAGE = Path(__file__).resolve().parent
@@ -33,6 +33,32 @@ def install_root() -> Path:
     if not (_PACKAGE / "lib" / SONAME).exists() and (Path(sys.prefix) / "lib" / SONAME).exists():
         return Path(sys.prefix)
     return _PACKAGE
+
+
+# AOTriton's C++ API (libaotriton_v2, native/aotriton_api/): one library per
+# API line, under lib/aotriton_api/<line>/ and include/aotriton_api/<line>/.
+# The 0.12 line shares the 0.13 line's params (attn_fwd 3, attn_bwd 6).
+AOTRITON_API_VERSIONS = {"0.11": "0.11.2", "0.13": "0.13.0"}
+AOTRITON_API_LINE_OF = {"0.11": "0.11", "0.12": "0.13", "0.13": "0.13"}
+
+
+def aotriton_api_line(version: str) -> str:
+    """Our API line serving AOTriton ``version`` (``0.12.0``, ``0.11``, ...)."""
+    line = AOTRITON_API_LINE_OF.get(".".join(version.split(".")[:2]))
+    if line is None:
+        raise UsageError(f"AOTriton {version} is not an API line aotriton-rocm implements "
+                           f"(it implements {', '.join(sorted(AOTRITON_API_LINE_OF))})")
+    return line
+
+
+def aotriton_api_library(line: str) -> Path:
+    """``libaotriton_v2.so.<version>`` of our API ``line`` ("0.11" or "0.13")."""
+    return install_root() / "lib" / "aotriton_api" / line / f"libaotriton_v2.so.{AOTRITON_API_VERSIONS[line]}"
+
+
+def aotriton_api_include(line: str) -> Path:
+    """The include directory holding ``aotriton/*.h`` of our API ``line``."""
+    return install_root() / "include" / "aotriton_api" / line
 
 
 def locations() -> dict:
