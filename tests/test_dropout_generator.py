@@ -123,3 +123,16 @@ def test_cpu_rule():
 def test_increments_round_up_like_torchs_generator():
     assert [philox_state.round4(n) for n in (0, 1, 4, 5, 15, 16)] == [0, 4, 4, 8, 16, 16]
     assert philox_state.flash_dims(3, 5) == (3, 5, 1, 32)
+
+
+def test_nearby_offsets_draw_unrelated_masks():
+    # torch's flash ops advance the offset by 32 per (batch, head) although
+    # our kernels draw one counter per score: the offset is the counter's
+    # high half, so the next call's draws are not the last ones shifted.
+    from aotriton_rocm import dropout_masks
+    first, second = (torch.empty(1, 2, 8, 64) for _ in range(2))
+    dropout_masks.fill_dropout_uniform(first, 7, 0)
+    dropout_masks.fill_dropout_uniform(second, 7, philox_state.round4(32 * 1 * 2))
+    assert torch.equal(second, philox_reference.uniform(7, 64, (1, 2, 8, 64)))
+    shift = 64
+    assert (first.flatten()[shift:] == second.flatten()[:-shift]).float().mean() < 0.01
