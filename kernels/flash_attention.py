@@ -76,9 +76,10 @@ Conventions shared by all kernels:
   blocks then use the same guarded row maximum as the masked ones. dBias is
   dS itself, stored by ``attn_bwd_dq`` when ``store_dbias``;
 * ``ENABLE_DROPOUT``: score (z, h, i, j) is kept iff the top 24 bits of the
-  first word of Philox-4x32-10 (key: the seed at ``RNG_SEED``; counter: the
-  offset at ``RNG_OFFSET`` plus ``((z * heads + h) * max_seqlen_q + i) *
-  max_seqlen_k + j``), plus one, times 2**-24 (a uniform draw u in (0, 1],
+  first word of Philox-4x32-10 (key: the seed at ``RNG_SEED``; 128-bit
+  counter: ``e = ((z * heads + h) * max_seqlen_q + i) * max_seqlen_k + j``
+  in the low words, the offset at ``RNG_OFFSET`` in the high ones), plus
+  one, times 2**-24 (a uniform draw u in (0, 1],
   like curand_uniform's range), is > ``dropout_p`` (torch's rule for the
   efficient op's mask: ``u > p``; u is never 0, so p = 0 keeps everything);
   kept probabilities are scaled by 1 / (1 - dropout_p). Seed and offset are
@@ -288,10 +289,11 @@ def attn_fwd(
         seed = tl.load(RNG_SEED)
         # Element (z, h, i, j) of the (B, H, max_seqlen_q, max_seqlen_k)
         # score matrix has the index e = ((z * H + h) * max_seqlen_q + i) *
-        # max_seqlen_k + j; its Philox counter is RNG_OFFSET + e, and e is
+        # max_seqlen_k + j; its Philox counter is (e, RNG_OFFSET), and e is
         # where the debug mask stores it.
         elem_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
-        rng_row = tl.load(RNG_OFFSET) + elem_row
+        rng_offset = tl.load(RNG_OFFSET)
+        rng_row = elem_row
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
@@ -390,7 +392,7 @@ def attn_fwd(
                 # the element's draw at its counter (philox.py)
                 inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
                 cnt = rng_row + inner
-                kept = philox_uniform(seed, cnt) > dropout_p
+                kept = philox_uniform(seed, rng_offset, cnt) > dropout_p
                 if store_dmask != 0:
                     # The debug mask: the unnormalised probability, negated where dropped.
                     tl.store(DMASK + elem_row + inner, tl.where(kept, p, -p).to(
@@ -611,8 +613,8 @@ def attn_bwd_dkdv(
                 b_base = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
                     + q_start64 * stride_bm.to(tl.int64) + start_n
             if ENABLE_DROPOUT:
-                # See attn_fwd: the counter of (z, h, i, j) is RNG_OFFSET + e.
-                rng_head = rng_offset + off_zh * max_seqlen_q * max_seqlen_k + start_n
+                # See attn_fwd: the counter of (z, h, i, j) is (e, RNG_OFFSET).
+                rng_head = off_zh.to(tl.int64) * max_seqlen_q * max_seqlen_k + start_n
             for phase in tl.static_range(2):
                 if phase == 0:
                     lo_p = f_lo
@@ -683,7 +685,7 @@ def attn_bwd_dkdv(
                         # The forward's Philox draw of each element (see attn_fwd).
                         cnt = rng_head + m_off64 * max_seqlen_k + (offs_m0[None, :] * max_seqlen_k
                                                                      + offs_n0[:, None])
-                        kept = philox_uniform(seed, cnt) > dropout_p
+                        kept = philox_uniform(seed, rng_offset, cnt) > dropout_p
                         if part == SPLIT_DKDV:
                             dpT = tl.where(kept, dpT * drop_scale, 0.0)
                     if part == 0:
@@ -792,8 +794,9 @@ def attn_bwd_dq(
             + m_off64 * stride_dbm.to(tl.int64)
     if ENABLE_DROPOUT:
         seed = tl.load(RNG_SEED)
-        # See attn_fwd: the counter of (z, h, i, j) is RNG_OFFSET + e.
-        rng_row = tl.load(RNG_OFFSET) + (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
+        # See attn_fwd: the counter of (z, h, i, j) is (e, RNG_OFFSET).
+        rng_offset = tl.load(RNG_OFFSET)
+        rng_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
@@ -870,7 +873,7 @@ def attn_bwd_dq(
             if ENABLE_DROPOUT:
                 # The forward's Philox draw of each element (see attn_fwd).
                 cnt = rng_row + (offs_m0[:, None] * max_seqlen_k + cols[None, :])
-                kept = philox_uniform(seed, cnt) > dropout_p
+                kept = philox_uniform(seed, rng_offset, cnt) > dropout_p
                 dp = tl.where(kept, dp * drop_scale, 0.0)
             ds = p * (dp - delta[:, None])
             if HAS_BIAS:
@@ -902,7 +905,7 @@ def dropout_uniform(
 ):
     """The attention kernels' dropout draws, written to R: a contiguous fp32
     (batch, num_heads, max_seqlen_q, max_seqlen_k) tensor whose element e
-    gets the draw u of Philox counter RNG_OFFSET + e (see ``ENABLE_DROPOUT``
+    gets the draw u of Philox counter (e, RNG_OFFSET) (see ``ENABLE_DROPOUT``
     in the module docstring: u in (0, 1], kept iff u > dropout_p). With
     ``encode_keep`` it writes 0.5 where the element is kept and -0.5 where
     it is dropped instead (torch's ROCm encoding of the same mask)."""
@@ -912,15 +915,15 @@ def dropout_uniform(
     rows = tl.where(off_zh < batch * num_heads, max_seqlen_q, 0)
     seed = tl.load(RNG_SEED)
     elem_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
-    rng_row = tl.load(RNG_OFFSET) + elem_row
+    rng_offset = tl.load(RNG_OFFSET)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     row_ok = start_m + offs_m0 < rows
     for start_n in range(0, max_seqlen_k, BLOCK_N):
         cols = start_n + offs_n
         inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
-        cnt = rng_row + inner
-        u = philox_uniform(seed, cnt)
+        cnt = elem_row + inner
+        u = philox_uniform(seed, rng_offset, cnt)
         if encode_keep != 0:
             u = tl.where(u > dropout_p, 0.5, -0.5)
         tl.store(R + elem_row + inner, u, mask=row_ok[:, None] & (cols < max_seqlen_k)[None, :])

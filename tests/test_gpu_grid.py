@@ -162,8 +162,8 @@ def test_pytorch_grid_dropout(b, sq, sk, d, causal, p, dtype):
     vis = attn_reference.visible(sq, sk, causal).cuda()
     rng_seed, rng_offset = (int(t.item()) for t in torch_integration._rng_inputs(seed, offset))
     for zh in (0, b * h - 1):
-        model = philox_reference.keep_mask(rng_seed, rng_offset + zh * sq * sk, (1, 1, sq, sk),
-                                           p).cuda()[0, 0]
+        model = philox_reference.keep_mask(rng_seed, rng_offset, (1, 1, sq, sk), p,
+                                           first=zh * sq * sk).cuda()[0, 0]
         assert torch.equal(keep.view(b * h, sq, sk)[zh][vis], model[vis]), "debug mask != Philox"
     kw = dict(causal=causal, keep=keep, dropout_p=p)
     golden = attn_reference.attention(q, k, v, grad, **kw)

@@ -22,7 +22,7 @@ LAYERS = {
     0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images",
         "elf_dynamic"},  # stdlib leaves
     1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention",
-        "kvcache", "dropout_masks"},
+        "kvcache", "dropout_masks", "philox_state"},
     2: {"__init__", "torch_integration", "flash_attn_interface", "kvcache_api", "function_mode",
         "_autoload"},
     3: {"cli", "__main__", "smoke", "info", "aotriton_prefix", "torch_dropin"},

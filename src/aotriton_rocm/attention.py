@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends import Backend, backend_for
+from .philox_state import next_state
 
 # Head dims the kernels cover: multiples of 8 up to this (padded to a power
 # of two >= 16 inside the kernels, never in memory).
@@ -275,13 +276,16 @@ def placeholders(device: torch.device, dtype: torch.dtype) -> dict[str, torch.Te
             "f32": torch.zeros(16, dtype=torch.float32, device=device)}
 
 
-def new_rng_state(device: torch.device) -> torch.Tensor:
-    """A fresh Philox (seed, offset) pair as a (2,) int64 tensor on ``device``.
-
-    Drawn with torch's own RNG on that device, so ``torch.manual_seed``
-    reproduces it and, under CUDA-graph capture, every replay draws anew.
+def new_rng_state(device: torch.device, dims: tuple[int, int, int, int] = (1, 1, 1, 4)
+                  ) -> torch.Tensor:
+    """The Philox (seed, offset) of a dropout call, a (2,) int64 tensor on
+    ``device``: torch's generator's seed and offset, the offset then advanced
+    by ``prod(dims)`` rounded up to a multiple of 4 (see
+    :mod:`aotriton_rocm.philox_state`: ``flash_dims``, ``efficient_dims``).
+    ``torch.manual_seed(s)`` makes the next call's state (s, 0); under
+    CUDA-graph capture every replay gets the replay's state.
     """
-    return torch.randint(0, 2**62, (2,), dtype=torch.int64, device=device)
+    return next_state(device, dims)
 
 
 def default_scale(head_dim: int) -> float:

@@ -28,7 +28,7 @@ scaled scores.
 
 **The dropout draws** (:func:`fill_dropout_uniform`): element e of a
 (B, H, Sq, Sk) problem gets u in (0, 1], the uniform draw of Philox counter
-offset + e that the attention kernels compare with ``u > dropout_p``.
+(e, offset) that the attention kernels compare with ``u > dropout_p``.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def fill_dropout_uniform(out: torch.Tensor, seed, offset, *, dropout_p: float = 
                          encode_keep: bool = False) -> torch.Tensor:
     """Write the attention kernels' dropout draws into ``out``, a contiguous
     fp32 (B, H, Sq, Sk) tensor: element e gets u in (0, 1] of Philox
-    (``seed``, counter ``offset`` + e), the score kept iff ``u >
+    (``seed``, counter (e, ``offset``)), the score kept iff ``u >
     dropout_p``; with ``encode_keep`` 0.5 where kept and -0.5 where dropped
     instead. ``seed`` and ``offset`` are ints or int64 scalar tensors (the
     forward's). Runs on ``out``'s device (the precompiled kernel through

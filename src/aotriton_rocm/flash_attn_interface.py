@@ -32,6 +32,7 @@ from .attention import (MAX_HEAD_DIM, Varlen, default_scale, flash_attn_window, 
 from .attention import backward as attention_backward, forward as attention_forward
 from .attention import unsupported_reason as attention_unsupported_reason
 from .dropout_masks import flash_attn_s_dmask
+from .philox_state import efficient_dims
 # flash-attn's module also holds the KV-cache entry point.
 from .kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
 
@@ -59,9 +60,9 @@ class AttentionFunction(torch.autograd.Function):
     differentiable (the ALiBi slopes get no gradient, as in flash-attn). ``bias`` (None, an
     additive mask of q's dtype or a boolean mask, True = attend) broadcasts
     to (B, H, Sq, Sk); a float bias that requires grad gets its gradient,
-    summed to its own shape. With dropout the forward draws a fresh Philox
-    state (:func:`attention.new_rng_state`, from torch's RNG) and the backward
-    regenerates the same mask from it. ``debug_mask`` is None unless asked
+    summed to its own shape. With dropout the forward takes the Philox state
+    from torch's generator (:func:`attention.new_rng_state`, advanced by
+    B * H * Sq * Sk) and the backward regenerates the same mask from it. ``debug_mask`` is None unless asked
     for: then a zero-initialised (B, H, Sq, Sk) tensor (max seqlens with
     ``varlen``, sequence b at the top left of [b]) of q's dtype where the
     kernel stored each visited score's unnormalised probability
@@ -76,7 +77,10 @@ class AttentionFunction(torch.autograd.Function):
                 alibi_slopes=None, deterministic=False):
         state = None
         if dropout_p:
-            state = new_rng_state(q.device)
+            # One counter per score, as torch's efficient kernel advances
+            # the generator: the kernels draw that many.
+            b, h, _, sq, sk, _ = problem_dims(q, k, varlen)
+            state = new_rng_state(q.device, efficient_dims(b, h, sq, sk))
         elif return_debug_mask:
             # Nothing is dropped at p = 0: any state gives the same mask, so
             # leave torch's generator alone.

@@ -33,6 +33,7 @@ from .dropout_masks import fill_dropout_uniform
 from .images import find_archives
 from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
 from .native import NativeError
+from .philox_state import efficient_dims, flash_dims, next_state_and_values
 from .torch_compat import check_torch
 from .torch_native import activate as activate_torch_native
 from .torch_native import available as torch_native_available
@@ -94,11 +95,17 @@ def _unused_int64(device: torch.device) -> torch.Tensor:
     return torch.empty((), dtype=torch.int64, device=device)
 
 
-def _flash_rng_outputs(device: torch.device):
-    """A fresh Philox state as the flash ops return it on this build (see
-    :func:`_rng_layout`): a seed and an offset, or a (2,) ``rng_state``
-    holding both and an unused ()."""
-    state = new_rng_state(device)
+def _flash_rng_outputs(device: torch.device, batch: int, heads: int, dropout_p: float):
+    """The Philox state of a flash-op call as the flash ops return it on this
+    build (see :func:`_rng_layout`): a seed and an offset, or a (2,)
+    ``rng_state`` holding both and an unused (). With dropout it is torch's
+    generator's, advanced by 32 * batch * heads as torch's flash kernels
+    advance it; without (a debug mask at p = 0: nothing is dropped, any state
+    gives the same mask) zeros, and the generator is left alone, as torch's."""
+    if dropout_p:
+        state = new_rng_state(device, flash_dims(batch, heads))
+    else:
+        state = torch.zeros(2, dtype=torch.int64, device=device)
     (seed_shape, seed_dtype), (_, offset_dtype) = _rng_layout()
     if seed_shape == (2,):
         return state.view(seed_dtype), torch.empty((), dtype=offset_dtype, device=device)
@@ -175,7 +182,8 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
     rng = None
     if dropout_p or return_debug_mask:
-        seed, offset = _flash_rng_outputs(query.device)
+        batch = query.size(0) if varlen is None else varlen.batch
+        seed, offset = _flash_rng_outputs(query.device, batch, query.size(-2), dropout_p)
         rng = _rng_inputs(seed, offset)
     if return_debug_mask:
         # (B, H, Sq, Sk); a variable-length batch (B, H, max_q, max_k), sequence
@@ -298,8 +306,9 @@ def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp
     lse = torch.empty((b, h, rows if compute_log_sumexp else 0), dtype=torch.float32,
                       device=query.device)
     if dropout_p:
-        state = new_rng_state(query.device)
+        state, values = next_state_and_values(query.device, efficient_dims(b, h, sq, key.size(2)))
         seed, offset = state[0], state[1]
+        _note_our_philox(values)
     else:
         seed = offset = _unused_int64(query.device)
     attention_forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
@@ -339,7 +348,8 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
 
 
 # (seed, offset) of efficient-op calls that torch's kernel served (a call our
-# kernels do not cover): its mask is torch's to regenerate. Newest last.
+# kernels do not cover): its mask is torch's to regenerate, until one of our
+# calls draws the same pair (both draw from torch's generator). Newest last.
 _TORCH_PHILOX: "collections.OrderedDict[tuple[int, int], None]" = collections.OrderedDict()
 _TORCH_PHILOX_KEEP = 4096
 
@@ -358,6 +368,14 @@ def _note_torch_philox(seed, offset) -> None:
         _TORCH_PHILOX[(int(seed.item()), int(offset.item()))] = None
         while len(_TORCH_PHILOX) > _TORCH_PHILOX_KEEP:
             _TORCH_PHILOX.popitem(last=False)
+
+
+def _note_our_philox(values) -> None:
+    """Our kernels draw (seed, offset) now: a fallback call that drew it
+    earlier (before a ``torch.manual_seed``) no longer owns it."""
+    if values is not None and _TORCH_PHILOX:
+        with _warn_lock:
+            _TORCH_PHILOX.pop(values, None)
 
 
 def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
@@ -583,7 +601,8 @@ class _Overrides:
         seed, offset, debug = _aux_outputs(query.device, query.dtype)
         rng = None
         if dropout_p or return_debug_mask:
-            seed, offset = _flash_rng_outputs(query.device)
+            seed, offset = _flash_rng_outputs(query.device, query.size(0), query.size(1),
+                                              dropout_p)
             rng = _rng_inputs(seed, offset)
         if return_debug_mask:
             debug = torch.zeros((*query.shape[:3], key.size(2)), dtype=query.dtype,

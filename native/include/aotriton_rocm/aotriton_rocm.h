@@ -359,8 +359,8 @@ AOTR_API aotr_status aotr_attn_fwd_kvcache(aotr_runtime *runtime,
  * regenerate the mask a forward used (torch's aten::_fill_mem_eff_dropout_mask_).
  * Score e = ((z * H + h) * Sq + i) * Sk + j of a (B, H, Sq, Sk) problem
  * is kept iff u > dropout_p, u in (0, 1] being (the top 24 bits of the first
- * word of Philox-4x32-10 keyed by the seed, at counter offset + e, plus one)
- * times 2**-24. */
+ * word of Philox-4x32-10 keyed by the seed, at the 128-bit counter with e in
+ * its low 64 bits and offset in its high 64 bits, plus one) times 2**-24. */
 typedef struct aotr_dropout_uniform_params {
     uint32_t struct_size;
     int32_t device;
