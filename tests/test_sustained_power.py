@@ -1,6 +1,6 @@
 """benchmarks/sustained_power.py on the CPU: how it reads nvidia-smi's
 samples and how it refuses to run without an NVIDIA GPU (the run itself
-needs one; the H100 figures are in docs/BUILD.md, "Speed limits")."""
+needs one; the H100 figures are in docs/PERFORMANCE-NOTEBOOK.md, "Speed limits")."""
 
 from __future__ import annotations
 

@@ -685,7 +685,7 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
     // is then a tile width, so a dense accumulator meets the layout rules):
     // faster, but dQ is summed with atomics, not bitwise deterministic.
     // torch's deterministic-algorithms flag is out of the stable ABI's reach,
-    // so this route cannot honour it (README, the features table).
+    // so this route cannot honour it (docs/USAGE.md, "Features in detail").
     Owned dq_accum;
     if (aotr_attn_supported(s.runtime, tg.device, &p.problem,
                             AOTR_NEED_BACKWARD | AOTR_NEED_DQ_ACCUM) == AOTR_OK) {
