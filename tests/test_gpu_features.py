@@ -131,8 +131,8 @@ def test_efficient_attention_with_bias(dtype, d, mask_shape, kind, grad):
 
 def test_efficient_attention_uncovered_head_dim_falls_back_with_reason():
     torch_integration._warned.clear()
-    q = _rand(1, 2, 64, 12, dtype=torch.float32)  # torch's kernel takes fp32 head dims of 4k
-    with pytest.warns(UserWarning, match="head_dim 12 is not covered"):
+    q = _rand(1, 2, 64, 520, dtype=torch.float32)  # torch's kernel takes fp32 head dims of 4k
+    with pytest.warns(UserWarning, match="head_dim 520 is not covered"):
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
             F.scaled_dot_product_attention(q, q, q)
     assert not _ours()

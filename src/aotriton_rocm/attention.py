@@ -27,8 +27,9 @@ import torch
 from .backends import Backend, backend_for
 from .philox_state import next_state
 
-# Head dims the kernels cover: multiples of 8 up to this (padded to a power
-# of two >= 16 inside the kernels, never in memory).
+# Head dims covered: 1 to this. The kernels take multiples of 8 (padded to a
+# power of two >= 16 inside them, never in memory); any other head dim runs on
+# copies zero-padded to the next multiple of 8 (:func:`kernel_head_dim`).
 MAX_HEAD_DIM = 512
 # torch's CUDA flash op (and flash-attn) align a causal mask to the bottom
 # right when seqlen_q != seqlen_k; torch's math backend and CPU flash op to the
@@ -107,8 +108,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if (hk == 0 and h > 0) or (hk and h % hk):
         return (f"query heads ({h}) must be a multiple of key/value heads ({hk}) "
                 "(GQA/MQA)")
-    if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
-        return f"head_dim {d} is not covered (multiples of 8 from 8 to {MAX_HEAD_DIM} are)"
+    if not 1 <= d <= MAX_HEAD_DIM:
+        return f"head_dim {d} is not covered (1 to {MAX_HEAD_DIM} are)"
     if not 0.0 <= dropout_p < 1.0:
         return f"dropout_p={dropout_p} is outside [0, 1)"
     if dropout_p and MAX_BLOCK * sk > INT32_MAX:
@@ -142,7 +143,8 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     backend = backend_for(q)
     if backend is None:
         return f"no backend for device {q.device}"
-    return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[dtype], head_dim=d,
+    return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[dtype],
+                                      head_dim=kernel_head_dim(d),
                                       bias=attn_mask is not None,
                                       dropout=bool(dropout_p) or return_debug_mask,
                                       work=b * h * sq * sk * d)
@@ -231,6 +233,26 @@ def fresh_like(t: torch.Tensor) -> torch.Tensor:
     d = t.shape[-1]
     padded = -(-d // 16) * 16
     return torch.empty((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)[..., :d]
+
+
+def kernel_head_dim(d: int) -> int:
+    """The head dim the kernels run for a real one: the next multiple of 8."""
+    return -(-int(d) // 8) * 8
+
+
+def zero_padded(t: torch.Tensor, width: int) -> torch.Tensor:
+    """A copy of t with its last dim zero-padded to ``width``, laid out as
+    :func:`fresh_like` lays rows out (so it meets the kernels' assumptions).
+
+    The kernels read head dims in runs of 8 (16-byte vectors); at a head dim
+    that is not a multiple of 8 they run at the next multiple on these
+    copies: zero columns add nothing to Q K^T, dP or the rows of Delta, and
+    the columns they produce past the real head dim are dropped."""
+    d = t.shape[-1]
+    buf = torch.empty((*t.shape[:-1], -(-width // 16) * 16), dtype=t.dtype, device=t.device)
+    buf[..., :d].copy_(t)
+    buf[..., d:].zero_()
+    return buf[..., :width]
 
 
 def _bias_prepared(mask: torch.Tensor, shape: tuple[int, int, int, int],
@@ -371,6 +393,18 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     same ``softcap`` and ``alibi_slopes``.
     The caller has checked :func:`unsupported_reason`.
     """
+    if q.shape[-1] % 8:
+        d = q.shape[-1]
+        if out is None:
+            out = torch.empty_like(q)
+        qp, kp, vp = (zero_padded(t, kernel_head_dim(d)) for t in (q, k, v))
+        o, lse = forward(qp, kp, vp, is_causal=is_causal,
+                         scale=default_scale(d) if scale is None else scale, out=fresh_like(qp),
+                         causal_alignment=causal_alignment, window_size=window_size, bias=bias,
+                         dropout_p=dropout_p, rng=rng, debug_mask=debug_mask, varlen=varlen,
+                         lse=lse, softcap=softcap, alibi_slopes=alibi_slopes)
+        out.copy_(o[..., :d])
+        return out, lse
     backend: Backend = backend_for(q)
     b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
     if out is None:
@@ -528,6 +562,21 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     that varies from run to run, unless ``deterministic`` or torch's
     ``use_deterministic_algorithms(True)`` asks for the split kernels.
     """
+    if q.shape[-1] % 8:
+        d = q.shape[-1]
+        if grads is None:
+            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        padded = [zero_padded(t, kernel_head_dim(d)) for t in (grad_out, q, k, v, out)]
+        written = backward(*padded, lse, is_causal=is_causal,
+                           scale=default_scale(d) if scale is None else scale,
+                           grads=tuple(fresh_like(t) for t in padded[1:4]),
+                           causal_alignment=causal_alignment, window_size=window_size,
+                           bias=bias, bias_grad=bias_grad, dropout_p=dropout_p, rng=rng,
+                           varlen=varlen, softcap=softcap, alibi_slopes=alibi_slopes,
+                           deterministic=deterministic)
+        for g, w in zip(grads, written):
+            g.copy_(w[..., :d])
+        return grads
     backend: Backend = backend_for(q)
     b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
     if grads is None:

@@ -42,8 +42,8 @@ __all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_with_kvcache"]
 
 _DTYPES = "fp16/bf16/fp32"
-SUPPORTED = (f"{_DTYPES} tensors, head dims that are multiples of 8 up to "
-             f"{MAX_HEAD_DIM} (fp32: 256), nheads a multiple of nheads_k (GQA/MQA), "
+SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nheads a "
+             "multiple of nheads_k (GQA/MQA), "
              "softmax_scale, causal, window_size, softcap >= 0, alibi_slopes (float32, "
              "(nheads,) or (batch, nheads)), 0 <= dropout_p < 1, return_attn_probs; "
              "block_table (paged k/v, forward only, no dropout) in flash_attn_varlen_func")

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import torch
 
-from .attention import (INT32_MAX, default_scale, fresh_like, launch_grid, meets_assumptions,
-                        placeholders, prepared)
+from .attention import (INT32_MAX, default_scale, fresh_like, kernel_head_dim, launch_grid,
+                        meets_assumptions, placeholders, prepared, zero_padded)
 from .backends import KVCACHE_KERNELS, backend_for, kvcache_workspace_shapes as workspace_shapes
 
-# Head dims the KV-cache kernels cover (multiples of 8), and their dtypes.
+# Head dims covered (1 to this; the kernels take multiples of 8, others run on
+# zero-padded copies, caches included), and the dtypes.
 MAX_HEAD_DIM = 256
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Page sizes are multiples of this (the kernels' row vectors stay aligned).
@@ -91,8 +92,8 @@ def unsupported_reason(q, k_cache, v_cache, *, k_end, k_start=None, cache_batch_
     d, h, hk = q.shape[-1], q.shape[-2], k_cache.shape[2]
     if k_cache.shape[3] != d:
         return f"k_cache's headdim ({k_cache.shape[3]}) differs from q's ({d})"
-    if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
-        return f"headdim {d} is not covered (multiples of 8 from 8 to {MAX_HEAD_DIM} are)"
+    if not 1 <= d <= MAX_HEAD_DIM:
+        return f"headdim {d} is not covered (1 to {MAX_HEAD_DIM} are)"
     if hk == 0 or h % hk:
         return f"nheads ({h}) must be a multiple of nheads_k ({hk})"
     batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
@@ -136,7 +137,7 @@ def unsupported_reason(q, k_cache, v_cache, *, k_end, k_start=None, cache_batch_
         return f"no backend for device {q.device}"
     dtype = DTYPES[q.dtype]
     for kernel in KVCACHE_KERNELS:
-        reason = backend.unsupported_reason(kernel, dtype=dtype, head_dim=d)
+        reason = backend.unsupported_reason(kernel, dtype=dtype, head_dim=kernel_head_dim(d))
         if reason:
             return reason
     return None
@@ -165,6 +166,22 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     flash-attn's (-1: unbounded; ``causal`` sets the right side to 0),
     aligned bottom-right with each batch's key range.
     """
+    if q.shape[-1] % 8:
+        # The kernels read head dims in runs of 8: run them on zero-padded
+        # copies (of the whole caches: a cache with such a head dim is copied
+        # on every call).
+        d = q.shape[-1]
+        if out is None:
+            out = torch.empty_like(q)
+        qp, kc, vc = (zero_padded(t, kernel_head_dim(d)) for t in (q, k_cache, v_cache))
+        o, lse, splits = forward(
+            qp, kc, vc, k_end, k_start=k_start, cache_batch_idx=cache_batch_idx,
+            block_table=block_table, alibi_slopes=alibi_slopes,
+            scale=default_scale(d) if scale is None else scale, causal=causal,
+            window_size=window_size, softcap=softcap, num_splits=num_splits,
+            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, out=fresh_like(qp))
+        out.copy_(o[..., :d])
+        return out, lse, splits
     varlen = cu_seqlens_q is not None
     b = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     sq = int(max_seqlen_q) if varlen else q.shape[1]

@@ -18,7 +18,7 @@ from .kvcache import unsupported_reason as kvcache_unsupported_reason
 
 __all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
 
-SUPPORTED = ("fp16/bf16 tensors, headdim a multiple of 8 up to 256, nheads a multiple of "
+SUPPORTED = ("fp16/bf16 tensors, headdim 1 to 256, nheads a multiple of "
              "nheads_k, dense caches (cache_batch_idx, cache_leftpad) or paged ones "
              "(block_table, page sizes that are multiples of 16), k/v appended in place, "
              "rotary_cos/rotary_sin (interleaved or not), causal, window_size, softcap, "
