@@ -266,9 +266,9 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
     if ((d.hk == 0 && d.h > 0) || (d.hk && d.h % d.hk))
         return aotr_fail(AOTR_UNSUPPORTED, "query heads (%lld) must be a multiple of "
                          "key/value heads (%lld) (GQA/MQA)", (long long)d.h, (long long)d.hk);
-    if (d.d % 8 || d.d < 8 || d.d > MAX_HEAD_DIM)
-        return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld is not covered (multiples of 8 "
-                         "from 8 to %d are)", (long long)d.d, MAX_HEAD_DIM);
+    if (d.d < 1 || d.d > MAX_HEAD_DIM)
+        return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld is not covered (1 to %d are)",
+                         (long long)d.d, MAX_HEAD_DIM);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
         return aotr_fail(AOTR_UNSUPPORTED, "dropout_p=%g is outside [0, 1)",
                          (double)p->dropout_p);
@@ -367,10 +367,14 @@ aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_att
     dims d;
     problem_dims(p, &d);
     int dropout = p->dropout_p > 0.0f || (needs & AOTR_NEED_DEBUG_MASK);
+    if (d.d % 8 && (needs & AOTR_NEED_DQ_ACCUM))
+        return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld: the fused backward (a dQ "
+                         "accumulator) serves multiples of 8 only", (long long)d.d);
     int kernels[AOTR_KERNEL_COUNT];
     uint32_t n = kernels_needed(needs, kernels);
     for (uint32_t i = 0; i < n; i++)
-        if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype, (int32_t)d.d,
+        if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype,
+                              (int32_t)aotr_kernel_head_dim(d.d),
                               pick_features(aotr_present(&p->bias), dropout, NULL), d.sq, d.sk))
             return AOTR_UNSUPPORTED;
     return AOTR_OK;
@@ -624,6 +628,47 @@ static aotr_status begin(aotr_runtime *rt, const void *params, uint32_t struct_s
     return st;
 }
 
+/* The caller's params, its struct_size kept, fields past it zero. */
+static void params_copy(void *dst, const void *src, size_t size, uint32_t struct_size)
+{
+    memset(dst, 0, size);
+    memcpy(dst, src, struct_size < size ? struct_size : size);
+}
+
+static aotr_status shaped_like(const aotr_tensor *t, const aotr_tensor *model, const char *name,
+                               const char *model_name)
+{
+    aotr_status st = check_tensor(t, name);
+    if (st == AOTR_OK && (!aotr_present(t) || !same_shape(t, model) || t->dtype != model->dtype))
+        st = aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be given, shaped and typed like %s", name,
+                       model_name);
+    return st;
+}
+
+/* A head dim that is not a multiple of 8: the same call on zero-padded
+ * copies (stage.c) at the next multiple of 8. */
+static aotr_status staged_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params,
+                              const dims *d)
+{
+    aotr_status st = shaped_like(&params->out, &params->problem.q, "out", "q");
+    aotr_device *dev = NULL;
+    if (st == AOTR_OK)
+        st = aotr_runtime_device(rt, params->device, &dev);
+    if (st != AOTR_OK)
+        return st;
+    aotr_attn_fwd_params p;
+    params_copy(&p, params, sizeof p, params->struct_size);
+    int64_t width = aotr_kernel_head_dim(d->d);
+    aotr_stage s;
+    aotr_stage_init(&s, dev, params->stream);
+    if ((st = aotr_stage_add(&s, &p.problem.q, "q", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.problem.k, "k", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.problem.v, "v", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.out, "out", 1, width)) || (st = aotr_stage_begin(&s)))
+        return st;
+    return aotr_stage_end(&s, aotr_attn_fwd(rt, &p));
+}
+
 aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
@@ -632,6 +677,8 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
                            offsetof(aotr_attn_fwd_params, softcap), p, &d, "aotr_attn_fwd");
     if (st != AOTR_OK)
         return st;
+    if (d.d % 8)
+        return staged_fwd(rt, params, &d);
     if ((st = like(&params->out, &p->q, "out", "q")) != AOTR_OK)
         return st;
     aotr_arg_value v[A_COUNT];
@@ -705,6 +752,40 @@ static aotr_status fused_backward(aotr_runtime *rt, aotr_device *dev, const aotr
                   stream, v);
 }
 
+/* See staged_fwd; the split backward (a dQ accumulator shaped like the
+ * caller's q would not fit the copies). */
+static aotr_status staged_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params,
+                              const dims *d)
+{
+    const aotr_attn_problem *q = &params->problem;
+    aotr_status st;
+    if ((st = shaped_like(&params->out, &q->q, "out", "q")) ||
+        (st = shaped_like(&params->grad_out, &q->q, "grad_out", "q")) ||
+        (st = shaped_like(&params->grad_q, &q->q, "grad_q", "q")) ||
+        (st = shaped_like(&params->grad_k, &q->k, "grad_k", "k")) ||
+        (st = shaped_like(&params->grad_v, &q->v, "grad_v", "v")))
+        return st;
+    aotr_device *dev = NULL;
+    if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
+        return st;
+    aotr_attn_bwd_params p;
+    params_copy(&p, params, sizeof p, params->struct_size);
+    memset(&p.grad_q_accum, 0, sizeof p.grad_q_accum);
+    int64_t width = aotr_kernel_head_dim(d->d);
+    aotr_stage s;
+    aotr_stage_init(&s, dev, params->stream);
+    if ((st = aotr_stage_add(&s, &p.problem.q, "q", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.problem.k, "k", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.problem.v, "v", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.out, "out", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.grad_out, "grad_out", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.grad_q, "grad_q", 1, width)) ||
+        (st = aotr_stage_add(&s, &p.grad_k, "grad_k", 1, width)) ||
+        (st = aotr_stage_add(&s, &p.grad_v, "grad_v", 1, width)) || (st = aotr_stage_begin(&s)))
+        return st;
+    return aotr_stage_end(&s, aotr_attn_bwd(rt, &p));
+}
+
 aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
@@ -713,6 +794,8 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
                            offsetof(aotr_attn_bwd_params, softcap), p, &d, "aotr_attn_bwd");
     if (st != AOTR_OK)
         return st;
+    if (d.d % 8)
+        return staged_bwd(rt, params, &d);
     if ((st = like(&params->out, &p->q, "out", "q")) ||
         (st = like(&params->grad_out, &p->q, "grad_out", "q")) ||
         (st = like(&params->grad_q, &p->q, "grad_q", "q")) ||

@@ -57,6 +57,24 @@ struct cu_mem_pool_props {
     unsigned char tail[64];
 };
 
+/* CUDA_MEMCPY2D (cuMemcpy2DAsync_v2), device to device. */
+#define CU_MEMORYTYPE_DEVICE 2
+struct cu_memcpy2d {
+    size_t src_x_bytes, src_y;
+    int src_memory_type;
+    const void *src_host;
+    uint64_t src_device;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x_bytes, dst_y;
+    int dst_memory_type;
+    void *dst_host;
+    uint64_t dst_device;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width_bytes, height;
+};
+
 /* Bytes of freed global scratch the runtime's pool keeps mapped across
  * synchronisations. The device's default pool keeps none, so the first
  * launch after every synchronisation waited for its scratch to be mapped
@@ -132,6 +150,9 @@ struct cuda_api {
     drv_result (*MemPoolSetAttribute)(drv_handle, int, void *);
     drv_result (*MemPoolDestroy)(drv_handle);
     drv_result (*MemAllocFromPoolAsync)(uint64_t *, size_t, drv_handle, drv_handle);
+    /* Optional: the zero-padded copies of head dims that are not multiples of 8. */
+    drv_result (*MemsetD8Async)(uint64_t, unsigned char, size_t, drv_handle);
+    drv_result (*Memcpy2DAsync)(const struct cu_memcpy2d *, drv_handle);
 };
 
 struct hip_api {
@@ -150,6 +171,12 @@ struct hip_api {
     drv_result (*GetDevicePropertiesR0600)(void *, int);
     drv_result (*GetDeviceProperties)(void *, int);
     drv_result (*DeviceGetAttribute)(int *, int, int); /* optional */
+    /* Optional: the zero-padded copies of head dims that are not multiples of 8. */
+    drv_result (*MallocAsync)(void **, size_t, drv_handle);
+    drv_result (*FreeAsync)(void *, drv_handle);
+    drv_result (*MemsetAsync)(void *, int, size_t, drv_handle);
+    drv_result (*Memcpy2DAsync)(void *, size_t, const void *, size_t, size_t, size_t, int,
+                                drv_handle);
 };
 
 struct symbol {
@@ -183,6 +210,8 @@ static const struct symbol cuda_symbols[] = {
     CU_OPTIONAL(MemPoolSetAttribute, "cuMemPoolSetAttribute"),
     CU_OPTIONAL(MemPoolDestroy, "cuMemPoolDestroy"),
     CU_OPTIONAL(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync"),
+    CU_OPTIONAL(MemsetD8Async, "cuMemsetD8Async"),
+    CU_OPTIONAL(Memcpy2DAsync, "cuMemcpy2DAsync_v2"),
 };
 #undef CU
 #undef CU_OPTIONAL
@@ -201,6 +230,10 @@ static const struct symbol hip_symbols[] = {
     HIP(GetDevicePropertiesR0600, "hipGetDevicePropertiesR0600", 1),
     HIP(GetDeviceProperties, "hipGetDeviceProperties", 1),
     HIP(DeviceGetAttribute, "hipDeviceGetAttribute", 1),
+    HIP(MallocAsync, "hipMallocAsync", 1),
+    HIP(FreeAsync, "hipFreeAsync", 1),
+    HIP(MemsetAsync, "hipMemsetAsync", 1),
+    HIP(Memcpy2DAsync, "hipMemcpy2DAsync", 1),
 };
 #undef HIP
 
@@ -1003,6 +1036,96 @@ void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream)
      * only the CUDA path ever allocates (ptr 0 otherwise) */
     if (ptr)
         (void)d->cu.MemFreeAsync(ptr, stream);
+}
+
+/* ------------------------------------------- device memory and copies */
+
+static aotr_status missing(const aotr_driver *d, const char *function)
+{
+    return aotr_fail(AOTR_DRIVER_UNAVAILABLE, "%s has no %s, which head dims that are not "
+                     "multiples of 8 need (zero-padded copies): update the %s",
+                     d->library, function,
+                     d->backend == AOTR_BACKEND_CUDA ? "NVIDIA driver" : "ROCm runtime");
+}
+
+aotr_status aotr_driver_mem_alloc(aotr_driver *d, int32_t device, size_t bytes, void *stream,
+                                  uint64_t *ptr)
+{
+    *ptr = 0;
+    if (d->backend == AOTR_BACKEND_CUDA)
+        return aotr_driver_scratch_alloc(d, device, bytes, stream, ptr);
+    if (!d->hip.MallocAsync || !d->hip.FreeAsync)
+        return missing(d, "hipMallocAsync");
+    void *p = NULL;
+    drv_result rc = d->hip.MallocAsync(&p, bytes, stream);
+    if (rc != hipSuccess)
+        return driver_error(d, AOTR_DRIVER_ERROR, "hipMallocAsync", rc, NULL, NULL);
+    *ptr = (uint64_t)(uintptr_t)p;
+    return AOTR_OK;
+}
+
+void aotr_driver_mem_free(aotr_driver *d, uint64_t ptr, void *stream)
+{
+    if (!ptr)
+        return;
+    if (d->backend == AOTR_BACKEND_CUDA)
+        aotr_driver_scratch_free(d, ptr, stream);
+    else
+        (void)d->hip.FreeAsync((void *)(uintptr_t)ptr, stream);
+}
+
+aotr_status aotr_driver_memset_zero(aotr_driver *d, int32_t device, uint64_t ptr, size_t bytes,
+                                    void *stream)
+{
+    drv_result rc;
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        if (!d->cu.MemsetD8Async)
+            return missing(d, "cuMemsetD8Async");
+        rc = d->cu.MemsetD8Async(ptr, 0, bytes, stream);
+        if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device))
+            rc = d->cu.MemsetD8Async(ptr, 0, bytes, stream);
+        return rc == CUDA_SUCCESS ? AOTR_OK
+                                  : driver_error(d, AOTR_DRIVER_ERROR, "cuMemsetD8Async", rc,
+                                                 NULL, NULL);
+    }
+    if (!d->hip.MemsetAsync)
+        return missing(d, "hipMemsetAsync");
+    rc = d->hip.MemsetAsync((void *)(uintptr_t)ptr, 0, bytes, stream);
+    return rc == hipSuccess ? AOTR_OK
+                            : driver_error(d, AOTR_DRIVER_ERROR, "hipMemsetAsync", rc, NULL, NULL);
+}
+
+aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst, size_t dst_pitch,
+                                uint64_t src, size_t src_pitch, size_t width, size_t height,
+                                void *stream)
+{
+    drv_result rc;
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        if (!d->cu.Memcpy2DAsync)
+            return missing(d, "cuMemcpy2DAsync_v2");
+        struct cu_memcpy2d c;
+        memset(&c, 0, sizeof c);
+        c.src_memory_type = c.dst_memory_type = CU_MEMORYTYPE_DEVICE;
+        c.src_device = src;
+        c.src_pitch = src_pitch;
+        c.dst_device = dst;
+        c.dst_pitch = dst_pitch;
+        c.width_bytes = width;
+        c.height = height;
+        rc = d->cu.Memcpy2DAsync(&c, stream);
+        if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device))
+            rc = d->cu.Memcpy2DAsync(&c, stream);
+        return rc == CUDA_SUCCESS ? AOTR_OK
+                                  : driver_error(d, AOTR_DRIVER_ERROR, "cuMemcpy2DAsync", rc,
+                                                 NULL, NULL);
+    }
+    if (!d->hip.Memcpy2DAsync)
+        return missing(d, "hipMemcpy2DAsync");
+    rc = d->hip.Memcpy2DAsync((void *)(uintptr_t)dst, dst_pitch, (const void *)(uintptr_t)src,
+                              src_pitch, width, height, 3 /* hipMemcpyDeviceToDevice */, stream);
+    return rc == hipSuccess ? AOTR_OK
+                            : driver_error(d, AOTR_DRIVER_ERROR, "hipMemcpy2DAsync", rc, NULL,
+                                           NULL);
 }
 
 /* ----------------------------------------------------------------- close */

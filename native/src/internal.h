@@ -151,6 +151,18 @@ AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void 
 AOTR_HIDDEN aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes,
                                                   void *stream, uint64_t *ptr);
 AOTR_HIDDEN void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream);
+/* Device memory in the order of `stream` on either backend (CUDA: as the
+ * scratch above; HIP: hipMallocAsync / hipFreeAsync), zeroing and 2D copies
+ * (rows of `width` bytes, `pitch` bytes apart) in that order too: the
+ * zero-padded copies of head dims that are not multiples of 8 (stage.c). */
+AOTR_HIDDEN aotr_status aotr_driver_mem_alloc(aotr_driver *d, int32_t device, size_t bytes,
+                                              void *stream, uint64_t *ptr);
+AOTR_HIDDEN void aotr_driver_mem_free(aotr_driver *d, uint64_t ptr, void *stream);
+AOTR_HIDDEN aotr_status aotr_driver_memset_zero(aotr_driver *d, int32_t device, uint64_t ptr,
+                                                size_t bytes, void *stream);
+AOTR_HIDDEN aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst,
+                                            size_t dst_pitch, uint64_t src, size_t src_pitch,
+                                            size_t width, size_t height, void *stream);
 
 #endif /* AOTR_INTERNAL_H */
 
@@ -222,6 +234,38 @@ AOTR_HIDDEN const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel
                                                     aotr_dtype dtype, int32_t head_dim,
                                                     unsigned features, int64_t seqlen_q,
                                                     int64_t seqlen_k);
+/* The device's driver and its index there. */
+AOTR_HIDDEN aotr_driver *aotr_device_driver(aotr_device *dev, int32_t *index);
+
+/* stage.c: zero-padded copies of the tensors of a call whose head dim is not
+ * a multiple of 8, in device memory of the call's stream. add() swaps a
+ * tensor slot for its copy's view (its last dim `width` elements, rows
+ * 16-element aligned, the other dims in the original's memory order);
+ * begin() allocates, zeroes and fills the inputs' copies; end() copies the
+ * outputs back (only their real head dim) if `st` is AOTR_OK and frees.
+ * `output`: 0 an input, 1 an output, 2 scratch (contiguous, never copied). */
+#define AOTR_STAGE_MAX 8
+typedef struct aotr_stage {
+    aotr_device *dev;
+    void *stream;
+    uint64_t base;
+    int count;
+    struct {
+        aotr_tensor *slot;
+        aotr_tensor orig;
+        int output;
+        size_t offset;
+    } t[AOTR_STAGE_MAX];
+    size_t bytes;
+} aotr_stage;
+AOTR_HIDDEN void aotr_stage_init(aotr_stage *s, aotr_device *dev, void *stream);
+AOTR_HIDDEN aotr_status aotr_stage_add(aotr_stage *s, aotr_tensor *slot, const char *name,
+                                       int output, int64_t width);
+AOTR_HIDDEN aotr_status aotr_stage_begin(aotr_stage *s);
+AOTR_HIDDEN aotr_status aotr_stage_end(aotr_stage *s, aotr_status st);
+/* The head dim the kernels run for a real one: the next multiple of 8. */
+static inline int64_t aotr_kernel_head_dim(int64_t d) { return (d + 7) / 8 * 8; }
+
 /* The device's compute units (CUs / SMs), 0 when the driver cannot say. */
 AOTR_HIDDEN int32_t aotr_device_compute_units(aotr_device *dev);
 AOTR_HIDDEN int32_t aotr_launchable_block_m(const aotr_launchable *k);

@@ -199,9 +199,9 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
     d->hk = kc->sizes[2];
     if (kc->sizes[3] != d->d)
         return bad("the caches' head_dim differs from q's");
-    if (d->d % 8 || d->d < 8 || d->d > KV_MAX_HEAD_DIM)
+    if (d->d < 1 || d->d > KV_MAX_HEAD_DIM)
         return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: head_dim %lld is not covered "
-                         "(multiples of 8 from 8 to %d are)", (long long)d->d, KV_MAX_HEAD_DIM);
+                         "(1 to %d are)", (long long)d->d, KV_MAX_HEAD_DIM);
     if (d->hk == 0 || d->h % d->hk)
         return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: query heads (%lld) must be a "
                          "multiple of key/value heads (%lld)", (long long)d->h, (long long)d->hk);
@@ -281,6 +281,8 @@ static aotr_status check_outputs(const aotr_attn_kvcache_params *p, const kv_dim
                          "stride and a 16-byte aligned base");
     lse_strides[0] = d->varlen ? 0 : l->strides[0];
     lse_strides[1] = d->varlen ? l->strides[0] : l->strides[1];
+    if (d->d % 8)
+        return AOTR_OK; /* zero-padded copies take their place (staged) */
     aotr_status st;
     if ((st = aotr_need_layout(&p->q, "q")) || (st = aotr_need_layout(&p->k_cache, "k_cache")) ||
         (st = aotr_need_layout(&p->v_cache, "v_cache")) ||
@@ -352,12 +354,13 @@ static aotr_status prepare(aotr_runtime *rt, const aotr_attn_kvcache_params *p, 
     if ((st = aotr_runtime_device(rt, p->device, &c->dev)) != AOTR_OK)
         return st;
     aotr_dtype dtype = (aotr_dtype)p->q.dtype;
-    c->main = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE, dtype, (int32_t)c->d.d, 0,
-                               c->d.sq, c->d.capacity);
+    int32_t kd = (int32_t)aotr_kernel_head_dim(c->d.d);
+    c->main = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE, dtype, kd, 0, c->d.sq,
+                               c->d.capacity);
     if (!c->main)
         return AOTR_UNSUPPORTED;
-    c->combine = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE_COMBINE, dtype, (int32_t)c->d.d, 0,
-                                  c->d.sq, c->d.capacity);
+    c->combine = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE_COMBINE, dtype, kd, 0, c->d.sq,
+                                  c->d.capacity);
     if (!c->combine)
         return AOTR_UNSUPPORTED;
     c->splits = p->num_splits;
@@ -445,6 +448,38 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[K_NUM_SPLITS].i32 = c->splits;
 }
 
+/* A head dim that is not a multiple of 8: the same call on zero-padded
+ * copies (stage.c) of q, the caches (whole: every call copies them) and out
+ * at the next multiple of 8, with a workspace of that width of its own. */
+static aotr_status staged(aotr_runtime *rt, const aotr_attn_kvcache_params *params,
+                          const kv_call *c)
+{
+    aotr_attn_kvcache_params p = *params;
+    int64_t width = aotr_kernel_head_dim(c->d.d);
+    p.num_splits = c->splits;
+    aotr_status st;
+    aotr_stage s;
+    aotr_stage_init(&s, c->dev, p.stream);
+    if ((st = aotr_stage_add(&s, &p.q, "q", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.k_cache, "k_cache", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.v_cache, "v_cache", 0, width)) ||
+        (st = aotr_stage_add(&s, &p.out, "out", 1, width)))
+        return st;
+    if (c->splits > 1) {
+        aotr_tensor *w = &p.out_partial; /* its sizes with the padded width */
+        w->sizes[3] = width;
+        w->strides[3] = 1;
+        w->strides[2] = width;
+        w->strides[1] = width * w->sizes[2];
+        w->strides[0] = w->strides[1] * w->sizes[1];
+        if ((st = aotr_stage_add(&s, w, "out_partial", 2, width)) != AOTR_OK)
+            return st;
+    }
+    if ((st = aotr_stage_begin(&s)) != AOTR_OK)
+        return st;
+    return aotr_stage_end(&s, aotr_attn_fwd_kvcache(rt, &p));
+}
+
 aotr_status aotr_attn_fwd_kvcache(aotr_runtime *rt, const aotr_attn_kvcache_params *p)
 {
     kv_call c;
@@ -460,6 +495,8 @@ aotr_status aotr_attn_fwd_kvcache(aotr_runtime *rt, const aotr_attn_kvcache_para
             (st = check_workspace(&p->lse_partial, o_sizes, 3, "lse_partial")))
             return st;
     }
+    if (d->d % 8)
+        return staged(rt, p, &c);
     pthread_once(&slots_once, resolve_slots);
     aotr_arg_value v[AOTR_ARG_SLOTS];
     memset(v, 0, sizeof v);

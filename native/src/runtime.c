@@ -563,6 +563,12 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
                                         int32_t head_dim, unsigned features, int64_t seqlen_q,
                                         int64_t seqlen_k)
 {
+    if (head_dim % 8) {
+        /* The kernels read head dims in runs of 8 (stage.c pads the rest). */
+        aotr_fail(AOTR_UNSUPPORTED, "the kernels take head dims that are multiples of 8, not %d",
+                  (int)head_dim);
+        return NULL;
+    }
     int32_t block_d = 16;
     while (block_d < head_dim)
         block_d *= 2;
@@ -667,6 +673,12 @@ static aotr_status load_function(aotr_device *dev, const aotr_launchable *k, voi
     pthread_mutex_unlock(&dev->load_lock);
     *function = f;
     return st;
+}
+
+aotr_driver *aotr_device_driver(aotr_device *dev, int32_t *index)
+{
+    *index = dev->index;
+    return dev->driver;
 }
 
 aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_launchable *k,

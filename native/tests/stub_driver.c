@@ -23,7 +23,11 @@
  * - cuMemAllocAsync / cuMemFreeAsync hand out host memory and count the
  *   live allocations (aotr_stub_scratch); cuMemAllocFromPoolAsync too, from
  *   pools cuMemPoolCreate hands out (aotr_stub_pools: the live ones, the
- *   device and release threshold of the last).
+ *   device and release threshold of the last); hipMallocAsync / hipFreeAsync
+ *   likewise. With AOTR_STUB_KEEP_SCRATCH=1 a freed block is counted but
+ *   left readable (tests read what a launch was given).
+ * - cuMemsetD8Async, cuMemcpy2DAsync_v2, hipMemsetAsync, hipMemcpy2DAsync
+ *   run at once on host memory (device addresses are host addresses here).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -65,6 +69,14 @@ STUB_API stub_result cuMemFreeAsync(unsigned long long ptr, void *stream);
 STUB_API stub_result cuMemPoolCreate(void **pool, const void *props);
 STUB_API stub_result cuMemPoolSetAttribute(void *pool, int attribute, void *value);
 STUB_API stub_result cuMemPoolDestroy(void *pool);
+STUB_API stub_result cuMemsetD8Async(unsigned long long ptr, unsigned char value, size_t n,
+                                     void *stream);
+STUB_API stub_result cuMemcpy2DAsync_v2(const void *copy, void *stream);
+STUB_API stub_result hipMallocAsync(void **ptr, size_t bytes, void *stream);
+STUB_API stub_result hipFreeAsync(void *ptr, void *stream);
+STUB_API stub_result hipMemsetAsync(void *ptr, int value, size_t n, void *stream);
+STUB_API stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                      size_t width, size_t height, int kind, void *stream);
 STUB_API stub_result cuMemAllocFromPoolAsync(unsigned long long *ptr, size_t bytes, void *pool,
                                              void *stream);
 
@@ -759,19 +771,78 @@ stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream)
     return rc ? rc : stub_alloc(ptr, bytes, stream);
 }
 
+static stub_result stub_free(void *p)
+{
+    if (!p)
+        return 1;
+    if (!env_int("AOTR_STUB_KEEP_SCRATCH", 0))
+        free(p);
+    pthread_mutex_lock(&lock);
+    scratch_live--;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
 stub_result cuMemFreeAsync(unsigned long long ptr, void *stream)
 {
     stub_result rc = cuda_enter("cuMemFreeAsync");
+    (void)stream;
+    return rc ? rc : stub_free((void *)(uintptr_t)ptr);
+}
+
+/* 2D copies: rows of `width` bytes, `pitch` bytes apart (pitch >= width, as
+ * both real APIs require). */
+static stub_result copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch,
+                           size_t width, size_t height)
+{
+    if (!dst || !src || dpitch < width || spitch < width)
+        return 1;
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return 0;
+}
+
+stub_result cuMemsetD8Async(unsigned long long ptr, unsigned char value, size_t n, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemsetD8Async");
     (void)stream;
     if (rc)
         return rc;
     if (!ptr)
         return 1;
-    free((void *)(uintptr_t)ptr);
-    pthread_mutex_lock(&lock);
-    scratch_live--;
-    pthread_mutex_unlock(&lock);
+    memset((void *)(uintptr_t)ptr, value, n);
     return 0;
+}
+
+/* CUDA_MEMCPY2D */
+struct stub_memcpy2d {
+    size_t src_x, src_y;
+    int src_type;
+    const void *src_host;
+    unsigned long long src_device;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x, dst_y;
+    int dst_type;
+    void *dst_host;
+    unsigned long long dst_device;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width, height;
+};
+
+stub_result cuMemcpy2DAsync_v2(const void *copy, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemcpy2DAsync_v2");
+    const struct stub_memcpy2d *c = copy;
+    (void)stream;
+    if (rc)
+        return rc;
+    if (!c || c->src_type != 2 || c->dst_type != 2 || c->src_x || c->src_y || c->dst_x ||
+        c->dst_y)
+        return 1; /* device to device at the given addresses only */
+    return copy_2d((void *)(uintptr_t)c->dst_device, c->dst_pitch,
+                   (const void *)(uintptr_t)c->src_device, c->src_pitch, c->width, c->height);
 }
 
 /* Memory pools: a handle per pool; the location and release threshold of
@@ -926,6 +997,50 @@ static stub_result hip_enter(const char *function)
     initialized = hip_initialized;
     pthread_mutex_unlock(&lock);
     return initialized ? 0 : 3;
+}
+
+stub_result hipMallocAsync(void **ptr, size_t bytes, void *stream)
+{
+    stub_result rc = hip_enter("hipMallocAsync");
+    unsigned long long p = 0;
+    if (rc)
+        return rc;
+    if (!ptr)
+        return 1;
+    rc = stub_alloc(&p, bytes, stream);
+    *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+stub_result hipFreeAsync(void *ptr, void *stream)
+{
+    stub_result rc = hip_enter("hipFreeAsync");
+    (void)stream;
+    return rc ? rc : stub_free(ptr);
+}
+
+stub_result hipMemsetAsync(void *ptr, int value, size_t n, void *stream)
+{
+    stub_result rc = hip_enter("hipMemsetAsync");
+    (void)stream;
+    if (rc)
+        return rc;
+    if (!ptr)
+        return 1;
+    memset(ptr, value, n);
+    return 0;
+}
+
+stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height, int kind, void *stream)
+{
+    stub_result rc = hip_enter("hipMemcpy2DAsync");
+    (void)stream;
+    if (rc)
+        return rc;
+    if (kind != 3) /* hipMemcpyDeviceToDevice */
+        return 1;
+    return copy_2d(dst, dpitch, src, spitch, width, height);
 }
 
 stub_result hipGetDevice(int *device)
