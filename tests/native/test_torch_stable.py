@@ -23,7 +23,7 @@ from aotriton_rocm import attention, backends, images, native, torch_integration
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
-from stub_archive import (MANIFEST, assert_same_launches, kernel_of, launches,  # noqa: E402
+from stub_archive import (MANIFEST, assert_same_launches, decode, kernel_of, launches,  # noqa: E402
                           records as stub_records, stub_runtime)
 
 EXPORTS = {"aotr_torch_activate", "aotr_torch_deactivate", "aotr_torch_is_active",
@@ -263,6 +263,33 @@ def test_flash_ops_launch_what_the_python_route_launches(cpu_route, shape, causa
     attention.forward(q, k, v, is_causal=causal, scale=0.3, out=out, lse=lse)
     attention.backward(do, q, k, v, out, lse, is_causal=causal, scale=0.3, grads=grads)
     assert_same_launches(_take(stub), native_l, records)
+
+
+@pytest.mark.parametrize("op", ["flash", "efficient"])
+def test_head_dims_off_multiples_of_8_run_in_cpp_on_padded_copies(cpu_route, op):
+    """Head dim 59: libaotriton_rocm runs it at 64 on zero-padded copies (no
+    fallback to the Python route), forward and backward."""
+    stub, records = cpu_route
+    q, k, v = _qkv(1, 2, 2, 40, 56, 59)
+    if op == "flash":
+        outs = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)
+        out, lse = outs[:2]
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            torch.ones_like(out), q, k, v, out, lse, None, None, 40, 56, 0.0, True, outs[6],
+            outs[7])
+    else:
+        out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, None, True, 0.0, False)
+        grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+            torch.ones_like(out), q, k, v, None, out, lse, seed, offset, 0.0,
+            [True, True, True, False], False)
+    assert out.shape == q.shape and [g.shape for g in grads[:3]] == [q.shape, k.shape, v.shape]
+    native_l = _take(stub)
+    assert torch_native.fallback_count() == 0
+    by_symbol = {r.symbol: r for r, _ in records}
+    assert [by_symbol[s].kernel for s, *_ in native_l] == [
+        "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq"]
+    assert all(decode(by_symbol[s].args, raw)["head_dim"] == 64 for s, _, _, _, raw in native_l)
 
 
 @pytest.mark.parametrize("window", [(None, None), (17, 0), (5, 9)])
