@@ -275,7 +275,14 @@ AOTR_API aotr_status aotr_attn_supported(aotr_runtime *runtime, int32_t device,
  * which keeps up to 64 MiB of freed scratch mapped across synchronisations
  * (cuMemAllocFromPoolAsync; the device's default pool, cuMemAllocAsync,
  * where the driver has no pools), freed with cuMemFreeAsync right after the
- * launch; CUDA-graph capture records both as memory nodes. */
+ * launch; CUDA-graph capture records both as memory nodes.
+ * Head dims 1 to 512. The kernels take multiples of 8; at any other head dim
+ * D the call runs at the next multiple of 8 on copies of q, k, v (and out,
+ * grad_out) zero-padded to it, made in `stream`'s order in device memory of
+ * the same kind (hipMallocAsync on HIP), with 2D copies that need a unit
+ * last stride (else AOTR_NEEDS_LAYOUT) but no other layout rule; the
+ * outputs are copied back at D and the memory freed in `stream`'s order.
+ * There the backward ignores grad_q_accum (the split kernels run). */
 AOTR_API aotr_status aotr_attn_fwd(aotr_runtime *runtime, const aotr_attn_fwd_params *params);
 AOTR_API aotr_status aotr_attn_bwd(aotr_runtime *runtime, const aotr_attn_bwd_params *params);
 
@@ -286,8 +293,10 @@ AOTR_API aotr_status aotr_attn_bwd(aotr_runtime *runtime, const aotr_attn_bwd_pa
 
 /* Attention of queries over a key/value cache (flash-attn's
  * flash_attn_with_kvcache after its append; torch's _flash_attention_forward
- * with seqused_k / block_table / num_splits). fp16/bf16, head dims that are
- * multiples of 8 up to 256.
+ * with seqused_k / block_table / num_splits). fp16/bf16, head dims 1 to 256:
+ * at one that is not a multiple of 8, on zero-padded copies of q, the whole
+ * caches and out (see aotr_attn_fwd: every call copies the caches), with a
+ * workspace of its own; out_partial is then checked but not written.
  *
  * Queries: q (B, Sq, Hq, D) (flash-attn's layout; any strides meeting
  * aotr_layout_ok), or packed (total_q, Hq, D) with cu_seqlens_q and
