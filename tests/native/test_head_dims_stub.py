@@ -10,6 +10,7 @@ dense and strided layouts; the KV cache; and the refusals."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import struct
 
 import pytest
@@ -179,3 +180,25 @@ def test_kvcache_runs_on_padded_copies_of_q_and_the_caches(setup, splits):
     if splits > 1:
         assert args["O_PART"] != p.out_partial.data
     assert (out == 0).all() and lib.aotr_stub_scratch(None, None) == 0
+
+
+def test_hip_path_stages_with_the_hip_runtime(stub, tmp_path, monkeypatch):
+    """HIP: hipMallocAsync, hipMemsetAsync, hipMemcpy2DAsync, hipFreeAsync."""
+    stub_path, lib = stub
+    monkeypatch.setenv("AOTR_STUB_KEEP_SCRATCH", "1")
+    recs = [dataclasses.replace(record(v, f"{v.kernel}#{i}"), warp_size=64)
+            for i, v in enumerate(variants(head_dims=(64,))) if v.kernel == "attn_fwd"]
+    archive = tmp_path / "gfx942.aotr"
+    write_archive(archive, {**MANIFEST, "arch": "gfx942", "backend": "hip", "warp_size": 64},
+                  [(r, image(r.symbol)) for r in recs])
+    rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_HIP)
+    rt.add_archive(archive)
+    q = torch.randn(1, 2, 33, 50, generator=torch.Generator().manual_seed(3)).half()
+    out = torch.full_like(q, 5.0)
+    assert _fwd(rt, q, q, q, out, torch.empty(1, 2, 33)) == native.OK
+    (rec, args), = _launched(lib, {r.symbol: r for r in recs})
+    assert args["head_dim"] == 56
+    assert torch.equal(_staged(args, "q", (1, 2, 33, 56)), _padded(q, 56))
+    assert (out == 0).all() and lib.aotr_stub_scratch(None, None) == 0
+    assert [lib.aotr_stub_calls(f.encode()) for f in
+            ("hipMallocAsync", "hipMemsetAsync", "hipMemcpy2DAsync", "hipFreeAsync")] == [1, 1, 4, 1]
