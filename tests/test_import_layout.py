@@ -21,6 +21,7 @@ PKG = "aotriton_rocm"
 LAYERS = {
     0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images"},  # stdlib leaves
     1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention",
+        "registry",
         "kvcache", "dropout_masks"},
     2: {"__init__", "torch_integration", "flash_attn_interface", "kvcache_api", "function_mode",
         "_autoload"},

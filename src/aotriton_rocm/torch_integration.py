@@ -33,11 +33,12 @@ from .dropout_masks import fill_dropout_uniform
 from .images import find_archives
 from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
 from .native import NativeError
+from .registry import IMPL_NAME, has_registry
+from .registry import register as _registry_register
 from .torch_compat import check_torch
 from .torch_native import activate as activate_torch_native
 from .torch_native import available as torch_native_available
 
-IMPL_NAME = "AOTRITON_ROCM"
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
 
 _FLASH = "aten::_scaled_dot_product_flash_attention"
@@ -550,6 +551,9 @@ class _Overrides:
             return original(keyset, mask, dropout_p, seed, offset)
 
     def remove(self) -> None:
+        global _active
+        if _active is self:  # torch's restore_flash_attention_impl() ends here too
+            _active = None
         if self._native is not None:
             self._native.remove()
             self._native = None
@@ -699,14 +703,9 @@ def _register_fn() -> _Overrides:
     return _active
 
 
-def has_registry() -> bool:
-    return hasattr(torch.nn.attention, "register_flash_attention_impl")
-
-
 def register() -> None:
     """Make ``IMPL_NAME`` known to torch's registry; activates nothing."""
-    if has_registry():
-        torch.nn.attention.register_flash_attention_impl(IMPL_NAME, register_fn=_register_fn)
+    _registry_register(_register_fn)
 
 
 def enable(cpu_interpreter: bool = False) -> None:
