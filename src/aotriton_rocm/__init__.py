@@ -22,18 +22,17 @@ _NO_TORCH = (_os.environ.get("AOTRITON_ROCM_NO_TORCH") == "1"
              or (_sys.argv[1:2] == ["config"]
                  and _os.path.basename(_sys.argv[0] or "") in ("aotriton-rocm", "-m")))
 
-# public name -> the module that defines it, imported on first access
-_LAZY = {
-    "launch_counts": "backends", "reset_launch_counts": "backends",
-    "flash_attn_func": "flash_attn_interface", "flash_attn_kvpacked_func": "flash_attn_interface",
-    "flash_attn_qkvpacked_func": "flash_attn_interface",
-    "flash_attn_varlen_func": "flash_attn_interface",
-    "flash_attn_varlen_kvpacked_func": "flash_attn_interface",
-    "flash_attn_varlen_qkvpacked_func": "flash_attn_interface",
-    "flash_attn_with_kvcache": "kvcache_api",
-    "AttentionMode": "function_mode",
-    "disable": "torch_integration", "enable": "torch_integration", "register": "torch_integration",
+# module -> the public names it defines, imported on first access to one
+_LAZY_MODULES = {
+    "backends": ["launch_counts", "reset_launch_counts"],
+    "flash_attn_interface": ["flash_attn_func", "flash_attn_kvpacked_func",
+                             "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+                             "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"],
+    "kvcache_api": ["flash_attn_with_kvcache"],
+    "function_mode": ["AttentionMode"],
+    "torch_integration": ["disable", "enable", "register"],
 }
+_LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 
 
 def _activate():
