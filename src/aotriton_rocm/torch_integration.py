@@ -267,6 +267,15 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     :func:`flash_attention_forward`); gradients are ``empty_like`` the inputs,
     as torch's meta kernel. Raises :class:`Unsupported`."""
     varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
+    if varlen is not None and query.dim() == 3 and key.dim() == 4:
+        # packed queries against paged keys: the forward had a block_table,
+        # which this op does not receive; no kernel (torch's neither) has
+        # this backward, and computing one as packed keys would be wrong.
+        raise NotImplementedError(
+            "aotriton-rocm: _flash_attention_backward of a paged KV cache (the forward had a "
+            "block_table): there is no backward through a paged KV cache. To train, pass key "
+            "and value packed (total_k, heads, head_dim) without block_table; for inference, "
+            "run the forward under torch.no_grad()")
     reason = _fa_reason(query, key, value, varlen, dropout_p)
     if reason:
         raise Unsupported(reason)
