@@ -19,7 +19,7 @@ PKG = "aotriton_rocm"
 # Lower layers never import higher ones. Every module must be listed (or be
 # in the tooling), so that a new module is placed on purpose.
 LAYERS = {
-    0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images"},  # stdlib leaves
+    0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images", "trace"},  # stdlib leaves
     1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention",
         "registry",
         "kvcache", "dropout_masks"},

@@ -28,9 +28,9 @@ from .attention import (Varlen, flash_attn_window, new_bias_grad, new_rng_state,
 from .attention import backward as attention_backward, forward as attention_forward
 from .attention import unsupported_reason as attention_unsupported_reason
 from .backends import backend_for
-from .device import gpu_available
+from .device import arch_of, gpu_available
 from .dropout_masks import fill_dropout_uniform
-from .images import find_archives
+from .images import find_archive, find_archives
 from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
 from .native import NativeError
 from .registry import IMPL_NAME, has_registry
@@ -38,6 +38,7 @@ from .registry import register as _registry_register
 from .torch_compat import check_torch
 from .torch_native import activate as activate_torch_native
 from .torch_native import available as torch_native_available
+from .trace import span
 
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
 
@@ -681,17 +682,34 @@ def _native_wanted() -> bool:
 def _activate_native(overrides: _Overrides, kernels: dict):
     """The C++ kernels on the CUDA key, with ``kernels`` as their Python
     route; None (and a warning) if the extension cannot be activated."""
-    for op in kernels:  # torch's kernels, for the Python route's fallback
-        overrides._capture(op, "CUDA")
+    with span("torch_kernels", "(torch.library.get_kernel of the six ops)"):
+        for op in kernels:  # torch's kernels, for the Python route's fallback
+            overrides._capture(op, "CUDA")
     try:
+        with span("archive_search", "(the archives handed to the C++ runtime)"):
+            archives = _native_archives()
+        with span("rng_layout", "(torch's meta kernel)"):
+            layout = _rng_layout()
         return activate_torch_native(
-            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=_rng_layout(),
-            efficient_lse_align=1 if torch.version.hip else 32,
-            archives=[str(p) for p in find_archives().values()])
+            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=layout,
+            efficient_lse_align=1 if torch.version.hip else 32, archives=archives)
     except (OSError, RuntimeError) as exc:
         warnings.warn(f"aotriton-rocm: the C++ route is unavailable ({exc}); "
                       "using the Python route", stacklevel=3)
         return None
+
+
+def _native_archives() -> list[str]:
+    """The archives the C++ runtime opens at activation (index read, checked
+    and parsed). With CUDA already up: those of the visible GPUs' archs only
+    (an install with every arch's image would otherwise open them all), found
+    without a scan of every distribution's metadata where possible. Before
+    CUDA is up, every installed one: asking a GPU's arch would initialise
+    CUDA here, which a process that forks later must not have done."""
+    if torch.cuda.is_initialized():
+        archs = sorted({arch_of(i) for i in range(torch.cuda.device_count())})
+        return [str(p) for p in map(find_archive, archs) if p is not None]
+    return [str(p) for p in find_archives().values()]
 
 
 _active: _Overrides | None = None
@@ -708,7 +726,8 @@ def _register_fn() -> _Overrides:
     check_torch(torch.__version__)  # refuse an unsupported torch (clear message)
     if _active is not None:
         _active.remove()
-    _active = _Overrides(cpu=_cpu_wanted(), native=_native_wanted())
+    with span("overrides", "(every kernel on torch's dispatcher)"):
+        _active = _Overrides(cpu=_cpu_wanted(), native=_native_wanted())
     return _active
 
 
