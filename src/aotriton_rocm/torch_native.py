@@ -96,8 +96,15 @@ def _loaded_libtorch_cpu() -> str:
 def _promote_libtorch() -> None:
     # import torch loads libtorch_cpu RTLD_LOCAL; RTLD_NOLOAD | RTLD_GLOBAL
     # re-opens that very copy and adds it to the global scope, where the
-    # extension's undefined aoti_torch_* symbols are then resolved.
-    ctypes.CDLL(_loaded_libtorch_cpu(), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL | os.RTLD_NOW)
+    # extension's undefined aoti_torch_* symbols are then resolved. By its
+    # soname first (the loader matches it against loaded objects: no file
+    # read), else by the path /proc/self/maps gives (a build with another
+    # soname).
+    mode = os.RTLD_NOLOAD | os.RTLD_GLOBAL | os.RTLD_NOW
+    try:
+        ctypes.CDLL("libtorch_cpu.so", mode=mode)
+    except OSError:
+        ctypes.CDLL(_loaded_libtorch_cpu(), mode=mode)
 
 
 def load() -> ctypes.CDLL:
