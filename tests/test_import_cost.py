@@ -161,3 +161,21 @@ def test_registry_activation_after_cheap_import_loads_the_runtime():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines()[-1] in ("ok", "no registry"), proc.stdout
+
+
+def test_the_gpu_routes_runtime_loads_no_compiler_stack():
+    """What enable() imports on the GPU route (torch_integration and its
+    modules): no Triton, no torch compiler stack, no kernel-spec reader (those
+    serve the CPU interpreter route only)."""
+    env = _env(autoload=False)
+    base, _ = _run("import torch", env)
+    ours, times = _run("import torch\nimport aotriton_rocm\nimport aotriton_rocm.torch_integration",
+                       env)
+    added = set(ours) - set(base)
+    heavy = ("torch._dynamo", "torch._inductor", "triton", "sympy", "torch.nn.attention.bias",
+             "aotriton_rocm.kernel_spec", "tomllib", "aotriton_rocm.tooling")
+    wrong = sorted(m for m in added if m.startswith(heavy))
+    assert not wrong, f"the runtime imported {wrong}"
+    # ours, and nothing from outside the package beyond a few stdlib modules
+    foreign = sorted(m for m in added if not m.startswith("aotriton_rocm"))
+    assert len(foreign) <= 10, foreign
