@@ -10,9 +10,11 @@ python-route ops, the C++ activation) and of the first call (libaotriton_rocm:
 archive open and index read/parse, driver open, kernel tables, code object
 read, module load, scratch and first launch) print their times on stderr.
 Printed: the total (import, enable(), first call) per run and their medians,
-then the median of every traced phase. Phases nest: native_activate holds
-the archive open of the archives handed over at enable(); the first call
-holds the device setup and module loads; "untraced" is what no phase covers.
+then the median of every traced phase (summed within a run: module loads
+happen once per kernel). Phases nest: overrides holds torch_kernels ..
+native_activate, which holds the archive open of the archives handed over at
+enable(); the first call's phases are the device setup, module loads and
+first launches; its remainder is torch's own dispatch and the kernel itself.
 """
 
 from __future__ import annotations
