@@ -98,3 +98,28 @@ def test_priority_env_then_wheel_then_conda(monkeypatch, tmp_path):
     assert found["gfx90a"] == site / "aotr_fake_img2_gfx90a" / "gfx90a.aotr"
     assert found["gfx908"] == prefix / "share" / "aotriton-rocm" / "gfx908.aotr"
     del pkg
+
+
+def test_find_archive_one_arch_without_the_metadata_scan(monkeypatch, tmp_path):
+    """find_archive(arch): the env dir, then the image package at its usual
+    name (where libaotriton_rocm looks too), read without any distribution's
+    metadata; anything else as find_archives() finds it."""
+    site = tmp_path / "site"
+    usual = _fake_image_wheel(site, "aotriton_rocm_sm90", "aotriton_rocm_sm90", "sm_90")
+    odd = _fake_image_wheel(site, "aotriton_rocm_gfx942_odd", "aotr_odd_gfx942", "gfx942")
+    monkeypatch.syspath_prepend(str(site))
+    env_dir = tmp_path / "env"
+    env908 = _touch(env_dir / "gfx908.aotr")
+    monkeypatch.setenv(images.ENV_VAR, str(env_dir))
+
+    def no_scan():
+        raise AssertionError("the entry points were read")
+
+    with monkeypatch.context() as m:
+        m.setattr(images, "_entry_points", no_scan)
+        assert images.find_archive("gfx908") == env908
+        assert images.find_archive("sm_90") == usual / "sm_90.aotr"
+    # not at a usual place: the full search, which then serves from its cache
+    assert images.find_archive("gfx942") == odd / "gfx942.aotr"
+    assert images.find_archive("gfx1100") is None
+    assert "aotriton_rocm_sm90" not in sys.modules  # located, not imported

@@ -19,10 +19,10 @@ PKG = "aotriton_rocm"
 # Lower layers never import higher ones. Every module must be listed (or be
 # in the tooling), so that a new module is placed on purpose.
 LAYERS = {
-    0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images",
+    0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images", "trace",
         "elf_dynamic"},  # stdlib leaves
     1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention",
-        "kvcache", "dropout_masks", "philox_state"},
+        "registry", "kvcache", "dropout_masks", "philox_state"},
     2: {"__init__", "torch_integration", "flash_attn_interface", "kvcache_api", "function_mode",
         "_autoload"},
     3: {"cli", "__main__", "smoke", "info", "aotriton_prefix", "torch_dropin"},

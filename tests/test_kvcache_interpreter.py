@@ -357,9 +357,99 @@ def test_flash_attn_varlen_func_paged():
         want, want_lse = ref.attention(q[rows][None], dense_k[bb:bb + 1], dense_v[bb:bb + 1],
                                        torch.tensor([k_lens[bb]]), causal=True, window=(3, -1))
         _check(out[rows][None], lse[:, rows][None], want, want_lse, torch.float16)
-    with pytest.raises(ValueError, match="forward only"):
-        aotriton_rocm.flash_attn_varlen_func(q.requires_grad_(), k, v, cu_q, cu_k, 6, 50,
-                                             block_table=table)
     with pytest.raises(ValueError, match="dropout"):
         aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 50, dropout_p=0.1,
                                              block_table=table)
+
+
+# --- paged KV with tensors that require grad: the forward runs, a backward is refused ----
+
+def _math_f32(q, keys, values, causal):
+    """torch's math SDPA in float32 of one sequence: q (Sq, H, D) against keys
+    and values (Sk, Hk, D), causal aligned bottom-right (flash-attn's rule)."""
+    sq, h, _ = q.shape
+    sk, hk, _ = keys.shape
+    qt, kt, vt = (t.float().transpose(0, 1)[None] for t in (q, keys, values))
+    kt, vt = (t.repeat_interleave(h // hk, dim=1) for t in (kt, vt))
+    mask = None
+    if causal:
+        mask = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+    return out[0].transpose(0, 1)
+
+
+def _paged_problem(seed, dtype=torch.float16):
+    gen = _gen(seed)
+    h, hk, d, page = 4, 2, 64, 16
+    q_lens, k_lens = [3, 7], [40, 21]
+    cu_q, cu_k = _packed(q_lens), _packed(k_lens)
+    q = torch.randn(sum(q_lens), h, d, generator=gen).to(dtype)
+    dense_k = torch.randn(2, 48, hk, d, generator=gen).to(dtype)
+    dense_v = torch.randn(2, 48, hk, d, generator=gen).to(dtype)
+    k, v, table = _paged(dense_k, dense_v, page, gen)
+    return q, k, v, table, cu_q, cu_k, q_lens, k_lens, dense_k, dense_v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_varlen_func_paged_requires_grad_runs_forward(causal):
+    q, k, v, table, cu_q, cu_k, q_lens, k_lens, dense_k, dense_v = _paged_problem(60 + causal)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    backends.reset_launch_counts()
+    out, lse, _ = aotriton_rocm.flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=causal, block_table=table,
+        return_attn_probs=True)
+    assert backends.launch_counts()[("interpreter:cpu", "attn_fwd_kvcache")] >= 1
+    assert out.requires_grad and not lse.requires_grad
+    for bb in range(2):
+        rows = slice(int(cu_q[bb]), int(cu_q[bb + 1]))
+        n = k_lens[bb]
+        want = _math_f32(q[rows].detach(), dense_k[bb, :n], dense_v[bb, :n], causal)
+        torch.testing.assert_close(out[rows].detach().float(), want, atol=2e-3, rtol=0)
+    # the same forward without autograd gives the same numbers
+    with torch.no_grad():
+        plain = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(q_lens),
+                                                     max(k_lens), causal=causal,
+                                                     block_table=table)
+    assert not plain.requires_grad and torch.equal(plain, out.detach())
+    with pytest.raises(NotImplementedError, match="no backward through block_table.*packed"):
+        out.float().sum().backward()
+    assert q.grad is None and k.grad is None and v.grad is None
+
+
+def test_flash_attn_with_kvcache_paged_requires_grad_runs_forward():
+    """flash-attn's KV-cache function is inference only: inputs that require
+    grad are accepted and the output is outside autograd, as there."""
+    gen = _gen(70)
+    b, sq, h, hk, d, page = 2, 2, 4, 2, 64, 16
+    q = torch.randn(b, sq, h, d, generator=gen).half().requires_grad_(True)
+    dense_k = torch.randn(b, 40, hk, d, generator=gen).half()
+    dense_v = torch.randn(b, 40, hk, d, generator=gen).half()
+    k_cache, v_cache, table = _paged(dense_k, dense_v, page, gen)
+    k_cache.requires_grad_(True)
+    seqlens = torch.tensor([33, 12], dtype=torch.int32)
+    out = aotriton_rocm.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens,
+                                                block_table=table, causal=True)
+    assert not out.requires_grad
+    for bb in range(b):
+        n = int(seqlens[bb])
+        want = _math_f32(q[bb].detach(), dense_k[bb, :n], dense_v[bb, :n], True)
+        torch.testing.assert_close(out[bb].float(), want, atol=2e-3, rtol=0)
+
+
+def test_torch_op_paged_backward_is_refused():
+    """``aten::_flash_attention_forward`` with block_table runs whatever the
+    inputs' requires_grad; torch's autograd then calls the backward op
+    without the block table: refused with the reason, never computed as if
+    the paged keys were packed ones (and never handed to torch's kernel)."""
+    from aotriton_rocm import torch_integration as ti
+    q, k, v, table, cu_q, cu_k, q_lens, k_lens, dense_k, dense_v = _paged_problem(80)
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    out, lse, rng, unused, _ = ti.flash_attention_forward(
+        q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), 0.0, True, False, block_table=table)
+    rows = slice(int(cu_q[1]), int(cu_q[2]))
+    want = _math_f32(q[rows].detach(), dense_k[1, :k_lens[1]], dense_v[1, :k_lens[1]], True)
+    torch.testing.assert_close(out[rows].detach().float(), want, atol=2e-3, rtol=0)
+    with pytest.raises(NotImplementedError, match="paged KV cache.*block_table"):
+        ti.flash_attention_backward(torch.ones_like(out), q, k, v, out, lse, cu_q, cu_k,
+                                    max(q_lens), max(k_lens), 0.0, True, rng, unused)

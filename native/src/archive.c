@@ -456,6 +456,8 @@ static aotr_status read_index(aotr_archive *a, uint8_t **index_bytes, uint64_t *
 
 static aotr_status open_archive(aotr_archive *a)
 {
+    int trace = aotr_trace_on();
+    double t0 = trace ? aotr_now_ms() : 0.0;
     aotr_status st = open_fd(a);
     if (st != AOTR_OK)
         return st;
@@ -464,8 +466,15 @@ static aotr_status open_archive(aotr_archive *a)
     st = read_index(a, &bytes, &size);
     if (st != AOTR_OK)
         return st;
+    double t1 = trace ? aotr_now_ms() : 0.0;
     a->index = aotr_json_parse((const char *)bytes, (size_t)size);
     free(bytes);
+    if (trace) {
+        double t2 = aotr_now_ms();
+        aotr_trace("archive_index_read", t1 - t0, "%s (%llu bytes: open, read, sha256)", a->path,
+                   (unsigned long long)size);
+        aotr_trace("archive_index_parse", t2 - t1, "%s (json)", a->path);
+    }
     if (a->index == NULL)
         return invalid(a, "kernel archive index is unreadable (%s)", aotr_last_error());
     a->manifest = aotr_json_get(a->index, "manifest");
@@ -488,7 +497,12 @@ static aotr_status open_archive(aotr_archive *a)
     if (aotr_json_str(aotr_json_get(a->manifest, "arch")) == NULL ||
         aotr_json_str(aotr_json_get(a->manifest, "abi_version")) == NULL)
         return invalid(a, "manifest arch and abi_version must be strings");
-    return parse_records(a, kernels);
+    double t3 = trace ? aotr_now_ms() : 0.0;
+    st = parse_records(a, kernels);
+    if (trace)
+        aotr_trace("archive_records", aotr_now_ms() - t3, "%s (%zu kernel records)", a->path,
+                   kernels->n);
+    return st;
 }
 
 aotr_status aotr_archive_open(const char *path, aotr_archive **out)

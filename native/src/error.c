@@ -1,7 +1,10 @@
 /* Status names and the thread-local error message. */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -63,3 +66,34 @@ const char *aotr_version(void)
 }
 
 const char *aotr_abi_line(void) { return AOTR_ABI_LINE; }
+
+/* -------------------------------------------------------- cold-start trace */
+
+int aotr_trace_on(void)
+{
+    static atomic_int state = -1; /* -1: not read yet */
+    int on = atomic_load_explicit(&state, memory_order_relaxed);
+    if (on < 0) {
+        const char *env = getenv("AOTRITON_ROCM_TRACE");
+        on = env != NULL && strcmp(env, "1") == 0;
+        atomic_store_explicit(&state, on, memory_order_relaxed);
+    }
+    return on;
+}
+
+double aotr_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+void aotr_trace(const char *phase, double ms, const char *fmt, ...)
+{
+    char detail[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "aotriton-rocm: trace: %s %.3f ms %s\n", phase, ms, detail);
+}

@@ -18,6 +18,15 @@ AOTR_HIDDEN aotr_status aotr_fail_prefix(aotr_status status, const char *fmt, ..
     __attribute__((format(printf, 2, 3)));
 AOTR_HIDDEN void aotr_clear_error(void);
 
+/* Cold-start timing: with AOTRITON_ROCM_TRACE=1 in the environment (read
+ * once), aotr_trace() prints "aotriton-rocm: trace: <phase> <ms> ms <detail>"
+ * on stderr. Placed only on one-time paths (archive open, device setup,
+ * module loads, a kernel's first launch), never per call. */
+AOTR_HIDDEN int aotr_trace_on(void);
+AOTR_HIDDEN double aotr_now_ms(void);
+AOTR_HIDDEN void aotr_trace(const char *phase, double ms, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* ------------------------------------------------------------- json.c */
 /* A read-only JSON DOM (RFC 8259), enough for the archive index. Strings
  * are NUL-terminated UTF-8 (escapes decoded; a \u0000 is refused). Numbers

@@ -455,10 +455,13 @@ done:
 
 static aotr_status device_init(aotr_runtime *rt, int32_t index, aotr_device **out)
 {
+    int trace = aotr_trace_on();
+    double t0 = trace ? aotr_now_ms() : 0.0;
     aotr_driver *driver = NULL;
     aotr_status st = open_driver(rt, &driver);
     if (st != AOTR_OK)
         return st;
+    double t1 = trace ? aotr_now_ms() : 0.0;
     aotr_device *dev = calloc(1, sizeof *dev);
     if (!dev)
         return aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory");
@@ -497,9 +500,19 @@ static aotr_status device_init(aotr_runtime *rt, int32_t index, aotr_device **ou
                        backend_name(aotr_driver_backend(driver)));
         goto fail;
     }
+    double t2 = trace ? aotr_now_ms() : 0.0;
     st = build_tables(dev);
     if (st != AOTR_OK)
         goto fail;
+    if (trace) {
+        double t3 = aotr_now_ms();
+        aotr_trace("driver_open", t1 - t0, "(device %d)", index);
+        aotr_trace("device_archive", t2 - t1, "device %d %s: %s%s", index, dev->arch,
+                   aotr_archive_path(dev->archive), dev->owns_archive ? " (found and opened)"
+                                                                      : " (added)");
+        aotr_trace("kernel_tables", t3 - t2, "device %d (%zu kernels)", index,
+                   dev->num_launchables);
+    }
     *out = dev;
     return AOTR_OK;
 fail:
@@ -661,14 +674,23 @@ static aotr_status load_function(aotr_device *dev, const aotr_launchable *k, voi
     void *f = atomic_load_explicit(&mk->function, memory_order_relaxed);
     aotr_status st = AOTR_OK;
     if (!f) {
+        int trace = aotr_trace_on();
+        double t0 = trace ? aotr_now_ms() : 0.0;
         const uint8_t *code = NULL;
         size_t size = 0;
         st = aotr_archive_code_object(dev->archive, k->index, &code, &size);
+        double t1 = trace ? aotr_now_ms() : 0.0;
         if (st == AOTR_OK)
             st = aotr_driver_load(dev->driver, dev->index, code, size, k->record->symbol,
                                   k->record->shared, &f);
         if (st == AOTR_OK)
             atomic_store_explicit(&mk->function, f, memory_order_release);
+        if (trace) {
+            aotr_trace("code_object", t1 - t0, "%s %s (%zu bytes: read, xz, sha256)",
+                       k->record->kernel, k->record->key, size);
+            aotr_trace("module_load", aotr_now_ms() - t1, "%s %s", k->record->kernel,
+                       k->record->key);
+        }
     }
     pthread_mutex_unlock(&dev->load_lock);
     *function = f;
@@ -687,10 +709,14 @@ aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_la
 {
     void *function = atomic_load_explicit(&((aotr_launchable *)k)->function,
                                           memory_order_acquire);
+    /* a kernel's first launch (its module just loaded) is timed when tracing */
+    double traced = -1.0;
     if (!function) {
         aotr_status st = load_function(dev, k, &function);
         if (st != AOTR_OK)
             return st;
+        if (aotr_trace_on())
+            traced = aotr_now_ms();
     }
     _Alignas(16) uint8_t buffer[MAX_ARGS_BYTES];
     /* The alignment padding too: the same request packs the same bytes. */
@@ -720,9 +746,18 @@ aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_la
             return aotr_fail_prefix(st, "%s (%s)", r->kernel, r->key);
         memcpy(buffer + k->offsets[k->num_args - 2], &scratch, sizeof scratch);
     }
+    double launched = traced >= 0.0 ? aotr_now_ms() : 0.0;
     st = aotr_driver_launch(dev->driver, dev->index, function, grid, block_x, r->shared,
                             stream, buffer, k->args_size);
     aotr_driver_scratch_free(dev->driver, scratch, stream);
+    if (traced >= 0.0) {
+        double done = aotr_now_ms();
+        aotr_trace("scratch_alloc", launched - traced, "%s (%llu bytes)", r->kernel,
+                   (unsigned long long)(scratch ? (uint64_t)grid[0] * grid[1] * grid[2] *
+                                                      r->global_scratch_size : 0));
+        aotr_trace("first_launch", done - launched, "%s %s (enqueue and scratch free)",
+                   r->kernel, r->key);
+    }
     if (st != AOTR_OK)
         return aotr_fail_prefix(st, "%s (%s)", r->kernel, r->key);
     int kid = kernel_id_of(r->kernel);

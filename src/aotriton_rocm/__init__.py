@@ -3,6 +3,10 @@
 Importing registers the implementation with torch (>= 2.10) under
 ``"AOTRITON_ROCM"``; nothing is activated until you call :func:`enable` or
 ``torch.nn.attention.activate_flash_attention_impl("AOTRITON_ROCM")``.
+
+Importing is cheap (torch's backend autoload imports this package inside
+every ``import torch``): the runtime modules load on first use of a name
+below (:data:`_LAZY`) or on activation.
 """
 
 import os as _os
@@ -18,23 +22,60 @@ _NO_TORCH = (_os.environ.get("AOTRITON_ROCM_NO_TORCH") == "1"
              or (_sys.argv[1:2] == ["config"]
                  and _os.path.basename(_sys.argv[0] or "") in ("aotriton-rocm", "-m")))
 
+# module -> the public names it defines, imported on first access to one
+_LAZY_MODULES = {
+    "backends": ["launch_counts", "reset_launch_counts"],
+    "flash_attn_interface": ["flash_attn_func", "flash_attn_kvpacked_func",
+                             "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+                             "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"],
+    "kvcache_api": ["flash_attn_with_kvcache"],
+    "function_mode": ["AttentionMode"],
+    "torch_integration": ["disable", "enable", "register"],
+}
+_LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
+
+
+def _activate():
+    # What torch's registry calls on activate_flash_attention_impl(IMPL_NAME).
+    from .torch_integration import _register_fn
+
+    return _register_fn()
+
+
+def is_enabled() -> bool:
+    """Whether our kernels are active (an import of the runtime is not needed
+    to tell: nothing was enabled before it was imported)."""
+    integration = _sys.modules.get(__name__ + ".torch_integration")
+    return integration is not None and integration.is_enabled()
+
+
 try:
     if _NO_TORCH:
         raise ImportError("torch not wanted in this process")
     import torch  # noqa: F401
 except ImportError:  # the build tooling runs without torch; the runtime cannot
-    pass
+    _HAS_TORCH = False
 else:
-    from .backends import launch_counts, reset_launch_counts
-    from .flash_attn_interface import (flash_attn_func, flash_attn_kvpacked_func,
-                                       flash_attn_qkvpacked_func, flash_attn_varlen_func,
-                                       flash_attn_varlen_kvpacked_func,
-                                       flash_attn_varlen_qkvpacked_func)
-    from .kvcache_api import flash_attn_with_kvcache
-    from .function_mode import AttentionMode
-    from .torch_integration import IMPL_NAME, disable, enable, is_enabled, register
+    _HAS_TORCH = True
+    from .registry import IMPL_NAME, register as _register_lazily
 
-    register()
+    _register_lazily(_activate)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None or not _HAS_TORCH:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | (set(_LAZY) if _HAS_TORCH else set()))
+
 
 __all__ = ["ABI_VERSION", "AttentionMode", "IMPL_NAME", "__version__", "disable", "enable",
            "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",

@@ -15,7 +15,6 @@ from typing import Iterable, NamedTuple
 import torch
 
 from .device import arch_of
-from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
 from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, NEED_DQ_ACCUM,
                      OK as NATIVE_OK, UNSUPPORTED as NATIVE_UNSUPPORTED, BwdParams, DropoutUniformParams,
                      FwdParams, KvcacheParams, NativeError, Problem as NativeProblem,
@@ -434,6 +433,10 @@ class InterpreterBackend(Backend):
     name = "interpreter:cpu"
 
     def __init__(self):
+        # the spec reader (tomllib, ast, dataclasses: tens of ms to import)
+        # serves this backend only, not the GPU route
+        from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
+
         spec = load_variants(kernels_dir())
         self._variants = variant_table(spec.variants_for(INTERPRETER_ARCH))
         self._reasons: dict[tuple, str | None] = {}

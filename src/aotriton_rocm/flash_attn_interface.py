@@ -46,7 +46,32 @@ SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nhe
              "multiple of nheads_k (GQA/MQA), "
              "softmax_scale, causal, window_size, softcap >= 0, alibi_slopes (float32, "
              "(nheads,) or (batch, nheads)), 0 <= dropout_p < 1, return_attn_probs; "
-             "block_table (paged k/v, forward only, no dropout) in flash_attn_varlen_func")
+             "block_table (paged k/v, no dropout, no backward) in flash_attn_varlen_func")
+
+PAGED_NO_BACKWARD = (
+    "aotriton_rocm.flash_attn_varlen_func: there is no backward through block_table (a paged "
+    "KV cache): its kernels compute the forward only, as flash-attn's do. To train, pass k "
+    "and v packed (total_k, nheads_k, headdim) without block_table; for inference, run the "
+    "forward under torch.no_grad() or with q, k and v detached")
+
+
+class ForwardOnly(torch.autograd.Function):
+    """Outputs of a route without a backward, attached to the inputs' graph:
+    ``apply(message, run, *inputs)`` returns ``run()``'s (out, lse), and a
+    backward through ``out`` raises NotImplementedError(message) rather than
+    leaving the inputs silently without gradient (flash-attn's paged varlen
+    forward runs with inputs that require grad; its backward is refused)."""
+
+    @staticmethod
+    def forward(ctx, message, run, *inputs):
+        ctx.message = message
+        out, lse = run()
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(ctx.message)
 
 
 class AttentionFunction(torch.autograd.Function):
@@ -305,18 +330,26 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     caches, (num_blocks, page_block_size, nheads_k, headdim) with
     page_block_size a multiple of 16: sequence b's keys are the first
     ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages (fp16/bf16,
-    headdim <= 256, no dropout, forward only: the KV-cache kernels of
-    :func:`aotriton_rocm.flash_attn_with_kvcache`).
+    headdim <= 256, no dropout: the KV-cache kernels of
+    :func:`aotriton_rocm.flash_attn_with_kvcache`). Inputs that require grad
+    are fine; a backward through this output raises NotImplementedError, as
+    flash-attn has no backward for a paged KV cache either.
     """
     api = "flash_attn_varlen_func"
     dropout_p, window, softcap = _check_common(api, q, k, v, dropout_p, window_size, softcap)
     if block_table is not None:
         if dropout_p:
             _fail(api, "dropout with block_table (a paged KV cache) is not covered")
-        out, lse = varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+        def run():
+            return varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, block_table, softmax_scale, bool(causal),
                                         window, lambda reason: _fail(api, reason),
                                         softcap=softcap, alibi_slopes=alibi_slopes)
+
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            out, lse = ForwardOnly.apply(PAGED_NO_BACKWARD, run, q, k, v)
+        else:
+            out, lse = run()
         if not return_attn_probs:
             return out
         return out, lse, torch.empty(0, dtype=q.dtype, device=q.device)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import numbers
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -32,10 +33,18 @@ from torch.overrides import TorchFunctionMode
 from .attention import unsupported_reason
 from .flash_attn_interface import AttentionFunction
 
-try:  # prototype API in torch; absent or moved in some versions
-    from torch.nn.attention.bias import CausalBias, CausalVariant
-except ImportError:  # pragma: no cover
-    CausalBias = CausalVariant = None
+_BIAS_MODULE = "torch.nn.attention.bias"
+
+
+def _causal_bias_types(attn_mask):
+    """(CausalBias, CausalVariant) when ``attn_mask`` is one, else None.
+    torch's bias module imports torch._dynamo (seconds), so it is never
+    imported here: a process that has not imported it holds no CausalBias."""
+    bias_module = sys.modules.get(_BIAS_MODULE)
+    causal_bias = getattr(bias_module, "CausalBias", None)  # a prototype API: it may move
+    if causal_bias is None or not isinstance(attn_mask, causal_bias):
+        return None
+    return causal_bias, bias_module.CausalVariant
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -61,7 +70,9 @@ def _plan(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
         return "query and key/value heads differ without enable_gqa=True (torch decides)", None
     alignment = "top_left"
     bias = attn_mask
-    if CausalBias is not None and isinstance(attn_mask, CausalBias):
+    causal_bias = _causal_bias_types(attn_mask)
+    if causal_bias is not None:
+        CausalVariant = causal_bias[1]  # noqa: N806
         if is_causal:
             return "a CausalBias attn_mask with is_causal=True (torch refuses it)", None
         if query.dim() != 4 or key.dim() != 4 or (attn_mask.seq_len_q, attn_mask.seq_len_kv) \

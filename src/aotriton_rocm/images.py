@@ -29,6 +29,7 @@ from typing import Dict, List, Optional
 __all__ = [
     "ENV_VAR",
     "ENTRY_POINT_GROUP",
+    "find_archive",
     "find_archives",
     "clear_cache",
     "search_notes",
@@ -143,6 +144,29 @@ def find_archives(refresh: bool = False) -> Dict[str, Path]:
         if _cache is None or refresh:
             _cache = _search()
         return dict(_cache)
+
+
+def find_archive(arch: str) -> Optional[Path]:
+    """The archive of one arch. Cheap where it sits where libaotriton_rocm
+    looks too (``AOTRITON_ROCM_ARCHIVE_DIR``, or the image package
+    ``aotriton_rocm_<arch without '_'>`` on the import path): no scan of
+    every installed distribution's metadata; elsewhere as
+    :func:`find_archives` finds it."""
+    with _lock:
+        if _cache is not None:
+            return _cache.get(arch)
+    for part in os.environ.get(ENV_VAR, "").split(os.pathsep):
+        if part.strip():
+            p = Path(part.strip()).expanduser() / (arch + ARCHIVE_SUFFIX)
+            if p.is_file():
+                return p
+    try:
+        pkg_dir = _package_dir("aotriton_rocm_" + arch.replace("_", ""))
+    except (ImportError, ValueError):
+        pkg_dir = None
+    if pkg_dir is not None and (pkg_dir / (arch + ARCHIVE_SUFFIX)).is_file():
+        return pkg_dir / (arch + ARCHIVE_SUFFIX)
+    return find_archives().get(arch)
 
 
 def clear_cache() -> None:

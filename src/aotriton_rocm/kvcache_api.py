@@ -241,10 +241,8 @@ def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_se
     """flash_attn_varlen_func with ``block_table``: packed queries (total_q,
     H, D) against paged caches; sequence b's keys are the first
     ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages.
-    Returns (out, lse (H, total_q)). Forward only. ``fail(reason)`` raises."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
-        fail("block_table (a paged KV cache) is forward only: call it under torch.no_grad() "
-             "or with tensors that do not require grad")
+    Returns (out, lse (H, total_q)), outside autograd (the caller attaches
+    them: there is no backward). ``fail(reason)`` raises."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
             fail(f"{name} must be a 1-D int32 tensor")
@@ -261,8 +259,9 @@ def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_se
         fail(reason)
     capacity = block_table.shape[1] * k_cache.shape[1]
     window = flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
-    out, lse, _ = kvcache_forward(q, k_cache, v_cache, k_end, block_table=block_table,
-                                  scale=softmax_scale, causal=causal, window_size=window,
-                                  softcap=softcap, alibi_slopes=alibi_slopes,
-                                  cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q))
+    with torch.no_grad():
+        out, lse, _ = kvcache_forward(q, k_cache, v_cache, k_end, block_table=block_table,
+                                      scale=softmax_scale, causal=causal, window_size=window,
+                                      softcap=softcap, alibi_slopes=alibi_slopes,
+                                      cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q))
     return out, lse

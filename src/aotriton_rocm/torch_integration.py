@@ -28,17 +28,19 @@ from .attention import (Varlen, flash_attn_window, new_bias_grad, new_rng_state,
 from .attention import backward as attention_backward, forward as attention_forward
 from .attention import unsupported_reason as attention_unsupported_reason
 from .backends import backend_for
-from .device import gpu_available
+from .device import arch_of, gpu_available
 from .dropout_masks import fill_dropout_uniform
-from .images import find_archives
+from .images import find_archive, find_archives
 from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
 from .native import NativeError
 from .philox_state import efficient_dims, flash_dims, next_state_and_values
+from .registry import IMPL_NAME, has_registry
+from .registry import register as _registry_register
 from .torch_compat import check_torch
 from .torch_native import activate as activate_torch_native
 from .torch_native import available as torch_native_available
+from .trace import span
 
-IMPL_NAME = "AOTRITON_ROCM"
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
 
 _FLASH = "aten::_scaled_dot_product_flash_attention"
@@ -274,6 +276,15 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     :func:`flash_attention_forward`); gradients are ``empty_like`` the inputs,
     as torch's meta kernel. Raises :class:`Unsupported`."""
     varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
+    if varlen is not None and query.dim() == 3 and key.dim() == 4:
+        # packed queries against paged keys: the forward had a block_table,
+        # which this op does not receive; no kernel (torch's neither) has
+        # this backward, and computing one as packed keys would be wrong.
+        raise NotImplementedError(
+            "aotriton-rocm: _flash_attention_backward of a paged KV cache (the forward had a "
+            "block_table): there is no backward through a paged KV cache. To train, pass key "
+            "and value packed (total_k, heads, head_dim) without block_table; for inference, "
+            "run the forward under torch.no_grad()")
     reason = _fa_reason(query, key, value, varlen, dropout_p)
     if reason:
         raise Unsupported(reason)
@@ -568,6 +579,9 @@ class _Overrides:
             return original(keyset, mask, dropout_p, seed, offset)
 
     def remove(self) -> None:
+        global _active
+        if _active is self:  # torch's restore_flash_attention_impl() ends here too
+            _active = None
         if self._native is not None:
             self._native.remove()
             self._native = None
@@ -687,17 +701,34 @@ def _native_wanted() -> bool:
 def _activate_native(overrides: _Overrides, kernels: dict):
     """The C++ kernels on the CUDA key, with ``kernels`` as their Python
     route; None (and a warning) if the extension cannot be activated."""
-    for op in kernels:  # torch's kernels, for the Python route's fallback
-        overrides._capture(op, "CUDA")
+    with span("torch_kernels", "(torch.library.get_kernel of the six ops)"):
+        for op in kernels:  # torch's kernels, for the Python route's fallback
+            overrides._capture(op, "CUDA")
     try:
+        with span("archive_search", "(the archives handed to the C++ runtime)"):
+            archives = _native_archives()
+        with span("rng_layout", "(torch's meta kernel)"):
+            layout = _rng_layout()
         return activate_torch_native(
-            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=_rng_layout(),
-            efficient_lse_align=1 if torch.version.hip else 32,
-            archives=[str(p) for p in find_archives().values()])
+            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=layout,
+            efficient_lse_align=1 if torch.version.hip else 32, archives=archives)
     except (OSError, RuntimeError) as exc:
         warnings.warn(f"aotriton-rocm: the C++ route is unavailable ({exc}); "
                       "using the Python route", stacklevel=3)
         return None
+
+
+def _native_archives() -> list[str]:
+    """The archives the C++ runtime opens at activation (index read, checked
+    and parsed). With CUDA already up: those of the visible GPUs' archs only
+    (an install with every arch's image would otherwise open them all), found
+    without a scan of every distribution's metadata where possible. Before
+    CUDA is up, every installed one: asking a GPU's arch would initialise
+    CUDA here, which a process that forks later must not have done."""
+    if torch.cuda.is_initialized():
+        archs = sorted({arch_of(i) for i in range(torch.cuda.device_count())})
+        return [str(p) for p in map(find_archive, archs) if p is not None]
+    return [str(p) for p in find_archives().values()]
 
 
 _active: _Overrides | None = None
@@ -714,18 +745,14 @@ def _register_fn() -> _Overrides:
     check_torch(torch.__version__)  # refuse an unsupported torch (clear message)
     if _active is not None:
         _active.remove()
-    _active = _Overrides(cpu=_cpu_wanted(), native=_native_wanted())
+    with span("overrides", "(every kernel on torch's dispatcher)"):
+        _active = _Overrides(cpu=_cpu_wanted(), native=_native_wanted())
     return _active
-
-
-def has_registry() -> bool:
-    return hasattr(torch.nn.attention, "register_flash_attention_impl")
 
 
 def register() -> None:
     """Make ``IMPL_NAME`` known to torch's registry; activates nothing."""
-    if has_registry():
-        torch.nn.attention.register_flash_attention_impl(IMPL_NAME, register_fn=_register_fn)
+    _registry_register(_register_fn)
 
 
 def enable(cpu_interpreter: bool = False) -> None:

@@ -25,6 +25,7 @@ from typing import Callable, Mapping, Sequence
 
 from .native import BACKEND_AUTO, RuntimeOptions
 from .paths import install_root
+from .trace import span
 
 ENV_VAR = "AOTRITON_ROCM_TORCH_LIB"
 LIB_NAME = "libaotriton_rocm_torch.so"
@@ -95,8 +96,15 @@ def _loaded_libtorch_cpu() -> str:
 def _promote_libtorch() -> None:
     # import torch loads libtorch_cpu RTLD_LOCAL; RTLD_NOLOAD | RTLD_GLOBAL
     # re-opens that very copy and adds it to the global scope, where the
-    # extension's undefined aoti_torch_* symbols are then resolved.
-    ctypes.CDLL(_loaded_libtorch_cpu(), mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL | os.RTLD_NOW)
+    # extension's undefined aoti_torch_* symbols are then resolved. By its
+    # soname first (the loader matches it against loaded objects: no file
+    # read), else by the path /proc/self/maps gives (a build with another
+    # soname).
+    mode = os.RTLD_NOLOAD | os.RTLD_GLOBAL | os.RTLD_NOW
+    try:
+        ctypes.CDLL("libtorch_cpu.so", mode=mode)
+    except OSError:
+        ctypes.CDLL(_loaded_libtorch_cpu(), mode=mode)
 
 
 def load() -> ctypes.CDLL:
@@ -238,16 +246,18 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
     global _active
     import torch
 
-    lib = load()
+    with span("extension_load", f"({LIB_NAME}, libtorch promoted)"):
+        lib = load()
     if _active is not None:
         _active.remove()
     with _lock:
-        _define_fallback_ops()
-        impls = torch.library.Library(NAMESPACE, "IMPL")
-        for op in OPS:
-            kernel = _counted(op, python_kernels[op])
-            for key in python_keys:
-                impls.impl("py_" + op, kernel, key, with_keyset=True)
+        with span("python_route_ops", "(aotriton_rocm::py_<op> defined and registered)"):
+            _define_fallback_ops()
+            impls = torch.library.Library(NAMESPACE, "IMPL")
+            for op in OPS:
+                kernel = _counted(op, python_kernels[op])
+                for key in python_keys:
+                    impls.impl("py_" + op, kernel, key, with_keyset=True)
         rank, size, unsigned = _rng_config(rng_layout)
         paths = [os.fsencode(p) for p in archives]
         c_paths = (c_char_p * max(1, len(paths)))(*paths)
@@ -265,7 +275,10 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
         cfg.efficient_lse_align = efficient_lse_align
         for i, op in enumerate(OPS):
             cfg.arg_kinds[i] = _arg_kinds(_schema(op)).encode()
-        if lib.aotr_torch_activate(ctypes.byref(cfg)) != 0:
+        with span("native_activate", f"(runtime, {len(paths)} archive(s) opened, aten "
+                                     "registrations)"):
+            status = lib.aotr_torch_activate(ctypes.byref(cfg))
+        if status != 0:
             impls._destroy()
             raise RuntimeError("aotriton-rocm's torch extension: "
                                + lib.aotr_torch_last_error().decode(errors="replace"))
