@@ -152,6 +152,14 @@ AOTR_HIDDEN aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device
                                                   void *stream, uint64_t *ptr);
 AOTR_HIDDEN void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream);
 
+/* device_ops.c: a driver symbol looked up by name (NULL: absent), and the
+ * CUDA context bracket around driver calls (no-ops for HIP). */
+AOTR_HIDDEN void *aotr_driver_symbol(aotr_driver *d, const char *name);
+AOTR_HIDDEN aotr_status aotr_driver_enter(aotr_driver *d, int32_t device, int *pushed);
+AOTR_HIDDEN void aotr_driver_leave(aotr_driver *d, int pushed);
+/* The runtime's driver (opened on first use, as for a device). */
+AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out);
+
 #endif /* AOTR_INTERNAL_H */
 
 /* ---------------------------------------------- runtime.c / attention.c */
