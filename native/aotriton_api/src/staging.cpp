@@ -34,6 +34,11 @@ aotr_status copy_views(int32_t device, void *stream, const aotr_tensor &dst,
   std::stable_sort(dims.begin(), dims.end(), [](const Dim &a, const Dim &b) {
     return std::llabs(a.src) > std::llabs(b.src);
   });
+  /* rows that continue one another in both layouts make one wider row */
+  while (!dims.empty() && dims.back().src == width && dims.back().dst == width) {
+    width *= dims.back().size;
+    dims.pop_back();
+  }
   /* merge an outer dimension into the inner one where both layouts allow */
   for (size_t j = dims.size(); j-- > 1;) {
     Dim &outer = dims[j - 1], &inner = dims[j];
@@ -133,12 +138,14 @@ aotr_status Session::poison(const aotr_tensor &user) {
 
 aotr_status Session::scratch(aotr_tensor *t, int32_t dtype, int rank, const int64_t *sizes,
                              bool zero_it) {
+  int64_t shape[AOTR_MAX_RANK] = {0, 0, 0, 0};
+  for (int i = 0; i < rank; i++) shape[i] = sizes[i]; /* `sizes` may be t's own */
   *t = aotr_tensor{};
   t->dtype = dtype;
   t->rank = rank;
   int64_t n = 1;
   for (int i = rank; i-- > 0;) {
-    t->sizes[i] = sizes[i];
+    t->sizes[i] = shape[i];
     t->strides[i] = n;
     n *= sizes[i];
   }
