@@ -150,6 +150,12 @@ aotr_status convert_padded_lse(Session &s, const aotr_attn_problem &p, void *pad
   return st;
 }
 
+/* What the core asks of a logsumexp / Delta: a 16-byte aligned base and a
+ * unit last stride (its other strides are free). */
+bool lse_fits(const aotr_tensor &t) {
+  return t.data && (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0 && t.strides[t.rank - 1] == 1;
+}
+
 template <int Rank>
 aotriton::TensorView<Rank> acquire(aotriton::LazyTensor<Rank> &lazy) {
 #if AOTRITON_ROCM_API_LINE >= 12
@@ -204,7 +210,7 @@ hipError_t forward(const attn_fwd_params &in, void *stream) {
     f.lse = lse_view(in.L.data_ptr(), f.problem, varlen);
     if (!in.L || padded_lse)
       st = s.scratch(&f.lse, AOTR_FP32, f.lse.rank, f.lse.sizes, false);
-    else
+    else if (!lse_fits(f.lse))
       st = s.output(&f.lse);
   }
   if (st == AOTR_OK && user_mask.data) {
@@ -259,7 +265,7 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
       st = s.scratch(&packed, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
       if (st == AOTR_OK) st = convert_padded_lse(s, p, in.L.data_ptr(), packed, false);
       b.lse = packed;
-    } else {
+    } else if (!lse_fits(b.lse)) {
       st = s.input(&b.lse);
     }
   }
@@ -275,7 +281,7 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
     /* Delta: the caller's lazy tensor where it has the logsumexp's layout */
     if (!padded_lse) delta_view = acquire(in.D);
     b.delta = lse_view(delta_view.data_ptr(), p, varlen);
-    if (!delta_view || delta_view.dtype() != aotriton::kFloat32 || !aotr_layout_ok(&b.delta))
+    if (!delta_view || delta_view.dtype() != aotriton::kFloat32 || !lse_fits(b.delta))
       st = s.scratch(&b.delta, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
   }
   if (st == AOTR_OK && !deterministic &&
