@@ -110,7 +110,7 @@ def _cxx():
 
 @pytest.fixture(scope="module")
 def installed(native_build, tmp_path_factory):
-    for tool in ("nm", "c++filt", "readelf"):
+    for tool in ("nm", "c++filt", "readelf", "objdump"):
         if not shutil.which(tool):
             pytest.skip(f"needs {tool} (binutils)")
     prefix = tmp_path_factory.mktemp("native-install")
@@ -174,6 +174,11 @@ def test_soname_is_the_file_name_and_symbols_are_unversioned(prefix, line):
     assert "libaotriton_rocm" not in dyn and "libamdhip64" not in dyn and "libcuda" not in dyn
     sections = _run(["readelf", "-S", "-W", prefix / "lib" / name])
     assert ".gnu.version_d" not in sections  # no version definitions
+    # loadable where the runtime wheel is (manylinux_2_28: glibc 2.28, GCC 8's libstdc++)
+    import re
+    limits = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 25), "CXXABI": (1, 3, 11)}
+    for lib, version in re.findall(r"\b(GLIBC|GLIBCXX|CXXABI)_([0-9.]+)", _run(["objdump", "-T", prefix / "lib" / name])):
+        assert tuple(int(x) for x in version.split(".")) <= limits[lib], (lib, version)
 
 
 def test_sizes_and_offsets_match_upstream(prefix, line, tmp_path):

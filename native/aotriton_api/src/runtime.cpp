@@ -3,6 +3,7 @@
 #include "layer.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <array>
@@ -33,9 +34,11 @@ State &state() {
   return *s;
 }
 
+/* statx (glibc 2.28), not stat: glibc >= 2.33 binds stat to a symbol
+ * version manylinux_2_28 does not have. */
 bool is_file(const std::string &path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  struct statx st;
+  return statx(AT_FDCWD, path.c_str(), 0, STATX_TYPE, &st) == 0 && S_ISREG(st.stx_mode);
 }
 
 /* The directory this library was loaded from. */
