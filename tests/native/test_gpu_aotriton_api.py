@@ -223,7 +223,8 @@ def test_dropout_through_the_debug_mask(api):
     assert torch.equal(r >= 0, keep.bool())
 
 
-def test_compact_varlen(api):
+@pytest.mark.parametrize("max_k", [100, 0])  # 0: what PyTorch's efficient op passes
+def test_compact_varlen(api, max_k):
     line, c = api
     d = 72
     lens_q, lens_k = [50, 78], [64, 100]
@@ -236,7 +237,7 @@ def test_compact_varlen(api):
     # 0.11: (batch * heads, max_seqlen_q) padded per sequence; 0.12 on: (heads, total)
     lse = torch.empty(2 * HQ, 78, device="cuda") if line == "0.11" else torch.empty(HQ, 128, device="cuda")
     scale = 1 / math.sqrt(d)
-    case = dict(mask="bottom_right", scale=scale, max_seqlen=(78, 100), q=q, k=k, v=v, out=out,
+    case = dict(mask="bottom_right", scale=scale, max_seqlen=(78, max_k), q=q, k=k, v=v, out=out,
                 lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     assert c.forward(make_case(**case), _stream()) == HIP_SUCCESS
     dout = torch.randn_like(q)

@@ -2,6 +2,7 @@
  * aotr_attn_bwd, and the exported TensorView instantiations. */
 #include "layer.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace aotriton {
@@ -75,6 +76,18 @@ aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bo
     p->cu_seqlens_k = core_tensor(in.cu_seqlens_k);
     p->max_seqlen_q = in.Max_seqlen_q;
     p->max_seqlen_k = in.Max_seqlen_k;
+    /* PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens (its
+     * TODO): upstream's kernels never needed it, the core does. */
+    for (int side = 0; side < 2; side++) {
+      int32_t *longest = side ? &p->max_seqlen_k : &p->max_seqlen_q;
+      const aotr_tensor &cu = side ? p->cu_seqlens_k : p->cu_seqlens_q;
+      if (*longest > 0 || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32) continue;
+      std::vector<int32_t> bounds;
+      aotr_status st = s.read_i32(cu.data, static_cast<size_t>(cu.sizes[0]), &bounds);
+      if (st != AOTR_OK) return st;
+      for (size_t i = 0; i + 1 < bounds.size(); i++)
+        *longest = std::max(*longest, bounds[i + 1] - bounds[i]);
+    }
   }
   if (in.B && in.B.size(0) * in.B.size(1) * in.B.size(2) * in.B.size(3) > 0)
     p->bias = core_tensor(in.B);

@@ -153,6 +153,12 @@ check(a["max_seqlen_q"] == 56 and a["batch"] == B, "varlen shape")
 # one copy per sequence into that layout after the launch
 check(calls("cuMemcpy2DAsync_v2") == (1 + B if LEGACY else 0), "lse layout")
 
+# -- PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens: the longest sequence is read back
+case = make_case(mask="bottom_right", max_seqlen=(56, 0), q=qv, k=kv, v=vv, out=outv, lse=lse_v,
+                 cu_seqlens_q=cu, cu_seqlens_k=cu)
+rc, ls = run(lambda: api.forward(case))
+check(rc == HIP_SUCCESS and ls[0][1]["max_seqlen_k"] == 56, f"Max_seqlen_k = 0: {rc}")
+
 # -- backward with bias and its gradient; D (and DQ_ACC for the fused kernels) acquired lazily
 for deterministic in (False, True):
     t = dense(bias=torch.randn(B, HQ, SQ, SK).half(), seed=seed, offset=offset)
