@@ -59,7 +59,7 @@ def render_api_config(line: str, version: str, api_line: int) -> str:
     major, minor, patch = version.split(".")
     values = {"AOTRITON_VERSION_MAJOR": major, "AOTRITON_VERSION_MINOR": minor,
               "AOTRITON_VERSION_PATCH": patch, "AOTRITON_ROCM_API_LINE": str(api_line),
-              "AOTRITON_ROCM_VERSION": VERSION}
+              "AOTRITON_ROCM_VERSION": _VERSION_MODULE["public_version"](VERSION)}
     return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], (API_DIR / "config.h.in").read_text())
 
 
@@ -144,6 +144,14 @@ class BuildExt(build_ext):
                 return filename
         return super().get_ext_filename(fullname)
 
+    def _get_inplace_equivalent(self, build_py, ext):
+        # editable installs: the API libraries keep their aotriton_api/<line>/ directory
+        inplace, regular = super()._get_inplace_equivalent(build_py, ext)
+        if ext.name in API_EXTENSIONS:
+            line = API_EXTENSIONS[ext.name][0]
+            inplace = os.path.join(os.path.dirname(inplace), "aotriton_api", line, os.path.basename(inplace))
+        return inplace, regular
+
     def build_api_library(self, ext):
         """One libaotriton_v2: the core's C sources and the layer's C++ ones,
         each with its own flags, linked with the C++ driver."""
@@ -152,7 +160,8 @@ class BuildExt(build_ext):
         config = temp / "include" / "aotriton" / "config.h"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(render_api_config(line, version, api_line))
-        compat = ["-include", f"{NATIVE}/src/glibc_compat.h"]
+        # -g0: no build directory in the binary (as the torch extension)
+        compat = ["-include", f"{NATIVE}/src/glibc_compat.h", "-O2", "-g0"]
         cc = self.compiler
         cc.compiler_so = [f for f in cc.compiler_so if f != "-Wstrict-prototypes"]
         core = sorted(str(p.relative_to(HERE)) for p in (HERE / NATIVE / "src").glob("*.c"))

@@ -157,6 +157,18 @@ def test_install_layout(installed, line):
         assert f"#define AOTRITON_VERSION_{k} {v}u" in config
 
 
+def test_setup_py_renders_what_cmake_installs(installed, line):
+    """The editable build's headers (setup.py) == CMake's install, config.h included."""
+    pkg = HERE.parents[1] / "src" / "aotriton_rocm" / "include" / "aotriton_api" / line / "aotriton"
+    if not (pkg / "config.h").is_file():
+        pytest.skip("no editable build in src/aotriton_rocm/include (scripts/dev-env.sh makes one)")
+    cmake = installed / "include" / "aotriton_api" / line / "aotriton"
+    files = sorted(p.relative_to(cmake) for p in cmake.rglob("*.h"))
+    assert files == sorted(p.relative_to(pkg) for p in pkg.rglob("*.h"))
+    for rel in files:
+        assert (pkg / rel).read_text() == (cmake / rel).read_text(), rel
+
+
 def test_exported_symbols_are_the_call_sites(prefix, line):
     lib = prefix / "lib" / f"libaotriton_v2.so.{LINES[line][0]}"
     mangled = _exports(lib)
