@@ -7,7 +7,13 @@ script, not a Python extension), and its public header is shipped as
 When torch's headers are at hand (AOTRITON_ROCM_TORCH_INCLUDE, or an
 importable torch >= 2.10 in the build environment), the torch extension
 native/torch/ is compiled beside it as ``aotriton_rocm/lib/
-libaotriton_rocm_torch.so`` (torch's stable ABI; no link-time libtorch)."""
+libaotriton_rocm_torch.so`` (torch's stable ABI; no link-time libtorch).
+
+libaotriton_v2, upstream AOTriton's C++ API over the same core (native/
+aotriton_api/, the core's sources compiled in), is built once per API line
+as ``aotriton_rocm/lib/aotriton_api/<line>/libaotriton_v2.so.<version>``
+with its headers in ``aotriton_rocm/include/aotriton_api/<line>/aotriton/``
+(native/aotriton_api/CMakeLists.txt builds and installs the same)."""
 
 import os
 import re
@@ -28,6 +34,14 @@ ABI_LINE = _VERSION_MODULE["abi_line"](VERSION)
 SONAME = f"libaotriton_rocm.so.{ABI_LINE}"
 LIBRARY = "aotriton_rocm.lib.libaotriton_rocm"
 TORCH_LIBRARY = "aotriton_rocm.lib.libaotriton_rocm_torch"
+# libaotriton_v2's API lines: (directory, AOTriton version, AOTRITON_ROCM_API_LINE),
+# as in native/aotriton_api/CMakeLists.txt
+API_LINES = (("0.11", "0.11.2", 11), ("0.13", "0.13.0", 13))
+API_DIR = HERE / NATIVE / "aotriton_api"
+API_EXTENSIONS = {f"aotriton_rocm.lib.aotriton_api_{line.replace('.', '_')}": (line, version, api)
+                  for line, version, api in API_LINES}
+API_CXX_FLAGS = ["-std=c++17", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-Wall", "-Wextra",
+                 "-Wpedantic", "-Wshadow", "-Wconversion", "-Wno-sign-conversion", "-Werror"]
 # The warning set of native/CMakeLists.txt.
 WARNINGS = ["-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wstrict-prototypes",
             "-Wmissing-prototypes", "-Wconversion", "-Wno-sign-conversion", "-Wformat=2",
@@ -38,6 +52,24 @@ def copy_header(package: Path) -> None:
     include = package / "include" / "aotriton_rocm"
     include.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(HERE / NATIVE / "include/aotriton_rocm/aotriton_rocm.h", include / "aotriton_rocm.h")
+
+
+def render_api_config(line: str, version: str, api_line: int) -> str:
+    """config.h of one libaotriton_v2 line (CMake's configure_file @ONLY)."""
+    major, minor, patch = version.split(".")
+    values = {"AOTRITON_VERSION_MAJOR": major, "AOTRITON_VERSION_MINOR": minor,
+              "AOTRITON_VERSION_PATCH": patch, "AOTRITON_ROCM_API_LINE": str(api_line),
+              "AOTRITON_ROCM_VERSION": _VERSION_MODULE["public_version"](VERSION)}
+    return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], (API_DIR / "config.h.in").read_text())
+
+
+def copy_api_headers(package: Path) -> None:
+    for line, version, api_line in API_LINES:
+        dest = package / "include" / "aotriton_api" / line / "aotriton"
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(API_DIR / "include" / "aotriton", dest)
+        (dest / "config.h").write_text(render_api_config(line, version, api_line))
 
 
 def torch_include_dir():
@@ -102,14 +134,55 @@ def render_package_files(package: Path) -> None:
 class BuildExt(build_ext):
     def get_ext_filename(self, fullname):
         # asked with the dotted name and with its last part
-        for name, filename in ((LIBRARY, SONAME), (TORCH_LIBRARY, "libaotriton_rocm_torch.so")):
+        names = [(LIBRARY, SONAME), (TORCH_LIBRARY, "libaotriton_rocm_torch.so")]
+        names += [(name, f"aotriton_api/{line}/libaotriton_v2.so.{version}")
+                  for name, (line, version, _) in API_EXTENSIONS.items()]
+        for name, filename in names:
             if fullname == name:
                 return str(Path(*name.split(".")[:-1], filename))
             if fullname == name.rsplit(".", 1)[1]:
                 return filename
         return super().get_ext_filename(fullname)
 
+    def _get_inplace_equivalent(self, build_py, ext):
+        # editable installs: the API libraries keep their aotriton_api/<line>/ directory
+        inplace, regular = super()._get_inplace_equivalent(build_py, ext)
+        if ext.name in API_EXTENSIONS:
+            line = API_EXTENSIONS[ext.name][0]
+            inplace = os.path.join(os.path.dirname(inplace), "aotriton_api", line, os.path.basename(inplace))
+        return inplace, regular
+
+    def build_api_library(self, ext):
+        """One libaotriton_v2: the core's C sources and the layer's C++ ones,
+        each with its own flags, linked with the C++ driver."""
+        line, version, api_line = API_EXTENSIONS[ext.name]
+        temp = Path(self.build_temp, "aotriton_api", line)
+        config = temp / "include" / "aotriton" / "config.h"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(render_api_config(line, version, api_line))
+        # -g0: no build directory in the binary (as the torch extension)
+        compat = ["-include", f"{NATIVE}/src/glibc_compat.h", "-O2", "-g0"]
+        cc = self.compiler
+        cc.compiler_so = [f for f in cc.compiler_so if f != "-Wstrict-prototypes"]
+        core = sorted(str(p.relative_to(HERE)) for p in (HERE / NATIVE / "src").glob("*.c"))
+        objects = cc.compile(core, output_dir=str(temp / "core"), macros=[("_GNU_SOURCE", None)],
+                             include_dirs=[f"{NATIVE}/include", f"{NATIVE}/src"],
+                             extra_postargs=["-std=c11", "-fvisibility=hidden", *compat, *WARNINGS])
+        layer = sorted(str(p.relative_to(HERE)) for p in (API_DIR / "src").glob("*.cpp"))
+        objects += cc.compile(layer, output_dir=str(temp / "layer"),
+                              macros=[("aotriton_v2_EXPORTS", None), ("AOTRITON_ROCM_NO_HIP_RUNTIME_H", None)],
+                              include_dirs=[str(temp / "include"), str(API_DIR / "include"), f"{NATIVE}/include"],
+                              extra_postargs=[*API_CXX_FLAGS, *compat])
+        cc.link_shared_object(
+            objects, self.get_ext_fullpath(ext.name), target_lang="c++",
+            extra_postargs=[f"-Wl,-soname,libaotriton_v2.so.{version}",
+                            f"-Wl,--version-script={API_DIR / 'libaotriton_v2.map'}",
+                            "-Wl,--no-undefined", "-Wl,-z,defs", "-Wl,--no-as-needed",
+                            "-l:libdl.so.2", "-l:libpthread.so.0", "-Wl,--as-needed"])
+
     def build_extension(self, ext):
+        if ext.name in API_EXTENSIONS:
+            return self.build_api_library(ext)
         if ext.name == TORCH_LIBRARY:
             # linked against the libaotriton_rocm just built (listed first)
             ext.library_dirs = [str(Path(self.get_ext_fullpath(LIBRARY)).parent)]
@@ -122,13 +195,16 @@ class BuildExt(build_ext):
         # editable installs: the package's lib/ (and include/) exist only as build outputs
         package = Path(self.get_finalized_command("build_py").get_package_dir("aotriton_rocm"))
         (package / "lib").mkdir(exist_ok=True)
+        for line, _, _ in API_LINES:
+            (package / "lib" / "aotriton_api" / line).mkdir(parents=True, exist_ok=True)
         copy_header(package)
+        copy_api_headers(package)
         render_package_files(package)
         super().copy_extensions_to_source()
 
     def get_export_symbols(self, ext):
         # the version script decides what the library exports (no PyInit_*)
-        if ext.name in (LIBRARY, TORCH_LIBRARY):
+        if ext.name in (LIBRARY, TORCH_LIBRARY) or ext.name in API_EXTENSIONS:
             return []
         return super().get_export_symbols(ext)
 
@@ -137,6 +213,7 @@ class BuildPy(build_py):
     def run(self):
         super().run()
         copy_header(Path(self.build_lib, "aotriton_rocm"))
+        copy_api_headers(Path(self.build_lib, "aotriton_rocm"))
         render_package_files(Path(self.build_lib, "aotriton_rocm"))
 
 
@@ -156,5 +233,10 @@ library = Extension(
     py_limited_api=True,
 )
 
-extensions = [library, torch_extension()]
+# built by BuildExt.build_api_library (the sources listed for setuptools' bookkeeping)
+api_libraries = [Extension(name, sources=sorted(str(p.relative_to(HERE)) for p in (API_DIR / "src").glob("*.cpp")),
+                           language="c++", py_limited_api=True)
+                 for name in API_EXTENSIONS]
+
+extensions = [library, *api_libraries, torch_extension()]
 setup(ext_modules=[e for e in extensions if e is not None], cmdclass={"build_ext": BuildExt, "build_py": BuildPy})

@@ -293,8 +293,16 @@ def test_runtime_wheel_contents(wheels):
             "aotriton_rocm/lib/cmake/aotriton_rocm/aotriton_rocmConfig.cmake",
             "aotriton_rocm/lib/cmake/aotriton_rocm/aotriton_rocmConfigVersion.cmake",
             "aotriton_rocm/lib/pkgconfig/aotriton_rocm.pc"} <= set(names)
-    assert [n for n in names if n.endswith((".c", ".h", ".pyc"))] == [
+    # and AOTriton's API (libaotriton_v2) per line: its library and headers
+    api = {"0.11": "0.11.2", "0.13": "0.13.0"}
+    api_headers = {f"aotriton_rocm/include/aotriton_api/{line}/aotriton/{h}" for line in api
+                   for h in ("config.h", "cpp_tune.h", "dtypes.h", "flash.h", "runtime.h", "util.h",
+                             "v2/cpp_tune.h", "v2/flash.h")}
+    assert [n for n in names if n.endswith((".c", ".h", ".pyc")) and n not in api_headers] == [
         "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h"]
+    assert api_headers <= set(names), sorted(api_headers - set(names))
+    api_libs = [f"aotriton_rocm/lib/aotriton_api/{line}/libaotriton_v2.so.{v}" for line, v in api.items()]
+    assert set(api_libs) <= set(names)
     # every module of the source tree, kernels/ as aotriton_rocm._kernels
     want = {"aotriton_rocm/" + p.relative_to(ROOT / "src" / "aotriton_rocm").as_posix()
             for p in (ROOT / "src" / "aotriton_rocm").rglob("*.py")}
@@ -308,7 +316,7 @@ def test_runtime_wheel_contents(wheels):
     from elftools.elf.elffile import ELFFile
     import io
 
-    for so in ("aotriton_rocm/lib/libaotriton_rocm.so.0.1",):
+    for so in ("aotriton_rocm/lib/libaotriton_rocm.so.0.1", *api_libs):
         with zipfile.ZipFile(wheels["runtime"]) as z:
             elf = ELFFile(io.BytesIO(z.read(so)))
         dyn = elf.get_section_by_name(".dynamic")
@@ -322,6 +330,14 @@ def test_runtime_wheel_contents(wheels):
                         if sym["st_shndx"] not in ("SHN_UNDEF", "SHN_ABS")  # ABS: the version node
                         and sym["st_info"]["bind"] == "STB_GLOBAL"}
             assert exported and all(n.startswith("aotr_") for n in exported), sorted(exported)
+        else:  # libaotriton_v2: the full version is the soname; AOTriton's C++ API only
+            assert [t.soname for t in dyn.iter_tags() if t.entry.d_tag == "DT_SONAME"] == [
+                so.rsplit("/", 1)[1]]
+            exported = {sym.name for sym in elf.get_section_by_name(".dynsym").iter_symbols()
+                        if sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["bind"] != "STB_LOCAL"}
+            assert exported and all(n.startswith(("_ZN8aotriton", "_ZNK8aotriton"))
+                                    for n in exported), sorted(exported)
+            assert elf.get_section_by_name(".gnu.version_d") is None  # unversioned
 
 
 @pytest.mark.slow

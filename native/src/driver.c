@@ -645,6 +645,22 @@ static void cuda_leave(aotr_driver *d, int pushed)
         (void)d->cu.CtxPopCurrent(&popped);
 }
 
+/* For device_ops.c: a symbol of the opened driver library (NULL if absent),
+ * and the CUDA context bracket the launches use (no-ops for HIP). */
+void *aotr_driver_symbol(aotr_driver *d, const char *name) { return dlsym(d->lib, name); }
+
+aotr_status aotr_driver_enter(aotr_driver *d, int32_t device, int *pushed)
+{
+    *pushed = 0;
+    return d->backend == AOTR_BACKEND_CUDA ? cuda_enter(d, device, pushed) : AOTR_OK;
+}
+
+void aotr_driver_leave(aotr_driver *d, int pushed)
+{
+    if (d->backend == AOTR_BACKEND_CUDA)
+        cuda_leave(d, pushed);
+}
+
 /* ------------------------------------------------------------------ arch */
 
 aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch,

@@ -173,6 +173,14 @@ AOTR_HIDDEN aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint
                                             size_t dst_pitch, uint64_t src, size_t src_pitch,
                                             size_t width, size_t height, void *stream);
 
+/* device_ops.c: a driver symbol looked up by name (NULL: absent), and the
+ * CUDA context bracket around driver calls (no-ops for HIP). */
+AOTR_HIDDEN void *aotr_driver_symbol(aotr_driver *d, const char *name);
+AOTR_HIDDEN aotr_status aotr_driver_enter(aotr_driver *d, int32_t device, int *pushed);
+AOTR_HIDDEN void aotr_driver_leave(aotr_driver *d, int pushed);
+/* The runtime's driver (opened on first use, as for a device). */
+AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out);
+
 #endif /* AOTR_INTERNAL_H */
 
 /* ---------------------------------------------- runtime.c / attention.c */

@@ -246,6 +246,14 @@ static aotr_status open_driver(aotr_runtime *rt, aotr_driver **out)
     return open_driver_for(rt, AOTR_BACKEND_CUDA, out);
 }
 
+aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out)
+{
+    pthread_mutex_lock(&rt->lock);
+    aotr_status st = open_driver(rt, out);
+    pthread_mutex_unlock(&rt->lock);
+    return st;
+}
+
 /* -- kernel tables -------------------------------------------------------- */
 
 static int kernel_id_of(const char *name)

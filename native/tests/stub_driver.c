@@ -1309,6 +1309,161 @@ int aotr_stub_cuda_retains(int device)
     return n;
 }
 
+/* ------------------------------------------- copies, fills, capture (v2) */
+/* What libaotriton_v2 stages tensors with (aotr_copy_2d & co.): host memory
+ * here, so the copies really happen. AOTR_STUB_CAPTURING=1 reports every
+ * stream as capturing. */
+
+struct stub_memcpy2d { /* CUDA_MEMCPY2D */
+    size_t src_x, src_y;
+    int src_type;
+    const void *src_host;
+    unsigned long long src_device;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x, dst_y;
+    int dst_type;
+    void *dst_host;
+    unsigned long long dst_device;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width, height;
+};
+
+STUB_API stub_result cuCtxGetDevice(int *device);
+STUB_API stub_result cuStreamIsCapturing(void *stream, int *status);
+STUB_API stub_result cuStreamSynchronize(void *stream);
+STUB_API stub_result cuMemcpy2DAsync_v2(const struct stub_memcpy2d *c, void *stream);
+STUB_API stub_result cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n,
+                                     void *stream);
+STUB_API stub_result hipStreamIsCapturing(void *stream, int *status);
+STUB_API stub_result hipStreamSynchronize(void *stream);
+STUB_API stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                      size_t width, size_t height, int kind, void *stream);
+STUB_API stub_result hipMemsetAsync(void *dst, int value, size_t n, void *stream);
+STUB_API stub_result hipMallocAsync(void **ptr, size_t bytes, void *stream);
+STUB_API stub_result hipFreeAsync(void *ptr, void *stream);
+
+static stub_result copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height)
+{
+    if (!dst || !src || width > dpitch || width > spitch)
+        return 1;
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return 0;
+}
+
+stub_result cuCtxGetDevice(int *device)
+{
+    stub_result rc = cuda_enter("cuCtxGetDevice");
+    if (rc)
+        return rc;
+    if (!current_context)
+        return 201;
+    *device = current_context->device < 0 ? 0 : current_context->device;
+    return 0;
+}
+
+stub_result cuStreamIsCapturing(void *stream, int *status)
+{
+    stub_result rc = cuda_enter("cuStreamIsCapturing");
+    (void)stream;
+    if (rc)
+        return rc;
+    *status = env_int("AOTR_STUB_CAPTURING", 0) ? 1 : 0;
+    return 0;
+}
+
+stub_result cuStreamSynchronize(void *stream)
+{
+    (void)stream;
+    return cuda_enter("cuStreamSynchronize");
+}
+
+stub_result cuMemcpy2DAsync_v2(const struct stub_memcpy2d *c, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemcpy2DAsync_v2");
+    (void)stream;
+    if (rc)
+        return rc;
+    if (!current_context)
+        return 201;
+    const void *src = c->src_type == 1 ? c->src_host : (const void *)(uintptr_t)c->src_device;
+    void *dst = c->dst_type == 1 ? c->dst_host : (void *)(uintptr_t)c->dst_device;
+    return copy_rows(dst, c->dst_pitch, src, c->src_pitch, c->width, c->height);
+}
+
+stub_result cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n, void *stream)
+{
+    stub_result rc = cuda_enter("cuMemsetD8Async");
+    (void)stream;
+    if (rc)
+        return rc;
+    memset((void *)(uintptr_t)dst, value, n);
+    return 0;
+}
+
+stub_result hipStreamIsCapturing(void *stream, int *status)
+{
+    stub_result rc = hip_enter("hipStreamIsCapturing");
+    (void)stream;
+    if (rc)
+        return rc;
+    *status = env_int("AOTR_STUB_CAPTURING", 0) ? 1 : 0;
+    return 0;
+}
+
+stub_result hipStreamSynchronize(void *stream)
+{
+    (void)stream;
+    return hip_enter("hipStreamSynchronize");
+}
+
+stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                             size_t width, size_t height, int kind, void *stream)
+{
+    stub_result rc = hip_enter("hipMemcpy2DAsync");
+    (void)stream;
+    if (rc)
+        return rc;
+    return kind == 4 ? copy_rows(dst, dpitch, src, spitch, width, height) : 1;
+}
+
+stub_result hipMemsetAsync(void *dst, int value, size_t n, void *stream)
+{
+    stub_result rc = hip_enter("hipMemsetAsync");
+    (void)stream;
+    if (rc)
+        return rc;
+    memset(dst, value, n);
+    return 0;
+}
+
+stub_result hipMallocAsync(void **ptr, size_t bytes, void *stream)
+{
+    unsigned long long p = 0;
+    stub_result rc = hip_enter("hipMallocAsync");
+    if (rc)
+        return rc;
+    rc = stub_alloc(&p, bytes, stream);
+    *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+stub_result hipFreeAsync(void *ptr, void *stream)
+{
+    stub_result rc = hip_enter("hipFreeAsync");
+    (void)stream;
+    if (rc)
+        return rc;
+    free(ptr);
+    pthread_mutex_lock(&lock);
+    scratch_live--;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
 /* Free the records when the stub is unloaded (the leak checkers would see
  * them orphaned once its globals are unmapped). */
 __attribute__((destructor)) static void stub_unload(void)

@@ -389,6 +389,39 @@ typedef struct aotr_dropout_uniform_params {
 AOTR_API aotr_status aotr_dropout_uniform(aotr_runtime *runtime,
                                           const aotr_dropout_uniform_params *params);
 
+/* ----------------------------------------------- stream-ordered device memory */
+
+/* For layers over this library that stage tensors themselves (libaotriton_v2:
+ * AOTriton's C++ API takes any strides and its callers ignore errors). Each
+ * goes through the runtime's driver (HIP runtime / CUDA driver), in the
+ * order of `stream` on `device`; nothing here synchronises but
+ * aotr_stream_synchronize. */
+
+/* The device current on the calling thread (hipGetDevice; the device of the
+ * current CUDA context). */
+AOTR_API aotr_status aotr_current_device(aotr_runtime *runtime, int32_t *device);
+/* *capturing = 1 while `stream` is being captured into a graph, else 0. */
+AOTR_API aotr_status aotr_stream_capturing(aotr_runtime *runtime, int32_t device, void *stream,
+                                           int *capturing);
+AOTR_API aotr_status aotr_stream_synchronize(aotr_runtime *runtime, int32_t device,
+                                             void *stream);
+/* Copy `rows` rows of `width` bytes (addresses in the unified address space:
+ * device or host memory). */
+AOTR_API aotr_status aotr_copy_2d(aotr_runtime *runtime, int32_t device, void *stream, void *dst,
+                                  size_t dst_pitch, const void *src, size_t src_pitch,
+                                  size_t width, size_t rows);
+/* Set `bytes` bytes to `value` (0..255). */
+AOTR_API aotr_status aotr_fill(aotr_runtime *runtime, int32_t device, void *stream, void *dst,
+                               int value, size_t bytes);
+/* Device memory allocated and freed in stream order (hipMallocAsync /
+ * cuMemAllocAsync; at least 256-byte aligned). */
+AOTR_API aotr_status aotr_alloc_async(aotr_runtime *runtime, int32_t device, void *stream,
+                                      size_t bytes, void **ptr);
+AOTR_API aotr_status aotr_free_async(aotr_runtime *runtime, int32_t device, void *stream,
+                                     void *ptr);
+/* The device's compute units (CUs / SMs). */
+AOTR_API aotr_status aotr_compute_units(aotr_runtime *runtime, int32_t device, int32_t *count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,345 @@
+/* v3::flash::attn_fwd / attn_bwd: the params mapped onto aotr_attn_fwd /
+ * aotr_attn_bwd, and the exported TensorView instantiations. */
+#include "layer.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace aotriton {
+/* The instantiations the header declares `extern template`. */
+template class TensorView<1>;
+template class TensorView<2>;
+template class TensorView<3>;
+template class TensorView<4>;
+}  // namespace aotriton
+
+namespace aotriton_rocm_v2 {
+namespace {
+
+using namespace aotriton::v3::flash;
+
+/* (1, heads, total, head_dim) -> (total, heads, head_dim), the core's packed form. */
+aotr_tensor packed_rows(const aotr_tensor &t) {
+  aotr_tensor p = t;
+  p.rank = 3;
+  p.sizes[0] = t.sizes[2];
+  p.sizes[1] = t.sizes[1];
+  p.sizes[2] = t.sizes[3];
+  p.strides[0] = t.strides[2];
+  p.strides[1] = t.strides[1];
+  p.strides[2] = t.strides[3];
+  return p;
+}
+
+/* causal_type and the windows: plain causal in either alignment, or a
+ * bottom-right aligned window (flash-attn's window_size; -1: unbounded). */
+aotr_status map_mask(int8_t causal_type, int32_t left, int32_t right, aotr_attn_problem *p) {
+  p->causal = 0;
+  p->causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
+  p->window_left = p->window_right = -1;
+  if (causal_type == CausalType::None) return AOTR_OK;
+  if (causal_type != CausalType::WindowedAttention)
+    return fail(AOTR_UNSUPPORTED, "causal_type must be CausalType::None or WindowedAttention");
+  const int32_t br = WindowValue::BottomRightAligned, tl = WindowValue::TopLeftAligned;
+  if (left == br && right == br) {
+    p->causal = 1;
+  } else if (left == tl && right == tl) {
+    p->causal = 1;
+    p->causal_alignment = AOTR_CAUSAL_TOP_LEFT;
+  } else if (left == br || left == tl || right == br || right == tl) {
+    return fail(AOTR_UNSUPPORTED, "window_left/right mix an alignment value with a window");
+  } else {
+    p->window_left = left < 0 ? -1 : left;
+    p->window_right = right < 0 ? -1 : right;
+  }
+  return AOTR_OK;
+}
+
+/* What the forward and backward params share. */
+template <typename Params>
+aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bool *varlen) {
+  *p = aotr_attn_problem{};
+  *varlen = static_cast<bool>(in.cu_seqlens_q);
+  if (*varlen && in.varlen_type != VarlenType::CompactVarlen && in.varlen_type != VarlenType::None)
+    return fail(AOTR_UNSUPPORTED, "only compact variable-length batches are covered");
+  if (*varlen && in.Q.size(0) != 1)
+    return fail(AOTR_INVALID_ARGUMENT, "a variable-length batch passes (1, heads, total, "
+                                       "head_dim) views");
+  p->q = core_tensor(in.Q);
+  p->k = core_tensor(in.K);
+  p->v = core_tensor(in.V);
+  if (*varlen) {
+    p->q = packed_rows(p->q);
+    p->k = packed_rows(p->k);
+    p->v = packed_rows(p->v);
+    p->cu_seqlens_q = core_tensor(in.cu_seqlens_q);
+    p->cu_seqlens_k = core_tensor(in.cu_seqlens_k);
+    p->max_seqlen_q = in.Max_seqlen_q;
+    p->max_seqlen_k = in.Max_seqlen_k;
+    /* PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens (its
+     * TODO): upstream's kernels never needed it, the core does. */
+    for (int side = 0; side < 2; side++) {
+      int32_t *longest = side ? &p->max_seqlen_k : &p->max_seqlen_q;
+      const aotr_tensor &cu = side ? p->cu_seqlens_k : p->cu_seqlens_q;
+      if (*longest > 0 || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32) continue;
+      std::vector<int32_t> bounds;
+      aotr_status st = s.read_i32(cu.data, static_cast<size_t>(cu.sizes[0]), &bounds);
+      if (st != AOTR_OK) return st;
+      for (size_t i = 0; i + 1 < bounds.size(); i++)
+        *longest = std::max(*longest, bounds[i + 1] - bounds[i]);
+    }
+  }
+  if (in.B && in.B.size(0) * in.B.size(1) * in.B.size(2) * in.B.size(3) > 0)
+    p->bias = core_tensor(in.B);
+  p->scale = in.Sm_scale;
+  p->dropout_p = in.dropout_p;
+  if (in.dropout_p > 0.0f) {
+    if (in.philox_offset2 != 0)
+      return fail(AOTR_UNSUPPORTED, "philox_offset2 != 0 (dropout under graph capture) is not "
+                                    "covered yet");
+    p->philox_seed = core_tensor(in.philox_seed_ptr);
+    p->philox_offset = core_tensor(in.philox_offset1);
+    p->philox_seed.dtype = p->philox_offset.dtype = AOTR_INT64; /* int64 or uint64 */
+  }
+  aotr_status st = map_mask(in.causal_type, in.window_left, in.window_right, p);
+  if (st == AOTR_OK) st = s.input(&p->q);
+  if (st == AOTR_OK) st = s.input(&p->k);
+  if (st == AOTR_OK) st = s.input(&p->v);
+  if (st == AOTR_OK) st = s.input(&p->bias);
+  return st;
+}
+
+/* The logsumexp (or Delta) at `data` in the layout upstream's kernels
+ * assume, whatever the view's strides: dense (batch, heads, seqlen_q)
+ * contiguous; packed (heads, total_q) from the 0.12 line on. */
+aotr_tensor lse_view(void *data, const aotr_attn_problem &p, bool varlen) {
+  aotr_tensor t{};
+  t.data = data;
+  t.dtype = AOTR_FP32;
+  if (varlen) {
+    t.rank = 2;
+    t.sizes[0] = p.q.sizes[1];
+    t.sizes[1] = p.q.sizes[0];
+    t.strides[0] = p.q.sizes[0];
+    t.strides[1] = 1;
+  } else {
+    t.rank = 3;
+    t.sizes[0] = p.q.sizes[0];
+    t.sizes[1] = p.q.sizes[1];
+    t.sizes[2] = p.q.sizes[2];
+    t.strides[0] = p.q.sizes[1] * p.q.sizes[2];
+    t.strides[1] = p.q.sizes[2];
+    t.strides[2] = 1;
+  }
+  return t;
+}
+
+/* The 0.11 line keeps a packed batch's logsumexp padded per sequence:
+ * (batch * heads, max_seqlen_q). Copies between that and (heads, total_q);
+ * needs the sequence bounds on the host (synchronises). */
+aotr_status convert_padded_lse(Session &s, const aotr_attn_problem &p, void *padded,
+                               const aotr_tensor &packed, bool to_padded) {
+  std::vector<int32_t> cu;
+  const size_t batch = static_cast<size_t>(p.cu_seqlens_q.sizes[0] - 1);
+  aotr_status st = s.read_i32(p.cu_seqlens_q.data, batch + 1, &cu);
+  const int64_t heads = p.q.sizes[1], max_q = p.max_seqlen_q;
+  for (size_t b = 0; st == AOTR_OK && b < batch; b++) {
+    const int64_t n = cu[b + 1] - cu[b];
+    if (n < 0 || n > max_q || cu[b + 1] > packed.sizes[1])
+      return fail(AOTR_INVALID_ARGUMENT, "cu_seqlens_q disagrees with Max_seqlen_q or the total");
+    aotr_tensor a{}, c{};
+    a.dtype = c.dtype = AOTR_FP32;
+    a.rank = c.rank = 2;
+    a.sizes[0] = c.sizes[0] = heads;
+    a.sizes[1] = c.sizes[1] = n;
+    a.data = static_cast<float *>(padded) + static_cast<int64_t>(b) * heads * max_q;
+    a.strides[0] = max_q;
+    a.strides[1] = 1;
+    c.data = static_cast<float *>(packed.data) + cu[b];
+    c.strides[0] = packed.strides[0];
+    c.strides[1] = 1;
+    st = to_padded ? s.copy(a, c) : s.copy(c, a);
+  }
+  return st;
+}
+
+/* What the core asks of a logsumexp / Delta: a 16-byte aligned base and a
+ * unit last stride (its other strides are free). */
+bool lse_fits(const aotr_tensor &t) {
+  return t.data && (reinterpret_cast<uintptr_t>(t.data) & 15u) == 0 && t.strides[t.rank - 1] == 1;
+}
+
+template <int Rank>
+aotriton::TensorView<Rank> acquire(aotriton::LazyTensor<Rank> &lazy) {
+#if AOTRITON_ROCM_API_LINE >= 12
+  if (lazy.eager) return lazy.eager;
+  if (lazy.acquire) return lazy.acquire(&lazy);
+#else
+  if (lazy.acquire) return lazy.acquire(lazy.cookie);
+#endif
+  return aotriton::TensorView<Rank>();
+}
+
+bool same_shape(const aotr_tensor &a, const aotr_tensor &b) {
+  if (a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; i++)
+    if (a.sizes[i] != b.sizes[i]) return false;
+  return true;
+}
+
+void copy_philox(Session &s, const aotriton::TensorView<0> &out, const aotriton::TensorView<0> &in) {
+  if (!out || !in) return;
+  aotr_tensor d{}, v{};
+  d.data = out.data_ptr();
+  v.data = in.data_ptr();
+  d.dtype = v.dtype = AOTR_INT64;
+  (void)s.copy(d, v);
+}
+
+}  // namespace
+
+hipError_t forward(const attn_fwd_params &in, void *stream) {
+  int32_t device = 0;
+  aotr_status st = current_device(&device);
+  if (st != AOTR_OK) return report(st, "attn_fwd");
+  Session s(device, stream);
+  aotr_attn_fwd_params f{};
+  f.struct_size = sizeof f;
+  f.device = device;
+  f.stream = stream;
+  bool varlen = false;
+  aotr_tensor user_out = core_tensor(in.Out);
+  if (varlen || in.cu_seqlens_q) user_out = packed_rows(user_out);
+  aotr_tensor user_mask{};
+  if (in.encoded_softmax && in.encoded_softmax.size(0) * in.encoded_softmax.size(1) > 0)
+    user_mask = core_tensor(in.encoded_softmax);
+  st = build_problem(in, s, &f.problem, &varlen);
+  const bool padded_lse = varlen && AOTRITON_ROCM_API_LINE < 12;
+  if (st == AOTR_OK) {
+    f.out = user_out;
+    st = s.output(&f.out);
+  }
+  if (st == AOTR_OK) {
+    f.lse = lse_view(in.L.data_ptr(), f.problem, varlen);
+    if (!in.L || padded_lse)
+      st = s.scratch(&f.lse, AOTR_FP32, f.lse.rank, f.lse.sizes, false);
+    else if (!lse_fits(f.lse))
+      st = s.output(&f.lse);
+  }
+  if (st == AOTR_OK && user_mask.data) {
+    f.debug_mask = user_mask;
+    st = s.output(&f.debug_mask, false, true);
+  }
+  if (st == AOTR_OK) st = aotr_attn_fwd(runtime(), &f);
+  if (st == AOTR_OK) st = s.finish();
+  if (st == AOTR_OK && padded_lse && in.L)
+    st = convert_padded_lse(s, f.problem, in.L.data_ptr(), f.lse, true);
+  if (st == AOTR_OK) {
+    copy_philox(s, in.philox_seed_output, in.philox_seed_ptr);
+    copy_philox(s, in.philox_offset_output, in.philox_offset1);
+    return hipSuccess;
+  }
+  hipError_t err = report(st, "attn_fwd");
+  (void)s.poison(user_out);
+  return err;
+}
+
+hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic) {
+  int32_t device = 0;
+  aotr_status st = current_device(&device);
+  if (st != AOTR_OK) return report(st, "attn_bwd");
+  Session s(device, stream);
+  aotr_attn_bwd_params b{};
+  b.struct_size = sizeof b;
+  b.device = device;
+  b.stream = stream;
+  bool varlen = static_cast<bool>(in.cu_seqlens_q);
+  auto rows = [varlen](aotr_tensor t) { return varlen ? packed_rows(t) : t; };
+  const aotr_tensor user_dq = rows(core_tensor(in.DQ)), user_dk = rows(core_tensor(in.DK)),
+                    user_dv = rows(core_tensor(in.DV));
+  aotr_tensor user_db{};
+  if (in.DB && in.DB.size(0) * in.DB.size(1) * in.DB.size(2) * in.DB.size(3) > 0)
+    user_db = core_tensor(in.DB);
+  aotriton::TensorView<2> delta_view;
+  aotriton::TensorView<4> acc_view;
+  st = build_problem(in, s, &b.problem, &varlen);
+  const bool padded_lse = varlen && AOTRITON_ROCM_API_LINE < 12;
+  const aotr_attn_problem &p = b.problem;
+  if (st == AOTR_OK) {
+    b.out = rows(core_tensor(in.Out));
+    b.grad_out = rows(core_tensor(in.DO));
+    st = s.input(&b.out);
+    if (st == AOTR_OK) st = s.input(&b.grad_out);
+  }
+  if (st == AOTR_OK) {
+    b.lse = lse_view(in.L.data_ptr(), p, varlen);
+    if (padded_lse) {
+      aotr_tensor packed;
+      st = s.scratch(&packed, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
+      if (st == AOTR_OK) st = convert_padded_lse(s, p, in.L.data_ptr(), packed, false);
+      b.lse = packed;
+    } else if (!lse_fits(b.lse)) {
+      st = s.input(&b.lse);
+    }
+  }
+  b.grad_q = user_dq;
+  b.grad_k = user_dk;
+  b.grad_v = user_dv;
+  b.grad_bias = user_db;
+  if (st == AOTR_OK) st = s.output(&b.grad_q);
+  if (st == AOTR_OK) st = s.output(&b.grad_k);
+  if (st == AOTR_OK) st = s.output(&b.grad_v);
+  if (st == AOTR_OK) st = s.output(&b.grad_bias, true);
+  if (st == AOTR_OK) {
+    /* Delta: the caller's lazy tensor where it has the logsumexp's layout */
+    if (!padded_lse) delta_view = acquire(in.D);
+    b.delta = lse_view(delta_view.data_ptr(), p, varlen);
+    if (!delta_view || delta_view.dtype() != aotriton::kFloat32 || !lse_fits(b.delta))
+      st = s.scratch(&b.delta, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
+  }
+  if (st == AOTR_OK && !deterministic &&
+      aotr_attn_supported(runtime(), device, &p, AOTR_NEED_BACKWARD | AOTR_NEED_DQ_ACCUM) == AOTR_OK) {
+    /* the fused backward sums dQ in fp32 (faster; not bitwise reproducible) */
+    acc_view = acquire(in.DQ_ACC);
+    aotr_tensor acc = rows(core_tensor(acc_view));
+    if (acc_view && acc.dtype == AOTR_FP32 && same_shape(acc, p.q) && aotr_layout_ok(&acc) &&
+        is_contiguous(acc) && s.zero(acc) == AOTR_OK)
+      b.grad_q_accum = acc;
+  }
+  if (st == AOTR_OK) st = aotr_attn_bwd(runtime(), &b);
+  if (st == AOTR_OK) st = s.finish();
+  in.D.free();
+  in.DQ_ACC.free();
+  if (st == AOTR_OK) return hipSuccess;
+  hipError_t err = report(st, "attn_bwd");
+  for (const aotr_tensor *t : {&user_dq, &user_dk, &user_dv, static_cast<const aotr_tensor *>(&user_db)})
+    (void)s.poison(*t);
+  return err;
+}
+
+}  // namespace aotriton_rocm_v2
+
+namespace aotriton::v3::flash {
+
+attn_fwd_params::attn_fwd_params() {}
+attn_bwd_params::attn_bwd_params() {}
+
+hipError_t attn_fwd(const attn_fwd_params &params, int32_t params_version, aotriton::Stream stream,
+                    const attn_options *) {
+  if (params_version != attn_fwd_params::kVersion) return hipErrorInvalidSymbol;
+  return aotriton_rocm_v2::forward(params, stream.native());
+}
+
+hipError_t attn_bwd(const attn_bwd_params &params, int32_t params_version, aotriton::Stream stream,
+                    const attn_options *options) {
+  if (params_version != attn_bwd_params::kVersion) return hipErrorInvalidSymbol;
+#if AOTRITON_ROCM_API_LINE >= 12
+  const bool deterministic = options && options->deterministic;
+#else
+  (void)options;
+  const bool deterministic = false;
+#endif
+  return aotriton_rocm_v2::backward(params, stream.native(), deterministic);
+}
+
+}  // namespace aotriton::v3::flash

@@ -1,0 +1,200 @@
+"""The consumer (consumer/consumer.cpp) on the stub driver, in a process of
+its own (libaotriton_v2 creates one runtime per process, from the
+environment): every call PyTorch makes, checked against the launches the
+stub records (argument values decoded by name) and the memory the library
+writes itself (staging copies, zero fills, poisoned outputs).
+
+usage: stub_scenarios.py CONSUMER STUB_DRIVER IMAGES_DIR LINE
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import torch  # noqa: E402
+
+from aotriton_rocm.archive import write_archive  # noqa: E402
+from consumer_abi import (ACQUIRED_D, ACQUIRED_DQ_ACC, HIP_INVALID_SYMBOL, HIP_NO_BINARY_FOR_GPU,  # noqa: E402
+                          HIP_NOT_SUPPORTED, HIP_SUCCESS, Consumer, make_case)
+from stub_archive import MANIFEST, decode, launches, records  # noqa: E402
+
+consumer_path, stub_path, images_dir, line = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+os.environ.update(AOTRITON_ROCM_DRIVER_LIBRARY=stub_path, AOTRITON_ROCM_BACKEND="cuda",
+                  AOTR_STUB_CUDA_ARCH="9.0")
+os.environ.pop("AOTRITON_ROCM_ARCHIVE_DIR", None)
+# the image where PyTorch's build puts it: beside the library
+RECS = records(head_dims=(64,), bias=(False, True), dropout=(False, True))
+images_dir.mkdir(parents=True, exist_ok=True)
+write_archive(images_dir / "sm_90.aotr", MANIFEST, RECS)
+ARGS = {r.symbol: r.args for r, _ in RECS}
+KERNELS = {r.kernel for r, _ in RECS}
+
+stub = ctypes.CDLL(stub_path)
+api = Consumer(consumer_path)
+B, SQ, SK, HQ, HK, D = 2, 128, 192, 4, 2, 64
+LEGACY = line == "0.11"
+
+
+def bshd(s, h, d=D, dtype=torch.float16, pad=0):
+    """(B, S, H, D) with rows of h * d + pad elements (pad: an odd layout)."""
+    buf = torch.randn(B, s, h * d + pad).to(dtype)
+    return buf[..., : h * d].view(B, s, h, d) if pad else buf.view(B, s, h, d)
+
+
+def run(call):
+    stub.aotr_stub_reset()
+    rc = call()
+    return rc, [(sym, decode(ARGS[sym], raw)) for sym, _, _, _, raw in launches(stub)]
+
+
+def calls(name):
+    return stub.aotr_stub_calls(name.encode())
+
+
+def kernel(symbol):
+    return next(r.kernel for r, _ in RECS if r.symbol == symbol)
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def dense(**kw):
+    q, k, v = bshd(SQ, HQ), bshd(SK, HK), bshd(SK, HK)
+    out = torch.empty_like(q)
+    lse = torch.empty(B * HQ, SQ)
+    return {**dict(q=q, k=k, v=v, out=out, lse=lse), **kw}
+
+
+# -- the API line and its version check
+fv, bv = api.kversions()
+check((fv, bv) == ((1, 3) if LEGACY else (3, 6)), f"kVersion {fv}/{bv}")
+t = dense()
+check(api.forward(make_case(**t), version=fv + 1) == HIP_INVALID_SYMBOL, "params version refused")
+check(api.experimental() == 0, "isArchExperimentallySupported is false")
+
+# -- forward, causal in both alignments, a window, GQA: permuted views read in place
+for mask, window, bottom_right, left, right in (("bottom_right", (-1, -1), 1, -1, 0),
+                                                 ("top_left", (-1, -1), 0, -1, 0),
+                                                 ("window", (16, 8), 1, 16, 8),
+                                                 (None, (-1, -1), 1, -1, -1)):
+    t = dense()
+    rc, ls = run(lambda: api.forward(make_case(mask=mask, window=window, **t)))
+    check(rc == HIP_SUCCESS, f"forward {mask}: {rc}")
+    check([kernel(s) for s, _ in ls] == ["attn_fwd"], f"forward launches {ls}")
+    a = ls[0][1]
+    q = t["q"]
+    check(a["Q"] == q.data_ptr() and a["O"] == t["out"].data_ptr() and a["LSE"] == t["lse"].data_ptr(),
+          "q, out and lse read in place")
+    check((a["stride_qz"], a["stride_qh"], a["stride_qm"]) == (SQ * HQ * D, D, HQ * D), "q strides")
+    check((a["stride_kz"], a["stride_kh"], a["stride_kn"]) == (SK * HK * D, D, HK * D), "k strides")
+    check((a["stride_lz"], a["stride_lh"]) == (HQ * SQ, SQ), "lse strides")
+    check((a["bottom_right"], a["window_left"], a["window_right"]) == (bottom_right, left, right),
+          f"{mask}: {a['bottom_right']}, {a['window_left']}, {a['window_right']}")
+    check(a["gqa_group"] == HQ // HK and a["head_dim"] == D and a["varlen"] == 0, "shape args")
+    check(math.isclose(a["sm_scale"], 0.125), "scale")
+    check(calls("cuMemcpy2DAsync_v2") == 0, "nothing staged")
+
+# -- dropout: the int64 device scalars; bias (B, H, Sq, Sk)
+seed, offset = torch.tensor(1234, dtype=torch.int64), torch.tensor(56, dtype=torch.int64)
+t = dense(bias=torch.randn(B, HQ, SQ, SK).half(), seed=seed, offset=offset)
+rc, ls = run(lambda: api.forward(make_case(mask="bottom_right", dropout_p=0.2, **t)))
+check(rc == HIP_SUCCESS, f"dropout + bias forward: {rc}")
+a = ls[0][1]
+check(a["RNG_SEED"] == seed.data_ptr() and a["RNG_OFFSET"] == offset.data_ptr(), "philox scalars")
+check(math.isclose(a["dropout_p"], 0.2, rel_tol=1e-6), "dropout_p")
+check(a["BIAS"] == t["bias"].data_ptr() and a["stride_bm"] == SK, "bias in place")
+
+# -- a layout the kernels cannot read (rows of 264 elements): staged, computed, copied back
+t = dense()
+t["q"] = bshd(SQ, HQ, pad=8)
+t["out"] = bshd(SQ, HQ, pad=8).zero_()
+rc, ls = run(lambda: api.forward(make_case(**t)))
+check(rc == HIP_SUCCESS, f"staged forward: {rc}")
+a = ls[0][1]
+check(a["Q"] != t["q"].data_ptr() and a["stride_qm"] % 16 == 0, "q staged")
+check(a["O"] != t["out"].data_ptr(), "out staged")
+check(calls("cuMemcpy2DAsync_v2") == 2, f"one copy in, one back: {calls('cuMemcpy2DAsync_v2')}")
+check(stub.aotr_stub_scratch(None, None) == 0, "workspace freed")
+
+# -- a refused call (no head-dim-72 kernel) leaves NaN in the output's elements, nowhere else
+q72 = torch.randn(B, SQ, HQ * 72 + 8).half()
+out72 = torch.zeros_like(q72)
+t = dense(q=q72[..., : HQ * 72].view(B, SQ, HQ, 72), k=bshd(SK, HK, 72), v=bshd(SK, HK, 72),
+          out=out72[..., : HQ * 72].view(B, SQ, HQ, 72))
+rc, ls = run(lambda: api.forward(make_case(**t)))
+check(rc == HIP_NOT_SUPPORTED and not ls, f"refused: {rc} {ls}")
+check(bool(out72[..., : HQ * 72].isnan().all()), "refused output poisoned")
+check(bool((out72[..., HQ * 72:] == 0).all()), "padding untouched")
+
+# -- compact varlen: (1, H, total, D) views, int32 cu_seqlens
+cu = torch.tensor([0, 40, 96], dtype=torch.int32)
+total = 96
+qv, kv, vv = (torch.randn(total, h, D).half() for h in (HQ, HK, HK))
+outv = torch.empty_like(qv)
+lse_v = torch.empty(B * HQ, 64) if LEGACY else torch.empty(HQ, total)
+case = make_case(mask="bottom_right", max_seqlen=(56, 56), q=qv, k=kv, v=vv, out=outv, lse=lse_v,
+                 cu_seqlens_q=cu, cu_seqlens_k=cu)
+rc, ls = run(lambda: api.forward(case))
+check(rc == HIP_SUCCESS, f"varlen forward: {rc}")
+a = ls[0][1]
+check(a["varlen"] == 1 and a["CU_Q"] == cu.data_ptr() and a["CU_K"] == cu.data_ptr(), "cu_seqlens")
+check(a["Q"] == qv.data_ptr() and a["stride_qm"] == HQ * D and a["stride_qh"] == D, "packed q in place")
+check(a["max_seqlen_q"] == 56 and a["batch"] == B, "varlen shape")
+# 0.11 keeps the logsumexp padded per sequence: cu_seqlens_q read back, then
+# one copy per sequence into that layout after the launch
+check(calls("cuMemcpy2DAsync_v2") == (1 + B if LEGACY else 0), "lse layout")
+
+# -- PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens: the longest sequence is read back
+case = make_case(mask="bottom_right", max_seqlen=(56, 0), q=qv, k=kv, v=vv, out=outv, lse=lse_v,
+                 cu_seqlens_q=cu, cu_seqlens_k=cu)
+rc, ls = run(lambda: api.forward(case))
+check(rc == HIP_SUCCESS and ls[0][1]["max_seqlen_k"] == 56, f"Max_seqlen_k = 0: {rc}")
+
+# -- backward with bias and its gradient; D (and DQ_ACC for the fused kernels) acquired lazily
+for deterministic in (False, True):
+    t = dense(bias=torch.randn(B, HQ, SQ, SK).half(), seed=seed, offset=offset)
+    t.update(dout=torch.randn_like(t["q"]), dq=torch.empty_like(t["q"]), dk=torch.empty_like(t["k"]),
+             dv=torch.empty_like(t["v"]), dbias=torch.full((B, HQ, SQ, SK), 7.0).half())
+    case = make_case(mask="top_left", deterministic=deterministic, **t)
+    rc, ls = run(lambda: api.backward(case))
+    err = rc & 0xFFFFF
+    check(err == HIP_SUCCESS, f"backward: {err}")
+    check(rc & ACQUIRED_D, "D acquired")
+    fused = "attn_bwd_fused" in KERNELS and not (deterministic and not LEGACY)
+    check(bool(rc & ACQUIRED_DQ_ACC) == fused, f"DQ_ACC acquired: {rc & ACQUIRED_DQ_ACC}")
+    names = [kernel(s) for s, _ in ls]
+    check(names[0] == "attn_bwd_preprocess" and "attn_bwd_dkdv" in names, f"backward launches {names}")
+    a = dict(ls[-1][1])
+    for _, args in ls:
+        a.update(args)
+    check(a["DO"] == t["dout"].data_ptr() and a["DK"] == t["dk"].data_ptr(), "grads in place")
+    check(a["DBIAS"] == t["dbias"].data_ptr() and a["bottom_right"] == 0, "dbias, top-left")
+    check(bool((t["dbias"] == 0).all()), "dbias zeroed before the kernels add to it")
+    check(stub.aotr_stub_scratch(None, None) == 0, "workspace freed")
+
+# -- varlen backward (0.11: the padded logsumexp gathered first)
+dqv, dkv, dvv = torch.empty_like(qv), torch.empty_like(kv), torch.empty_like(vv)
+case = make_case(mask="bottom_right", max_seqlen=(56, 56), q=qv, k=kv, v=vv, out=outv, lse=lse_v,
+                 cu_seqlens_q=cu, cu_seqlens_k=cu, dout=torch.randn_like(qv), dq=dqv, dk=dkv, dv=dvv)
+rc, ls = run(lambda: api.backward(case))
+check(rc & 0xFFFFF == HIP_SUCCESS and ls, f"varlen backward: {rc & 0xFFFFF}")
+
+# -- debug_simulate_encoded_softmax: the dropout draws (an image with the kernel only)
+r = torch.empty(B, HQ, SQ, SK)
+rc, _ = run(lambda: api.simulate(r, 0.3, seed, offset))
+check(rc == (HIP_SUCCESS if "dropout_uniform" in KERNELS else HIP_NOT_SUPPORTED), f"simulate: {rc}")
+
+# -- check_gpu: this image covers head dim 64 only, so the arch is not vouched for
+check(api.check_gpu() == HIP_NO_BINARY_FOR_GPU, "check_gpu with a partial image")
+os.environ["AOTR_STUB_CAPTURING"] = "1"
+check(api.check_gpu() == HIP_NOT_SUPPORTED, "check_gpu while capturing")
+print("ok")
