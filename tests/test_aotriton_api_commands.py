@@ -85,7 +85,7 @@ def test_dropin_installs_the_same_line_and_undo_restores(tmp_path, version, line
     record = json.loads((lib / ".aotriton-rocm-dropin.json").read_text())
     assert record["file"] == name and record["aotriton_api_line"] == line
     # torch's library loads ours under the name it needs, with every symbol resolved
-    code = ("import ctypes, sys; ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_NOW); "
+    code = ("import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); "
             "print([l.split()[-1] for l in open('/proc/self/maps') if 'libaotriton_v2' in l][0])")
     p = subprocess.run([sys.executable, "-c", code, str(lib / "libtorch_hip.so")],
                        capture_output=True, text=True)
