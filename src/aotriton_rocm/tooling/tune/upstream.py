@@ -22,9 +22,10 @@ measurements"):
   bwd_kernel_dq (the tiles mean the same: BLOCK_N the key tile of dK/dV's
   grid, BLOCK_M the query tile of the forward's and dQ's). bwd_kernel_fuse is
   not imported: no AMD fused backward here.
-* pad_head = false at head dim D <- upstream rows at exactly D; pad_head =
-  true at tile D <- rows with D/2 < d <= D (upstream composes such head dims
-  from power-of-two pieces; ours masks a padded tile).
+* pad_head = false at head dim D (64, 128) <- upstream rows at exactly D;
+  pad_head = true at 64 and 128 <- rows with D/2 < d < D (upstream composes
+  such head dims from power-of-two pieces; ours masks a padded tile); at the
+  tiles that have only the masked variant (16, 32, 256, 512) <- rows at D.
 * Only rows without ALiBi, int8 or P scaling (ALiBi and softcap are runtime
   arguments of our masked variants, untuned upstream). PERSISTENT_TYPE and
   GRID_CU_MULTIP (a persistent grid) have no counterpart and are ignored.
@@ -77,6 +78,7 @@ ARCHS = {
 }
 DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
 HEAD_DIMS = (16, 32, 64, 128, 256, 512)
+UNMASKED = (64, 128)  # the head dims with an unmasked (pad_head = false) variant
 _FLAGS = ("inputs$USE_ALIBI", "inputs$INT8", "inputs$INT8_KV", "inputs$USE_P_SCALE")
 # upstream column -> our config key (compile options and constexprs)
 _CONFIG = (("tuned_kernel$BLOCK_M", "BLOCK_M"), ("tuned_kernel$BLOCK_N", "BLOCK_N"),
@@ -129,7 +131,13 @@ def _config(row: Mapping[str, Any], kernel: str) -> Tuple[Tuple[str, Any], ...]:
 
 
 def _head_dims(tile: int, pad_head: bool) -> range:
-    return range(tile, tile + 1) if not pad_head else range(tile // 2 + 1, tile + 1)
+    """Upstream's head dims that vote for our point: ``tile`` itself where it
+    runs this variant (the unmasked one; the masked one at the tiles without
+    an unmasked variant: 16, 32, 256, 512), the head dims between half the
+    tile and it for the masked variant at 64 and 128."""
+    if not pad_head or tile not in UNMASKED:
+        return range(tile, tile + 1)
+    return range(tile // 2 + 1, tile)
 
 
 def _ranked(voters: Sequence[Mapping[str, Any]], kernel: str, other: str,
@@ -201,7 +209,7 @@ def _points(kernel: str) -> List[Dict[str, Any]]:
     for dtype in DTYPES:
         for hd in HEAD_DIMS:
             for pad in (False, True):
-                if not pad and (hd not in (64, 128) or dtype == "fp32"):
+                if not pad and (hd not in UNMASKED or dtype == "fp32"):
                     continue
                 for bias in (False, True):
                     for drop in (False, True):
@@ -383,14 +391,15 @@ def uses_amd_options(config: Mapping[str, Any]) -> bool:
 
 
 def check_spills(archs: Sequence[str], *, kernels_dir: Path, targets_path: Path, out: Path,
-                 jobs: Optional[int] = None) -> List[Dict[str, Any]]:
+                 jobs: Optional[int] = None, only: Sequence[str] = ()) -> List[Dict[str, Any]]:
     """Compile and validate, per arch, every candidate (tuning file and
     variants.toml) that sets an AMD option or PRE_LOAD_V, as the build does;
     returns the ones with an unwaived validator finding (a spill, scratch,
-    LDS), in the drops file's form. Build-time: needs the pinned triton."""
+    LDS), in the drops file's form; ``only``: ``build --only``'s subset.
+    Build-time: needs the pinned triton."""
     from ..build.cache import CompileCache
     from ..build.compile import Executor, compile_plan
-    from ..build.plan import Sources, plan_build
+    from ..build.plan import Sources, Subset, plan_build
     from ..build.validate import validate_plan
     from ..common.targets import TargetError, load_targets
     sources = Sources.find(kernels_dir=kernels_dir, targets_path=targets_path)
@@ -402,7 +411,7 @@ def check_spills(archs: Sequence[str], *, kernels_dir: Path, targets_path: Path,
             profile = None
         except TargetError:
             profile = "7.2"
-        plan = plan_build(profile, [arch], sources)
+        plan = plan_build(profile, [arch], sources, Subset.parse(only))
         mine = [t.cache_key for v, t in plan.items[arch] if uses_amd_options(v.config)]
         plan = plan.restricted_to(mine)
         compiled = compile_plan(plan, CompileCache(Path(out) / "cache"), Path(out), Executor(jobs=jobs))
@@ -436,6 +445,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="after writing, compile and validate every candidate with an AMD option "
                         "in BUILD_DIR and write the ones that spill to --drops")
     p.add_argument("--jobs", "-j", type=int, default=None)
+    p.add_argument("--only", action="append", default=[], help="with --check-spills: build --only's subset")
     args = p.parse_args(argv)
     drops = load_drops(args.drops)
     out_dir = args.out or args.kernels_dir / "tuning"
@@ -452,7 +462,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"dropped -> {out}")
     if args.check_spills is not None:
         found = check_spills(args.arch or sorted(ARCHS), kernels_dir=args.kernels_dir,
-                             targets_path=args.targets, out=args.check_spills, jobs=args.jobs)
+                             targets_path=args.targets, out=args.check_spills, jobs=args.jobs,
+                             only=args.only)
         text = json.dumps(found, indent=1, sort_keys=True) + "\n"
         if args.drops is not None:
             args.drops.write_text(text, encoding="utf-8")
