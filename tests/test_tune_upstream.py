@@ -153,3 +153,36 @@ def test_committed_files_load_and_carry_provenance():
             assert c["source"] == upstream.SOURCE or "measured" in c
             if c["source"] == upstream.SOURCE:
                 assert {"kernel", "gpu", "database", "tag", "votes"} <= set(c["upstream"])
+
+
+def test_tune_replaces_imported_entries_point_by_point(tmp_path):
+    """A tune run on the GPU over an imported file: its own choices first,
+    the imported entries kept (with their provenance) for the buckets it did
+    not time and for the points it did not tune."""
+    from aotriton_rocm.tooling.tune.command import PointResult, _merged, _Previous
+    _make_db(tmp_path, _rows(), packed=False)
+    other = dict(POINT, dtype="fp16")
+    doc = upstream.convert(tmp_path, "gfx942", tag="0.13b", candidates=CANDIDATES,
+                           kernels=["attn_fwd"], points_of=lambda k: [POINT, other])
+    # the fixture has bf16 rows only: the fp16 point gets none; give it one by hand
+    doc["choices"].append(dict(doc["choices"][-1], functional={k: [v] for k, v in other.items()}))
+    f = tmp_path / "gfx942.json"
+    f.write_text(dump_measured(doc))
+    tuned = PointResult("attn_fwd", dict(POINT), runs=[{
+        "kernel": "attn_fwd", "functional": {k: [v] for k, v in POINT.items()}, "seqlen_max": None,
+        "config": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
+        "measured": [{"seqlen": 512, "us": 1.0}, {"seqlen": 1024, "us": 2.0}]}])
+    header = {"schema": 1, "arch": "gfx942", "how": "Measured by tune.",
+              "device": {"name": "AMD Instinct MI300X"}, "commands": ["aotriton-rocm tune"]}
+    merged = _merged([tuned], [("attn_fwd", dict(POINT)), ("attn_fwd", other)], header,
+                     _Previous.read(f, "gfx942"))
+    ch = merged["choices"]
+    assert ch[0]["measured"] and ch[0]["device"] == "AMD Instinct MI300X" and ch[0]["seqlen_max"] == 1024
+    kept = ch[1:]
+    # above 1024 the imported 128x64 still decides the bf16 point; the fp16 point keeps its entry
+    assert [c["functional"]["dtype"] for c in kept] == [["bf16"], ["fp16"]]
+    for c in kept:
+        assert c["source"] == upstream.SOURCE and "upstream AOTriton" in c["device"]
+    data = load_measured_text(dump_measured(merged), "gfx942", "x")
+    assert dict(data.entry_for("attn_fwd", POINT, 512).config)["BLOCK_M"] == 64
+    assert dict(data.entry_for("attn_fwd", POINT, 4096).config).get("PRE_LOAD_V") is True
