@@ -412,6 +412,7 @@ def check_spills(archs: Sequence[str], *, kernels_dir: Path, targets_path: Path,
         except TargetError:
             profile = "7.2"
         plan = plan_build(profile, [arch], sources, Subset.parse(only))
+        declared = {v.key for v in plan.spec.variants_for(plan.archs[0])}  # variants.toml's own
         mine = [t.cache_key for v, t in plan.items[arch] if uses_amd_options(v.config)]
         plan = plan.restricted_to(mine)
         compiled = compile_plan(plan, CompileCache(Path(out) / "cache"), Path(out), Executor(jobs=jobs))
@@ -419,7 +420,10 @@ def check_spills(archs: Sequence[str], *, kernels_dir: Path, targets_path: Path,
         for v, _ in plan.items[arch]:
             stats, resources = validation.checked.get((arch, v.key), ({}, []))
             bad = [m for k, m in resources if k not in v.allow]
-            if bad:
+            if bad and v.key in declared:
+                found.append({"arch": arch, "error": f"{v.key}: a variants.toml config with AMD "
+                              f"options does not ship here: {'; '.join(bad)}"})
+            elif bad:
                 found.append({"arch": arch, "kernel": v.kernel,
                               "functional": {k: [x] for k, x in v.functional.items()},
                               "config": dict(v.config), "why": "; ".join(bad)})
@@ -447,9 +451,41 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--jobs", "-j", type=int, default=None)
     p.add_argument("--only", action="append", default=[], help="with --check-spills: build --only's subset")
     args = p.parse_args(argv)
-    drops = load_drops(args.drops)
+    archs = args.arch or sorted(ARCHS)
     out_dir = args.out or args.kernels_dir / "tuning"
-    for arch in args.arch or sorted(ARCHS):
+    if args.check_spills is None:
+        _write_all(args, archs, out_dir, load_drops(args.drops))
+        return 0
+    # every upstream config a candidate again, so that earlier drops are checked anew
+    _write_all(args, archs, out_dir, {})
+    found = check_spills(archs, kernels_dir=args.kernels_dir, targets_path=args.targets,
+                         out=args.check_spills, jobs=args.jobs, only=args.only)
+    errors = [d for d in found if "error" in d]
+    earlier = json.loads(args.drops.read_text(encoding="utf-8")) if args.drops and args.drops.is_file() else []
+    # keep the earlier drops of what this run did not check (other archs, or outside --only)
+    merged = [d for d in earlier if d["arch"] not in archs or not _in_subset(d, args.only)]
+    merged += [d for d in found if "error" not in d and d not in merged]
+    merged.sort(key=lambda d: (d["arch"], d["kernel"], json.dumps(d["functional"], sort_keys=True),
+                               json.dumps(d["config"], sort_keys=True)))
+    if args.drops is not None:
+        args.drops.parent.mkdir(parents=True, exist_ok=True)
+        args.drops.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    _write_all(args, archs, out_dir, load_drops(args.drops) if args.drops else {
+        _dropped_key(d["arch"], d["kernel"], {k: v[0] for k, v in d["functional"].items()}, d["config"]):
+        d["why"] for d in merged})
+    for e in errors:
+        print(f"error: {e['arch']}: {e['error']}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def _in_subset(drop: Mapping[str, Any], only: Sequence[str]) -> bool:
+    from ..build.plan import Subset
+    point = {k: v[0] for k, v in drop["functional"].items()}
+    return Subset.parse(only).accepts_point(drop["kernel"], point)
+
+
+def _write_all(args, archs: Sequence[str], out_dir: Path, drops: Mapping[str, str]) -> None:
+    for arch in archs:
         doc = convert(args.db, arch, tag=args.tag, commit=args.commit, drops=drops,
                       candidates=our_candidates(args.kernels_dir, args.targets, arch))
         if not doc["choices"] and not doc.get("dropped"):
@@ -460,16 +496,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         out.write_text(dump_measured(doc), encoding="utf-8")
         print(f"{arch}: {json.dumps(doc['imported']['counts'])}, {len(doc.get('dropped', ()))} "
               f"dropped -> {out}")
-    if args.check_spills is not None:
-        found = check_spills(args.arch or sorted(ARCHS), kernels_dir=args.kernels_dir,
-                             targets_path=args.targets, out=args.check_spills, jobs=args.jobs,
-                             only=args.only)
-        text = json.dumps(found, indent=1, sort_keys=True) + "\n"
-        if args.drops is not None:
-            args.drops.write_text(text, encoding="utf-8")
-        print(text)
-        return 1 if found else 0
-    return 0
 
 
 if __name__ == "__main__":
