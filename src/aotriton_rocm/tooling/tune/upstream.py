@@ -3,7 +3,8 @@
 Build-time tooling, never shipped at run time::
 
     python -m aotriton_rocm.tooling.tune.upstream --db DIR [--tag 0.13b] [--commit SHA] \\
-        [--drops kernels/tuning/upstream-drops.json] [--out kernels/tuning]
+        [--drops kernels/tuning/upstream/drops.json] [--out kernels/tuning]
+        [--arch gfx942 --only dtype=fp16 --check-spills BUILD_DIR]
 
 ``DIR`` holds upstream's ``<gpu>/flash/<kernel>.sqlite3`` files (or their
 ``.sqlite3.tar.xz``), as ``modules/database/amd/`` of ROCm/aotriton ships
@@ -34,9 +35,13 @@ measurements"):
 Every entry records its provenance (``source`` = ``SOURCE``, ``upstream``:
 whose kernel, which GPU, which database, tag and commit): apart from our own
 ``tune`` measurements, which carry ``measured`` and replace them point by
-point. ``--drops`` lists (arch, kernel, config) triples that a build found to
-spill or overflow in our kernel: those entries are left out (the static
-choice ships there) and listed in the file's ``dropped``.
+point. ``--drops`` lists the (arch, kernel, point, config)s that spill or
+overflow in our kernel (``--check-spills`` compiles and validates them as
+the build does, and updates that list): those configs are left out (a
+lower-voted config we compile, or the static choice, takes their buckets)
+and listed in the file's ``dropped``. Only the CDNA points that matter most
+compile upstream's own config (:func:`admitted_point`); elsewhere an entry
+names our candidate of upstream's tile.
 """
 from __future__ import annotations
 
@@ -53,7 +58,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..build.tuning import SEQLEN_BUCKETS, dump_measured
 
-__all__ = ["SOURCE", "KERNELS", "ARCHS", "HEAD_DIMS", "convert", "entries_for", "main"]
+__all__ = ["SOURCE", "KERNELS", "ARCHS", "HEAD_DIMS", "convert", "entries_for", "admitted_point",
+           "our_candidates", "load_drops", "check_spills", "main"]
 
 SOURCE = "upstream-aotriton"
 REPO = "ROCm/aotriton"
