@@ -40,7 +40,8 @@ def _static_kernels(dst: Path) -> Path:
     for f in (dst / "tuning").glob("gfx*.json"):
         f.unlink()
     blocks = re.split(r"(?m)^(?=\[\[kernels\.)", (dst / "variants.toml").read_text())
-    (dst / "variants.toml").write_text("".join(b for b in blocks if "waves_per_eu" not in b))
+    (dst / "variants.toml").write_text("".join(b for b in blocks
+                                               if not re.search(r"(?m)^waves_per_eu\s*=", b)))
     return dst
 
 
