@@ -220,6 +220,22 @@ def query_block_ranges(start_n, seqlen_q, seqlen_k, causal_shift, window_left, w
 
 
 @triton.jit
+def load_kv_block(blk, offs, cols, seqlen_k, d_valid, phase: tl.constexpr, PAD_HEAD: tl.constexpr):
+    """A K or V block of the forward's key loop: whole blocks in the first
+    phase, masked by key in the second; masked by head dim where padded."""
+    if phase == 0:
+        if PAD_HEAD:
+            return tl.load(blk + offs, mask=d_valid[None, :], other=0.0)
+        else:
+            return tl.load(blk + offs)
+    else:
+        mask = (cols < seqlen_k)[:, None]
+        if PAD_HEAD:
+            mask = mask & d_valid[None, :]
+        return tl.load(blk + offs, mask=mask, other=0.0)
+
+
+@triton.jit
 def attn_fwd(
     Q, K, V, BIAS, O, LSE, DMASK, CU_Q, CU_K, RNG_SEED, RNG_OFFSET,
     stride_qz, stride_qh, stride_qm,
@@ -238,6 +254,7 @@ def attn_fwd(
     HAS_BIAS: tl.constexpr,
     ENABLE_DROPOUT: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    PRE_LOAD_V: tl.constexpr = False,
 ):
     start_m = heavy_first_row_block(BLOCK_M)
     off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
@@ -347,6 +364,11 @@ def attn_fwd(
                 k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
             if UPCAST_DOT:
                 k = k.to(tl.float32)
+            if PRE_LOAD_V:
+                # AMD's early V load: V's load issues before the QK dot, its
+                # latency hidden behind the dot and the softmax.
+                v = load_kv_block(v_base + n_off64 * stride_vn64, v_offs, cols, seqlen_k, d_valid,
+                                  phase, PAD_HEAD)
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
             if PAD_HEAD or HAS_BIAS:
                 # Score modifiers work on the scaled scores.
@@ -380,14 +402,9 @@ def attn_fwd(
             alpha = tl.math.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             acc = acc * alpha[:, None]
-            v_blk = v_base + n_off64 * stride_vn64
-            if phase == 0:
-                if PAD_HEAD:
-                    v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
-                else:
-                    v = tl.load(v_blk + v_offs)
-            else:
-                v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
+            if not PRE_LOAD_V:
+                v = load_kv_block(v_base + n_off64 * stride_vn64, v_offs, cols, seqlen_k, d_valid,
+                                  phase, PAD_HEAD)
             if ENABLE_DROPOUT:
                 # the element's draw at its counter (philox.py)
                 inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]

@@ -260,6 +260,7 @@ def attn_fwd(
     HAS_BIAS: gl.constexpr,
     ENABLE_DROPOUT: gl.constexpr,
     UPCAST_DOT: gl.constexpr,
+    PRE_LOAD_V: gl.constexpr = False,  # the Triton kernel's AMD option; its TMA ring loads V early anyway
 ):
     gl.static_assert(not PAD_HEAD and not HAS_BIAS and not ENABLE_DROPOUT and not UPCAST_DOT,
                      "the Gluon forward is the fast path only")

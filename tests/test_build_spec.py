@@ -225,7 +225,8 @@ def test_real_variant_contents(targets, spec):
            "BLOCK_M=128,BLOCK_N=64,num_warps=8,num_stages=3")
     v = vs[key]
     assert v.constexprs == {"BLOCK_D": 128, "BLOCK_M": 128, "BLOCK_N": 64, "PAD_HEAD": False,
-                            "HAS_BIAS": False, "ENABLE_DROPOUT": False, "UPCAST_DOT": False}
+                            "HAS_BIAS": False, "ENABLE_DROPOUT": False, "UPCAST_DOT": False,
+                            "PRE_LOAD_V": False}
     assert v.options == {"num_warps": 8, "num_stages": 3}
     assert v.args[0] == ("Q", "*fp16") and v.args[5] == ("LSE", "*fp32")
     assert v.args[-8:] == (("sm_scale", "fp32"), ("dropout_p", "fp32"), ("store_dmask", "i32"),

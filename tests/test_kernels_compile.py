@@ -75,14 +75,15 @@ def _compile(kernel, target, family, dtype="fp16", head_dim=64, pad_head=False, 
     cfg = sorted((c for c in kern["configs"] if matches(c)), key=lambda c: "when" not in c)[0]
     signature = {a: t.replace("{dtype}", dtype) for a, t in kern["args"]}
     values = {"BLOCK_D": head_dim, "PAD_HEAD": pad_head, "UPCAST_DOT": False,
-              "HAS_BIAS": features, "ENABLE_DROPOUT": features}
+              "HAS_BIAS": features, "ENABLE_DROPOUT": features, **kern.get("constexpr_defaults", {})}
     values.update({k: v for k, v in cfg.items() if k.isupper()})
     constexprs = {c: values[c] for c in kern["constexprs"]}
     signature.update({c: "constexpr" for c in kern["constexprs"]})
     names = [a for a, _ in kern["args"]]
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in kern["divisible_16"]}
     src = ASTSource(fn=getattr(FA, kernel), signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {k: cfg[k] for k in ("num_warps", "num_stages", "waves_per_eu") if k in cfg}
+    options = {k: cfg[k] for k in ("num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack")
+               if k in cfg}
     return triton.compile(src, target=GPUTarget(*target), options=options)
 
 

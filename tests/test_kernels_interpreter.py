@@ -121,7 +121,7 @@ def _d_consts(D):
     return {"BLOCK_D": bd, "PAD_HEAD": D != bd}
 
 
-def kernel_forward(q, k, v, sm_scale, causal, window=(-1, -1)):
+def kernel_forward(q, k, v, sm_scale, causal, window=(-1, -1), pre_load_v=False):
     B, H, Sq, D = q.shape
     Hk, Sk = k.shape[1], k.shape[2]
     o = _nan_like(q)
@@ -132,7 +132,8 @@ def kernel_forward(q, k, v, sm_scale, causal, window=(-1, -1)):
         q, k, v, u["values"], o, lse, u["values"], u["cu"], u["cu"], u["rng"], u["rng"],
         *_s3(q), *_s3(k), *_s3(v), 0, 0, 0, *_s3(o), H * Sq, Sq,
         B, H, H // Hk, Sq, Sk, 0, D, *_mask(causal, window), sm_scale, 0.0, 0, *_NO_SCORE_MOD,
-        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, **_NO_FEATURES, **_d_consts(D))
+        BLOCK_M=bm, BLOCK_N=bn, UPCAST_DOT=True, PRE_LOAD_V=pre_load_v, **_NO_FEATURES,
+        **_d_consts(D))
     return o, lse
 
 
@@ -397,3 +398,21 @@ def test_interpreter_launches_bind_arguments_by_name():
         kernel.launch(grid, o.device, {k: v for k, v in args.items() if k != "head_dim"})
     with pytest.raises(TypeError):
         kernel.launch(grid, o.device, dict(args, stride_ox=1))
+
+
+@pytest.mark.parametrize("D,causal,window", [(64, False, (-1, -1)), (40, "br", (5, -1)),
+                                             (64, "tl", (-1, -1))])
+def test_pre_load_v_is_the_same_arithmetic(D, causal, window):
+    # AMD's early V load only moves V's load before the QK dot: the same
+    # output and LSE, bit for bit, on whole and masked blocks, padded or not.
+    g = torch.Generator().manual_seed(D + len(str(causal)))
+    q, k, v = (torch.randn(1, 2, s, D, generator=g).to(F16) for s in (70, 90, 90))
+    o0, l0 = kernel_forward(q, k, v, 0.3, causal, window)
+    o1, l1 = kernel_forward(q, k, v, 0.3, causal, window, pre_load_v=True)
+    torch.testing.assert_close(o1, o0, rtol=0, atol=0)
+    torch.testing.assert_close(l1, l0, rtol=0, atol=0)
+    # and right: against the float64 reference (the other tests hold PRE_LOAD_V = false to it)
+    vis = _visible(causal, 70, 90, window)
+    s64 = (q.double() @ k.double().transpose(-1, -2)) * 0.3
+    p64 = torch.softmax(s64.masked_fill(~vis, float("-inf")), -1)
+    torch.testing.assert_close(o1.double(), p64 @ v.double(), rtol=0, atol=2e-3)

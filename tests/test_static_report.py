@@ -32,18 +32,40 @@ ARCHS = ("gfx942", "gfx908")
 SMALL_TILE = 'archs = ["cdna"]\nhead_dims = [64, 128]\nBLOCK_M = 64\nBLOCK_N = 64\nnum_warps = 4\n'
 
 
+def _static_kernels(dst: Path) -> Path:
+    """A copy of kernels/ whose AMD choices are all the cost model's: without
+    the imported AMD tuning files and the configs with the AMD backend's
+    options (test_amd_options_in_the_config_column shows those)."""
+    shutil.copytree(ROOT / "kernels", dst)
+    for f in (dst / "tuning").glob("gfx*.json"):
+        f.unlink()
+    blocks = re.split(r"(?m)^(?=\[\[kernels\.)", (dst / "variants.toml").read_text())
+    (dst / "variants.toml").write_text("".join(b for b in blocks
+                                               if not re.search(r"(?m)^waves_per_eu\s*=", b)))
+    return dst
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     out = tmp_path_factory.mktemp("report-build")
-    B.build("6.4", list(ARCHS), out, source_root=ROOT, jobs=2, progress=False, only=[ONLY])
+    kernels = _static_kernels(tmp_path_factory.mktemp("kernels") / "kernels")
+    B.build("6.4", list(ARCHS), out, source_root=ROOT, kernels_dir=kernels, jobs=2, progress=False,
+            only=[ONLY])
     return out
+
+
+def test_amd_options_in_the_config_column():
+    assert R.config_text({"BLOCK_M": 128, "BLOCK_N": 64, "PRE_LOAD_V": True, "num_warps": 4,
+                          "num_stages": 1, "waves_per_eu": 2, "matrix_instr_nonkdim": 16,
+                          "kpack": 2}) == "128x64 preV w4 s1 wpe2 nk16 kp2"
+    assert R.config_text({"BLOCK_M": 64, "BLOCK_N": 32, "PRE_LOAD_V": False, "num_warps": 4}) == "64x32 w4"
+    assert "wpe = waves_per_eu" in R.LEGEND and "PRE_LOAD_V" in R.LEGEND
 
 
 @pytest.fixture(scope="module")
 def rebuilt(built, tmp_path_factory):
     """The same build with the 64x64 candidate at 8 warps (gfx942 only)."""
-    kernels = tmp_path_factory.mktemp("kernels8") / "kernels"
-    shutil.copytree(ROOT / "kernels", kernels)
+    kernels = _static_kernels(tmp_path_factory.mktemp("kernels8") / "kernels")
     spec = (kernels / "variants.toml").read_text()
     assert spec.count(SMALL_TILE) == 1
     (kernels / "variants.toml").write_text(spec.replace(SMALL_TILE, SMALL_TILE.replace("= 4", "= 8")))

@@ -167,14 +167,20 @@ def functional_text(functional: Mapping[str, Any]) -> str:
     return " ".join(parts) or "-"
 
 
+# The AMD backend's options and the early V load, short (see LEGEND).
+_SHORT = {"num_warps": "w", "num_stages": "s", "waves_per_eu": "wpe", "matrix_instr_nonkdim": "nk",
+          "kpack": "kp"}
+
+
 def config_text(config: Mapping[str, Any]) -> str:
-    """``128x64 w4 s1``: the BLOCK_* tile, num_warps, num_stages, other keys as k=v."""
+    """``128x64 w4 s1 wpe2 nk16 kp2 preV``: the BLOCK_* tile, num_warps,
+    num_stages, the AMD options, PRE_LOAD_V; other keys as k=v."""
     tile = [str(v) for k, v in config.items() if k.startswith("BLOCK")]
     rest = []
     for k, v in config.items():
-        if k.startswith("BLOCK"):
+        if k.startswith("BLOCK") or (k == "PRE_LOAD_V" and not v):
             continue
-        rest.append(f"w{v}" if k == "num_warps" else f"s{v}" if k == "num_stages" else f"{k}={v}")
+        rest.append(f"{_SHORT[k]}{v}" if k in _SHORT else "preV" if k == "PRE_LOAD_V" else f"{k}={v}")
     return " ".join((["x".join(tile)] if tile else []) + rest) or "-"
 
 
@@ -332,7 +338,8 @@ _HEADER = ("kernel", "point", "bucket", "config", "occ", "VGPR", "AGPR", "LDS", 
            "scratch", "MFMA/iter", "instr/iter", "gload", "ds r/w", "waits", "choice / why not")
 
 LEGEND = """\
-config: BLOCK_* tile, w = num_warps, s = num_stages. occ: waves per SIMD (the lower of the
+config: BLOCK_* tile, w = num_warps, s = num_stages; AMD options: wpe = waves_per_eu, nk =
+matrix_instr_nonkdim, kp = kpack, preV = V loaded before the QK dot (PRE_LOAD_V). occ: waves per SIMD (the lower of the
 register and the LDS limit). VGPR: architectural VGPRs (rounded up to 4 on gfx90a/gfx942/gfx950,
 whose VGPRs and AGPRs share one 512-entry file); AGPR: accumulation registers. spills v/s: VGPRs
 spilled (on CDNA into AGPRs first) / SGPRs spilled (into VGPR lanes); scratch: bytes per lane.
