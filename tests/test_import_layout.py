@@ -24,7 +24,7 @@ LAYERS = {
         "kvcache", "dropout_masks"},
     2: {"__init__", "torch_integration", "flash_attn_interface", "kvcache_api", "function_mode",
         "_autoload"},
-    3: {"cli", "__main__", "smoke", "info"},
+    3: {"cli", "__main__", "smoke", "info", "install_checks"},
 }
 TOOLING = 4
 
