@@ -7,6 +7,7 @@ through their real entry points."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -394,6 +395,11 @@ def test_package_refuses_before_any_work(tmp_path):
         proc = _package("--archives", tmp_path, "--out", "/dev/shm", "--no-conda")
         assert proc.returncode == 2 and "/dev/shm is a mount point" in proc.stderr
         assert "--out /dev/shm/dist" in proc.stderr and "Traceback" not in proc.stderr
+    inside = RA.write(tmp_path / "dist" / "archives", "gfx942").parent
+    proc = _package("--archives", inside, "--out", out, "--no-conda", "--clean")
+    assert proc.returncode == 2 and f"holds the archives ({inside})" in proc.stderr
+    assert (inside / "gfx942.aotr").is_file()
+    shutil.rmtree(out)
     d = tmp_path / "older"
     RA.write(d, "gfx942", inputs_hash="b" * 64)
     RA.write(d, "gfx90a", inputs_hash="b" * 64)

@@ -111,12 +111,13 @@ def package(options: PackageOptions) -> PackageResult:
                          "of them")
     out = real_out(options.out)
     clean_leftovers(out)
-    why = check_out(out, options.clean)
+    root = (options.source_root or find_source_root()).resolve()
+    why = check_out(out, options.clean, keep=[("the archives", options.archives),
+                                              ("the source tree", root)])
     if why:
         raise UsageError(why)
     staging: Optional[Path] = None
     try:
-        root = (options.source_root or find_source_root()).resolve()
         version = read_release_version(root)
         archs = list(options.archs) or None
         # every archive is verified before anything is built

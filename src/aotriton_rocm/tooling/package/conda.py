@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 from ..._version import abi_line, public_version
 from ...files import atomic_move, atomic_write, link_or_copy
 from .archive_intake import collect_archives
+from .dist_dir import scratch_dir
 from .naming import PackagingError, check_profile, log, read_release_version
 from .reproducible import fixed_umask, normalize_modes, source_date_epoch
 from .wheels import build_runtime_wheel, one_inputs_hash

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from ...files import atomic_move, atomic_write_text, file_sha256, pid_alive
 
@@ -163,15 +163,22 @@ def _read_only_fs(path: Path) -> bool:
         return False
 
 
-def check_out(out: Path, clean: bool = False) -> Optional[str]:
+def check_out(out: Path, clean: bool = False,
+              keep: Iterable[Tuple[str, Path]] = ()) -> Optional[str]:
     """Why ``package`` cannot (or must not) write ``--out``, or None. ``out``:
     :func:`real_out`. Checked before any work: the run stages beside
     ``out`` and renames the result into place, replacing the whole directory,
     so ``out`` must be a directory ``package`` wrote (or empty, or new, or
-    ``clean``), not a mount point, in a writable parent."""
+    ``clean``), not a mount point, in a writable parent, and hold none of
+    ``keep`` (``(what, path)`` pairs: the archives, the source tree)."""
     if out.exists() and not out.is_dir():
         return (f"--out {out} is a file, not a directory: pass a directory (created if missing), "
                 f"or remove the file")
+    for what, path in keep:
+        real = Path(os.path.realpath(path))
+        if real == out or out in real.parents:
+            return (f"--out {out} holds {what} ({real}): package replaces the whole of --out, "
+                    f"so pass an --out outside it (e.g. {out / 'dist'})")
     if out.is_dir() and _is_mount_point(out):
         return (f"--out {out} is a mount point: package builds its output beside --out and "
                 f"renames it into place, which cannot replace a mount point; pass a directory "
