@@ -11,6 +11,6 @@ args=()
 [ -n "${ARCHS:-}" ] && args+=(--arch "$ARCHS")
 start=$(date +%s)
 echo "== build";   aotriton-rocm build "${args[@]}" --out build
-echo "== package"; aotriton-rocm package --archives build/archives --out dist
+echo "== package"; aotriton-rocm package --archives build/archives --out dist --clean
 echo "== install + smoke"; aotriton-rocm install-check --dist dist --work build/install-check
 echo "== main job done in $(( $(date +%s) - start )) s; artifacts in dist/"

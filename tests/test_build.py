@@ -239,6 +239,8 @@ def test_only_builds_whole_functional_points(toy_root, built, tmp_path, capsys):
         a = Archive.open(res.archives[arch])
         assert [r.functional["dtype"] for r in a.kernels] == ["bf16"]
         assert a.find("scale_add", dtype="fp16", head_dim=64) == []
+        assert a.manifest["subset"] == "dtype=bf16"  # marked: package refuses it unless told
+    assert "subset" not in Archive.open(built[1].archives["sm_90"]).manifest
     # the CLI option: alternatives of one name, repeated options combined
     assert cli_main(["build", "--arch", "sm_90", "--out", str(out), "--source-root", str(toy_root),
                      "--only", "dtype=fp16|bf16", "--only", "head_dim=64", "--no-progress"]) == 0

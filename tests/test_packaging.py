@@ -312,6 +312,9 @@ def test_runtime_wheel_contents(wheels):
     want = {w for w in want if "__pycache__" not in w}
     assert not want - set(names), sorted(want - set(names))
     assert "aotriton_rocm/_kernels/variants.toml" in names
+    # the build-inputs hash of the archives it was packaged with (smoke and info check it)
+    record = json.loads(_wheel_read(wheels["runtime"], "aotriton_rocm/packaged.json"))
+    assert record == {"build_inputs_hash": RA.tree_hash(), "archs": sorted(ARCHS)}
     # no build-machine RUNPATH/RPATH; the C library exports its API only
     from elftools.elf.elffile import ELFFile
     import io
@@ -405,6 +408,38 @@ print(json.dumps({
     assert r["gfx942_arch"] == "gfx942"
     assert Path(r["file"]).is_relative_to(venv) and Path(r["launch"]).is_relative_to(venv)
     assert r["version"] == r["dist"] == VERSION
+
+
+@pytest.mark.slow
+def test_fresh_venv_info_checks_the_installation(venv_python):
+    """info in the fresh venv: library, torch extension and archives pass;
+    with an installed image's archive deleted it names that wheel's
+    reinstall command (pip thinks the image is installed)."""
+    from aotriton_rocm.tooling.release.envs import clean_env
+
+    env = clean_env()
+    env.pop("AOTRITON_ROCM_ARCHIVE_DIR", None)
+
+    def info():
+        return subprocess.run([str(venv_python), "-m", "aotriton_rocm", "info"], env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    proc = info()
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "library: libaotriton_rocm" in proc.stdout and "BAD" not in proc.stdout
+    where = subprocess.run([str(venv_python), "-c", "import aotriton_rocm_gfx942 as m; "
+                            "print(m.archive_path())"], env=env, capture_output=True, text=True,
+                           timeout=300).stdout.strip()
+    archive = Path(where)
+    aside = archive.with_name("gfx942.aotr.aside")
+    archive.rename(aside)
+    try:
+        proc = info()
+    finally:
+        aside.rename(archive)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"pip install --force-reinstall --no-deps 'aotriton-rocm-gfx942=={VERSION}'" in proc.stdout
+    assert "none installed" not in proc.stdout
 
 
 @pytest.mark.slow

@@ -400,3 +400,25 @@ def test_release_options_and_dry_run_default():
         assert opt in text, opt
     assert p.parse_args([]).publish is False  # a dry run unless --publish
     assert not any(a.dest in ("password", "username", "token") for a in p._actions)  # never on argv
+
+
+def test_reused_archives_must_match_the_sources(toy, tmp_path, capsys):
+    """--build-dir archives of other kernel sources, or of a subset build
+    (`build --only`), fail the build gate: both hashes and the rebuild named."""
+    from support import real_archives as RA
+
+    for name, kw, needles in (
+            ("older", {"inputs_hash": "b" * 64},
+             ["b" * 64, RA.tree_hash(), "not built from the sources being packaged",
+              "aotriton-rocm build --arch gfx942 --out"]),
+            ("subset", {"subset": "dtype=fp16"},
+             ["come from a subset build", "(--only dtype=fp16)", "--allow-subset"])):
+        build = tmp_path / name
+        RA.write(build / "rocm6.4" / "archives", "gfx942", version=VERSION, rocm="6.4", **kw)
+        rc = cli_main(["release", "--source-root", str(toy["tree"]), "--build-dir", str(build),
+                       "--out", str(tmp_path / f"dist-{name}"), "--rocm", "6.4", "--python", PY,
+                       "--skip", "install-check", "--index-url", NOWHERE])
+        out = capsys.readouterr().out
+        assert rc == 1 and _verdicts(out)["build rocm6.4"] == "FAIL", out
+        assert all(n in out for n in needles), out
+        assert not list((tmp_path / f"dist-{name}").rglob("*.whl"))

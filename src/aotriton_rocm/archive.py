@@ -44,6 +44,7 @@ from .files import atomic_write, file_sha256
 from .kernel_abi import kernel_abi_section
 
 __all__ = [
+    "clip",
     "MAGIC",
     "FORMAT_VERSION",
     "HEADER_SIZE",
@@ -82,11 +83,22 @@ MANIFEST_KEYS = (
     "blob_sha256",
 )
 
-_FIX_HINT = (
-    "Reinstall the kernel image wheel for this arch "
-    "(pip install --force-reinstall --no-deps aotriton-rocm-<arch>) or the conda "
-    "package, or rebuild the archive with `aotriton-rocm build`."
-)
+def _fix_hint(path: "PathLike") -> str:
+    """What to do about a damaged archive at ``path``, naming its image wheel."""
+    name = Path(path).name
+    if not name.endswith(".aotr"):
+        return "Reinstall the kernel image wheel it came from, or rebuild it with `aotriton-rocm build`."
+    arch = name[: -len(".aotr")]
+    return (f"Fix: {identity_fix(arch)}, or rebuild it with "
+            f"`aotriton-rocm build --arch {arch}`.")
+
+
+def clip(value: object, limit: int = 200) -> str:
+    """``str(value)`` cut to ``limit`` characters (values read from a damaged
+    file go into one-line messages)."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -246,13 +258,13 @@ class Archive:
                 if len(head) < HEADER_SIZE:
                     raise ArchiveError(
                         f"{p}: truncated kernel archive ({file_size} bytes, shorter than its "
-                        f"{HEADER_SIZE}-byte header). {_FIX_HINT}")
+                        f"{HEADER_SIZE}-byte header). {_fix_hint(p)}")
                 magic, version, header_size, index_size, blob_offset, blob_size, index_sha = \
                     _HEADER.unpack(head)
                 if magic != MAGIC:
                     raise ArchiveError(
                         f"{p}: not an aotriton-rocm kernel archive (bad magic bytes {magic!r}). "
-                        f"{_FIX_HINT}")
+                        f"{_fix_hint(p)}")
                 if version > FORMAT_VERSION:
                     raise ArchiveError(
                         f"{p}: archive format version {version} is newer than this aotriton-rocm "
@@ -262,33 +274,33 @@ class Archive:
                 if version < 1 or header_size != HEADER_SIZE:
                     raise ArchiveError(
                         f"{p}: unsupported archive header (format {version}, header "
-                        f"{header_size} bytes). {_FIX_HINT}")
+                        f"{header_size} bytes). {_fix_hint(p)}")
                 if (header_size + index_size > blob_offset
                         or blob_offset + blob_size > file_size):
                     raise ArchiveError(
                         f"{p}: truncated or corrupted kernel archive (file is {file_size} bytes, "
                         f"header says index ends at {header_size + index_size} and blobs end at "
-                        f"{blob_offset + blob_size}). {_FIX_HINT}")
+                        f"{blob_offset + blob_size}). {_fix_hint(p)}")
                 f.seek(header_size)
                 index_bytes = f.read(index_size)
         except OSError as e:
-            raise ArchiveError(f"{p}: cannot read kernel archive: {e}. {_FIX_HINT}") from None
+            raise ArchiveError(f"{p}: cannot read kernel archive: {e}. {_fix_hint(p)}") from None
         if hashlib.sha256(index_bytes).digest() != index_sha:
-            raise ArchiveError(f"{p}: kernel archive index is corrupted (sha256 mismatch). {_FIX_HINT}")
+            raise ArchiveError(f"{p}: kernel archive index is corrupted (sha256 mismatch). {_fix_hint(p)}")
         try:
             index = json.loads(index_bytes.decode("utf-8"))
             manifest = dict(index["manifest"])
             raw_kernels = list(index["kernels"])
         except (ValueError, KeyError, TypeError) as e:
-            raise ArchiveError(f"{p}: kernel archive index is unreadable: {e!r}. {_FIX_HINT}") from None
+            raise ArchiveError(f"{p}: kernel archive index is unreadable: {e!r}. {_fix_hint(p)}") from None
         missing = [k for k in MANIFEST_KEYS if k not in manifest]
         if missing:
-            raise ArchiveError(f"{p}: manifest lacks {', '.join(missing)}. {_FIX_HINT}")
+            raise ArchiveError(f"{p}: manifest lacks {', '.join(missing)}. {_fix_hint(p)}")
         kernels = [KernelRecord.from_dict(d) for d in raw_kernels]
         for r in kernels:
             if r.offset < 0 or r.offset + r.compressed_size > blob_size:
                 raise ArchiveError(
-                    f"{p}: kernel {r.key!r} points outside the blob region. {_FIX_HINT}")
+                    f"{p}: kernel {r.key!r} points outside the blob region. {_fix_hint(p)}")
         return cls(p, manifest, kernels, blob_offset, blob_size, file_size)
 
     # -- queries ---------------------------------------------------------
@@ -324,7 +336,7 @@ class Archive:
         f.seek(self._blob_offset + r.offset)
         blob = f.read(r.compressed_size)
         if len(blob) != r.compressed_size:
-            raise ArchiveError(f"{self.path}: kernel {r.key!r} is truncated. {_FIX_HINT}")
+            raise ArchiveError(f"{self.path}: kernel {r.key!r} is truncated. {_fix_hint(self.path)}")
         return blob
 
     def _decode(self, r: KernelRecord, blob: bytes) -> bytes:
@@ -332,12 +344,12 @@ class Archive:
             code = lzma.decompress(blob, format=lzma.FORMAT_XZ)
         except lzma.LZMAError as e:
             raise ArchiveError(
-                f"{self.path}: kernel {r.key!r} is corrupted (cannot decompress: {e}). {_FIX_HINT}"
+                f"{self.path}: kernel {r.key!r} is corrupted (cannot decompress: {e}). {_fix_hint(self.path)}"
             ) from None
         if len(code) != r.size or hashlib.sha256(code).hexdigest() != r.sha256:
             raise ArchiveError(
                 f"{self.path}: kernel {r.key!r} is corrupted (sha256 of its code object does not "
-                f"match the index). {_FIX_HINT}")
+                f"match the index). {_fix_hint(self.path)}")
         return code
 
     def code_object(self, record: Union[KernelRecord, str]) -> bytes:
@@ -354,7 +366,7 @@ class Archive:
                 with open(self.path, "rb") as f:
                     blob = self._read_blob(f, r)
             except OSError as e:
-                raise ArchiveError(f"{self.path}: cannot read kernel {key!r}: {e}. {_FIX_HINT}") from None
+                raise ArchiveError(f"{self.path}: cannot read kernel {key!r}: {e}. {_fix_hint(self.path)}") from None
             code = self._decode(r, blob)
             self._cache[key] = code
             return code
@@ -384,7 +396,7 @@ class Archive:
                     try:
                         self._decode(r, self._read_blob(f, r))
                     except ArchiveError as e:
-                        problems.append(str(e).replace(" " + _FIX_HINT, ""))
+                        problems.append(str(e).replace(" " + _fix_hint(self.path), ""))
         except OSError as e:
             problems.append(f"{self.path}: cannot read: {e}")
         return problems
@@ -500,14 +512,15 @@ def verify_against_manifest(archive_path: PathLike, manifest_path: Optional[Path
         doc = _read_sidecar(mp)
         side_manifest, side_archive, side_kernels = doc["manifest"], doc["archive"], doc["kernels"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return [f"{mp}: cannot read manifest sidecar: {e!r}"]
+        return [f"{mp}: cannot read manifest sidecar: {clip(repr(e))}"]
     try:
         size = ap.stat().st_size
         digest = file_sha256(ap)
     except OSError as e:
         return [f"{ap}: cannot read archive: {e}"]
     if size != side_archive.get("size"):
-        problems.append(f"{ap}: size {size} differs from the manifest's {side_archive.get('size')}")
+        problems.append(f"{ap}: size {size} differs from the manifest's "
+                        f"{clip(side_archive.get('size'), 40)}")
     if digest != side_archive.get("sha256"):
         problems.append(f"{ap}: sha256 differs from the manifest sidecar {mp.name}")
     try:
@@ -518,16 +531,22 @@ def verify_against_manifest(archive_path: PathLike, manifest_path: Optional[Path
     if a.manifest != side_manifest:
         diff = sorted(k for k in set(a.manifest) | set(side_manifest)
                       if a.manifest.get(k) != side_manifest.get(k))
-        problems.append(f"{ap}: embedded manifest differs from {mp.name} in {', '.join(diff)}")
+        problems.append(f"{ap}: embedded manifest differs from {mp.name} in "
+                        f"{clip(', '.join(map(str, diff)))}")
     ours = {r.key: r.to_dict(with_location=False) for r in a.kernels}
-    theirs = {d.get("key"): d for d in side_kernels}
-    for k in sorted(set(theirs) - set(ours)):
-        problems.append(f"{ap}: kernel {k!r} listed in {mp.name} is missing from the archive")
-    for k in sorted(set(ours) - set(theirs)):
-        problems.append(f"{ap}: kernel {k!r} is not listed in {mp.name}")
-    for k in sorted(set(ours) & set(theirs)):
-        if ours[k] != theirs[k]:
-            problems.append(f"{ap}: kernel {k!r} record differs from {mp.name}")
+    try:
+        theirs = {str(d.get("key")): d for d in side_kernels}
+    except (AttributeError, TypeError):
+        return problems + [f"{mp}: \"kernels\" is not a list of kernel records"]
+    for what, keys in (("listed in the sidecar but missing from the archive",
+                        sorted(set(theirs) - set(ours))),
+                       ("in the archive but not listed in the sidecar", sorted(set(ours) - set(theirs))),
+                       ("recorded differently in the sidecar",
+                        sorted(k for k in set(ours) & set(theirs) if ours[k] != theirs[k]))):
+        if keys:
+            shown = ", ".join(clip(repr(k), 120) for k in keys[:3])
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            problems.append(f"{ap} vs {mp.name}: {len(keys)} kernel(s) {what}: {shown}{more}")
     problems.extend(a.verify())
     return problems
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from .errors import INTERRUPTED, USAGE, CommandError, UsageError
+from .errors import INTERRUPTED, TERMINATED, USAGE, CommandError, Terminated, UsageError
 
 
 @dataclass(frozen=True)
@@ -124,24 +126,58 @@ def run_command(command: Command, args: argparse.Namespace) -> int:
     return int(getattr(module, command.run)(options) or 0)
 
 
+class _SigtermRaises:
+    """While a command runs, SIGTERM raises :class:`errors.Terminated` (a
+    KeyboardInterrupt) in the main thread, so commands clean up as on
+    Ctrl-C; ``received`` tells the exit status apart (143, not 130)."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.previous = None
+
+    def _handler(self, signum, frame) -> None:
+        self.received = True
+        raise Terminated()
+
+    def __enter__(self) -> "_SigtermRaises":
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous in (signal.SIG_DFL, None):
+                self.previous = previous
+                signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+    def status(self, code: int) -> int:
+        return TERMINATED if self.received and code == INTERRUPTED else code
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = COMMANDS.get(argv[0]) if argv else None
     prog = f"aotriton-rocm {chosen.name}" if chosen else "aotriton-rocm"
-    try:
-        args = _parser(chosen).parse_args(argv)
-        return run_command(COMMANDS[args.command], args)
-    except CommandError as e:
-        print(f"{prog}: {'error: ' if isinstance(e, UsageError) else ''}{e}", file=sys.stderr)
-        return e.exit_code
-    except ModuleNotFoundError as e:
-        if not _missing_build_extra(e):
-            raise
-        print(f"{prog}: error: {ToolingMissing(e)}", file=sys.stderr)
-        return USAGE
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+    with _SigtermRaises() as sigterm:
+        try:
+            args = _parser(chosen).parse_args(argv)
+            return run_command(COMMANDS[args.command], args)
+        except CommandError as e:
+            text = str(e)
+            if sigterm.received and e.exit_code == INTERRUPTED:
+                text = text.replace("interrupted", "terminated (SIGTERM)", 1)
+            print(f"{prog}: {'error: ' if isinstance(e, UsageError) else ''}{text}", file=sys.stderr)
+            return sigterm.status(e.exit_code)
+        except ModuleNotFoundError as e:
+            if not _missing_build_extra(e):
+                raise
+            print(f"{prog}: error: {ToolingMissing(e)}", file=sys.stderr)
+            return USAGE
+        except KeyboardInterrupt:
+            print(f"{prog}: {'terminated (SIGTERM)' if sigterm.received else 'interrupted'}",
+                  file=sys.stderr)
+            return sigterm.status(INTERRUPTED)
 
 
 if __name__ == "__main__":

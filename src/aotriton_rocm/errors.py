@@ -7,11 +7,18 @@ message on stderr and the exit status, in one place. Standard library only.
 """
 from __future__ import annotations
 
-__all__ = ["CommandError", "UsageError", "FAILED", "USAGE", "INTERRUPTED"]
+__all__ = ["CommandError", "UsageError", "Terminated", "FAILED", "USAGE", "INTERRUPTED",
+           "TERMINATED"]
 
 FAILED = 1       # the work was tried and failed (a compile, a check, a gate)
 USAGE = 2        # a bad request: command line, spec, targets, inputs refused up front
-INTERRUPTED = 130
+INTERRUPTED = 130   # SIGINT (Ctrl-C)
+TERMINATED = 143    # SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be, so that the
+    same clean-up runs (``cli.main`` turns it into exit status 143)."""
 
 
 class CommandError(Exception):

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, BinaryIO, Union
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
+__all__ = ["describe_os_error", "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
            "atomic_copy", "atomic_move", "file_sha256", "link_or_copy", "pid_alive"]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -113,3 +113,12 @@ def pid_alive(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True
     return True
+
+
+def describe_os_error(e: OSError) -> str:
+    """``PATH: what went wrong`` for a user, without errno numbers; a
+    read-only file system is named as such (not "permission denied")."""
+    import errno
+
+    what = "read-only file system" if e.errno == errno.EROFS else (e.strerror or str(e)).lower()
+    return f"{e.filename}: {what}" if e.filename else what

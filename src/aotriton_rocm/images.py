@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import sys
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 __all__ = [
     "ENV_VAR",
+    "MissingImage",
+    "missing_images",
+    "packaged_inputs_hash",
     "ENTRY_POINT_GROUP",
     "find_archive",
     "find_archives",
@@ -43,19 +47,65 @@ ARCHIVE_SUFFIX = ".aotr"
 _lock = threading.Lock()
 _cache: Optional[Dict[str, Path]] = None
 _notes: List[str] = []
+_missing: List["MissingImage"] = []
+PACKAGED_RECORD = "packaged.json"
+
+
+class MissingImage(NamedTuple):
+    """An installed image wheel whose archive is not where it should be."""
+    arch: str
+    path: Path
+    fix: str
+
+
+def packaged_inputs_hash() -> Optional[str]:
+    """The build-inputs hash of the kernel images this runtime was packaged
+    with (``packaged.json``, written by ``aotriton-rocm package``); None for
+    a runtime not installed from a packaged wheel (a checkout)."""
+    try:
+        doc = json.loads((Path(__file__).parent / PACKAGED_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = doc.get("build_inputs_hash") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _reinstall_command(ep, arch: str) -> str:
+    dist = getattr(ep, "dist", None)
+    name = getattr(dist, "name", None) or f"aotriton-rocm-{arch.replace('_', '')}"
+    version = getattr(dist, "version", None)
+    spec = f"{name}=={version}" if version else name
+    return f"pip install --force-reinstall --no-deps '{spec}'"
 
 
 def conda_archive_dir() -> Path:
     return Path(sys.prefix) / "share" / "aotriton-rocm"
 
 
-def _scan_dir(d: Path, found: Dict[str, Path], origin: str, notes: List[str]) -> None:
+def _unreadable(path: Path, e: OSError) -> MissingImage:
+    return MissingImage("", path, f"cannot read {path} ({e.strerror or e}): make it readable "
+                                  f"(chmod -R a+rX {path}) or point {ENV_VAR} elsewhere")
+
+
+def _scan_dir(d: Path, found: Dict[str, Path], origin: str, notes: List[str],
+              missing: List[MissingImage]) -> None:
     try:
         entries = sorted(d.iterdir())
+    except FileNotFoundError:
+        notes.append(f"{origin}: {d} does not exist")
+        return
     except OSError as e:
         notes.append(f"{origin}: cannot list {d}: {e.strerror or e}")
+        missing.append(_unreadable(d, e))
         return
     for p in entries:
+        if p.name.endswith(ARCHIVE_SUFFIX):
+            try:
+                p.stat()
+            except OSError as e:  # listed, but the directory is not searchable
+                notes.append(f"{origin}: cannot read {p}: {e.strerror or e}")
+                missing.append(_unreadable(d, e))
+                return
         if p.name.endswith(ARCHIVE_SUFFIX) and not p.is_file():
             # a FIFO would block whoever opens it; a directory is no archive
             notes.append(f"{origin}: {p} ignored, not a regular file")
@@ -91,11 +141,12 @@ def _package_dir(module: str) -> Optional[Path]:
 def _search() -> Dict[str, Path]:
     found: Dict[str, Path] = {}
     notes: List[str] = []
+    missing: List[MissingImage] = []
 
     env = os.environ.get(ENV_VAR, "")
     for part in env.split(os.pathsep):
         if part.strip():
-            _scan_dir(Path(part.strip()).expanduser(), found, ENV_VAR, notes)
+            _scan_dir(Path(part.strip()).expanduser(), found, ENV_VAR, notes, missing)
 
     try:
         eps = _entry_points()
@@ -115,25 +166,33 @@ def _search() -> Dict[str, Path]:
             continue
         try:
             pkg_dir = _package_dir(module)
-        except (ImportError, ValueError) as e:
+        except (ImportError, ValueError, OSError) as e:
             notes.append(f"{origin}: module not importable ({e})")
             continue
         if pkg_dir is None:
             notes.append(f"{origin}: module not installed")
             continue
         p = pkg_dir / (arch + ARCHIVE_SUFFIX)
-        if p.is_file():
+        try:
+            present = p.is_file()
+        except OSError as e:  # a directory this user cannot read
+            present = False
+            notes.append(f"{origin}: cannot read {p}: {e.strerror or e}")
+        if present:
             found[arch] = p
             notes.append(f"{origin}: {arch} -> {p}")
         else:
-            notes.append(f"{origin}: {p} is missing (reinstall the image wheel)")
+            fix = _reinstall_command(ep, arch)
+            missing.append(MissingImage(arch, p, fix))
+            notes.append(f"{origin}: {p} is missing or unreadable (reinstall it: {fix})")
 
     cdir = conda_archive_dir()
-    if cdir.is_dir():
-        _scan_dir(cdir, found, "conda", notes)
+    if os.path.isdir(cdir):
+        _scan_dir(cdir, found, "conda", notes, missing)
 
-    global _notes
+    global _notes, _missing
     _notes = notes
+    _missing = [m for m in missing if not m.arch or m.arch not in found]
     return found
 
 
@@ -171,10 +230,20 @@ def find_archive(arch: str) -> Optional[Path]:
 
 def clear_cache() -> None:
     """Forget the cached search (tests, or after installing an image wheel)."""
-    global _cache, _notes
+    global _cache, _notes, _missing
     with _lock:
         _cache = None
         _notes = []
+        _missing = []
+
+
+def missing_images() -> List[MissingImage]:
+    """Image wheels installed (their entry point is there) whose archive is
+    missing or unreadable, and image directories that cannot be read, each
+    with the fix (last search; ``arch`` is "" for a directory)."""
+    find_archives()
+    with _lock:
+        return list(_missing)
 
 
 def search_notes() -> List[str]:

@@ -1,4 +1,6 @@
-"""``aotriton-rocm info``: version, GPU arch and the installed kernel images."""
+"""``aotriton-rocm info``: version, GPU arch, the installed kernel images,
+and the installation checks ``smoke`` runs that launch no kernel
+(install_checks.py): it exits non-zero, with the fix, when one fails."""
 from __future__ import annotations
 
 import argparse
@@ -21,13 +23,14 @@ def add_info_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_info(options: InfoOptions) -> int:
-    """Print what is installed; every archive is listed, a damaged or misnamed
-    one marked BAD (CommandError at the end when any is)."""
+    """Print what is installed; every archive is listed, a damaged, misnamed
+    or missing one marked BAD, and the library and torch extension checked
+    (CommandError at the end when anything failed)."""
     import torch
 
     from . import device, images
     from ._version import ABI_VERSION, TRITON_VERSION, __version__
-    from .archive import Archive, ArchiveError, identity_problems
+    from .install_checks import archive_problems, check_library, check_torch_extension
 
     print(f"aotriton-rocm {__version__} (ABI {ABI_VERSION}, kernels built with triton "
           f"{TRITON_VERSION})")
@@ -36,26 +39,39 @@ def run_info(options: InfoOptions) -> int:
         print(f"GPU: {torch.cuda.get_device_name()} ({device.arch_of(torch.cuda.current_device())})")
     else:
         print("GPU: none visible")
+    failed = []
+    for what, ok, detail in filter(None, (check_library(), check_torch_extension())):
+        print(f"{what}: {'' if ok else 'BAD '}{detail}")
+        if not ok:
+            failed.append(what)
     found = images.find_archives()
-    if not found:
+    missing = images.missing_images()
+    if not found and not missing:
         print("kernel images: none installed (pip install 'aotriton-rocm[gfx942]', for example)")
+    else:
+        print("kernel images:")
     bad = 0
     for arch, path in sorted(found.items()):
-        try:
-            archive = Archive.open(path)
-        except ArchiveError as exc:
-            bad += 1
-            print(f"  {arch}: BAD {path}: {exc}")
-            continue
-        m = archive.manifest
-        problems = identity_problems(archive, path, expected_abi=ABI_VERSION)
-        print(f"  {arch}: {'BAD ' if problems else ''}{len(archive.kernels)} kernels, "
-              f"ROCm profile {m.get('rocm_profile')}, version {m.get('package_version')}, "
-              f"ABI {m.get('abi_version')}, {path}")
-        for problem in problems:
-            print(f"      {problem}")
+        archive, problems = archive_problems(arch, path)
+        if archive is None:
+            print(f"  {arch}: BAD {problems[0]}")
+        else:
+            m = archive.manifest
+            print(f"  {arch}: {'BAD ' if problems else ''}{len(archive.kernels)} kernels, "
+                  f"ROCm profile {m.get('rocm_profile')}, version {m.get('package_version')}, "
+                  f"ABI {m.get('abi_version')}, {path}")
+            for problem in problems:
+                print(f"      {problem}")
         bad += bool(problems)
+    for m in missing:
+        bad += 1
+        if m.arch:
+            print(f"  {m.arch}: BAD {m.path} is missing or unreadable, but its image is "
+                  f"installed; fix: {m.fix}")
+        else:
+            print(f"  BAD {m.fix}")
     if bad:
-        raise CommandError(f"{bad} of {len(found)} kernel image(s) unusable (marked BAD above; "
-                           f"the fix is named with each)")
+        failed.append(f"{bad} of {len(found) + len(missing)} kernel image(s) unusable")
+    if failed:
+        raise CommandError(f"{'; '.join(failed)} (marked BAD above; the fix is named with each)")
     return 0

@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import backends, device, images
-from ._version import ABI_VERSION, __version__
-from .archive import (Archive, ArchiveError, identity_fix, identity_problems, manifest_path_for,
-                      verify_against_manifest)
-from .errors import UsageError
+from ._version import __version__
+from .errors import CommandError, UsageError
+from .files import describe_os_error
+from .install_checks import check_archives, installation_rows  # noqa: F401 (smoke.check_archives)
 
 # Fudge factors of PyTorch's test_transformers for ROCm's AOTriton flash kernels.
 FUDGE = {"out": 6.0, "dq": 360.0, "dk": 45.0, "dv": 6.0}
@@ -146,56 +146,6 @@ def cpu_cases(quick: bool = False) -> list[Case]:
     return cases[:2] if quick else cases
 
 
-def _native_problems(path) -> list[str]:
-    """The archive read and verified again by libaotriton_rocm, the reader
-    every GPU call uses (this also proves the library loads here)."""
-    from . import native
-
-    try:
-        native.verify_archive(path)
-    except (OSError, native.NativeError) as exc:
-        return [f"libaotriton_rocm: {exc}"]
-    return []
-
-
-def check_archives(require_arch: str | None) -> list[tuple[str, bool, str]]:
-    """One row per installed archive (and the GPU's arch): (what, ok, detail).
-
-    An archive passes when it is what its name says, for this runtime's ABI
-    line (:func:`archive.identity_problems`), matches its sidecar manifest
-    byte for byte, every kernel's sha256 checks out, and libaotriton_rocm
-    reads and verifies it too. Each problem is reported once.
-    """
-    rows = []
-    found = images.find_archives()
-    for arch, path in sorted(found.items()):
-        try:
-            a = Archive.open(path)
-        except ArchiveError as exc:
-            rows.append((f"archive {arch}", False, str(exc)))
-            continue
-        problems = identity_problems(a, path, expected_abi=ABI_VERSION)
-        sidecar = manifest_path_for(path)
-        if sidecar.exists():
-            problems += verify_against_manifest(path, sidecar)  # includes Archive.verify()
-        else:
-            problems += a.verify()
-            problems.append(f"{sidecar}: the manifest sidecar of {path.name} is missing; "
-                            f"{identity_fix(arch)}")
-        if not problems:  # (else the C reader would report the same damage again)
-            problems = _native_problems(path)
-        problems = list(dict.fromkeys(problems))  # each once, in order
-        rows.append((f"archive {arch}", not problems, "; ".join(problems) or str(path)))
-    if require_arch is not None and require_arch not in found:
-        rows.append((f"arch {require_arch}", False,
-                     f"no kernel image installed for this GPU ({require_arch}); installed: "
-                     f"{', '.join(sorted(found)) or 'none'}. "
-                     f"Install it: pip install 'aotriton-rocm[{require_arch.replace('_', '')}]'"))
-    elif require_arch is not None:
-        rows.append((f"arch {require_arch}", True, "covered by the installed images"))
-    return rows
-
-
 def _print_row(cols, widths):
     print("  ".join(str(c).ljust(w) for c, w in zip(cols, widths)), flush=True)
 
@@ -262,6 +212,8 @@ def run_smoke(args: SmokeOptions) -> int:
     """Run the checks and cases; 0 when all passed, 1 otherwise."""
     from . import torch_integration
 
+    if args.json:
+        _check_json_target(args.json)
     use_gpu = args.device == "gpu" or (args.device == "auto" and device.gpu_available())
     if use_gpu and not device.gpu_available():
         raise UsageError("--device gpu but torch sees no GPU")
@@ -271,8 +223,8 @@ def run_smoke(args: SmokeOptions) -> int:
              "no GPU: kernel sources run by Triton's interpreter on the CPU "
              "(no code object is executed)"), flush=True)
 
-    archive_rows = check_archives(arch)
-    if not images.find_archives() and not use_gpu:
+    archive_rows = installation_rows(arch)
+    if not images.find_archives() and not images.missing_images() and not use_gpu:
         where = "; ".join(images.search_notes()) or "no archive directory, image wheel or conda share"
         if args.no_images_ok:
             archive_rows.append(("kernel images", True,
@@ -329,11 +281,33 @@ def run_smoke(args: SmokeOptions) -> int:
           + (f"({archive_failures} of them installation checks) " if archive_failures else "")
           + f"({time.time() - start:.1f} s, {'gpu' if use_gpu else 'cpu interpreter'})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"version": __version__, "arch": arch, "gpu": use_gpu,
-                       "archives": archive_rows,
-                       "cases": [dataclasses.asdict(r) for r in results]}, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump({"version": __version__, "arch": arch, "gpu": use_gpu,
+                           "archives": archive_rows,
+                           "cases": [dataclasses.asdict(r) for r in results]}, f, indent=1)
+        except OSError as e:
+            raise CommandError(f"cannot write --json {args.json} ({describe_os_error(e)}); the "
+                               f"results are printed above") from None
     return 1 if failures else 0
+
+
+def _check_json_target(path: str) -> None:
+    """Refuse a --json file that cannot be written before anything runs."""
+    import os
+
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise UsageError(f"--json {path} is a directory: name a file, e.g. {path}/smoke.json")
+    if not os.path.isdir(parent):
+        raise UsageError(f"--json {path}: the directory {parent} does not exist: create it or "
+                         f"name a file in an existing directory")
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(target)
+                                                    and not os.access(target, os.W_OK)):
+        where = target if os.path.exists(target) else parent
+        raise UsageError(f"--json {path}: cannot write {where} (permission denied or a read-only "
+                         f"file system): name a writable file")
 
 
 if __name__ == "__main__":  # python -m aotriton_rocm.smoke: the same as `aotriton-rocm smoke`

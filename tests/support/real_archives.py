@@ -4,6 +4,7 @@ smoke, info and validate check. The code objects are stand-in bytes."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -11,6 +12,18 @@ from typing import Optional
 
 from aotriton_rocm._version import __version__
 from aotriton_rocm.archive import KernelRecord, write_archive, write_manifest_sidecar
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPILER = "3.9.0"
+
+
+@functools.lru_cache(maxsize=None)
+def tree_hash() -> str:
+    """The build-inputs hash of this checkout with triton ``COMPILER``."""
+    from aotriton_rocm.tooling.common.inputs_hash import source_tree_inputs_hash
+
+    return source_tree_inputs_hash(ROOT, COMPILER)
+
 
 ARGS = (("Q", "*fp16"), ("n", "i32"), ("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 
@@ -25,17 +38,24 @@ def record(i: int) -> KernelRecord:
 
 
 def write(d: os.PathLike, arch: str, *, version: str = __version__, rocm: str = "6.4",
-          inputs_hash: str = "a" * 64, kernels: int = 2, size: int = 2048,
-          name: Optional[str] = None) -> Path:
+          inputs_hash: Optional[str] = None, kernels: int = 2, size: int = 2048,
+          name: Optional[str] = None, subset: Optional[str] = None) -> Path:
     """``d/<arch>.aotr`` + ``d/<arch>.manifest.json`` (``name``: another file
-    stem, sidecar included, as if the build had written it under that name)."""
+    stem, sidecar included, as if the build had written it under that name).
+    ``inputs_hash``: default this checkout's build-inputs hash (what ``build``
+    records here with triton ``COMPILER``): ``package`` accepts it.
+    ``subset``: the ``--only`` text of a subset build."""
+    if inputs_hash is None:
+        inputs_hash = tree_hash()
     d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
     man = {"package_version": version, "abi_version": ".".join(version.split(".")[:2]),
            "rocm_profile": rocm, "arch": arch,
            "backend": "cuda" if arch.startswith("sm_") else "hip",
            "warp_size": 32 if arch.startswith("sm_") else 64, "compiler": "triton",
-           "compiler_version": "3.9.0", "build_inputs_hash": inputs_hash}
+           "compiler_version": COMPILER, "build_inputs_hash": inputs_hash}
+    if subset:
+        man["subset"] = subset
     path = d / f"{name or arch}.aotr"
     # deterministic: the same call writes the same bytes (reproducibility tests)
     codes = [b"\x7fELF" + bytes([i]) * size

@@ -17,25 +17,13 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ...files import atomic_write_bytes
+from ..common.inputs_hash import kernel_sources_hash
 
 __all__ = ["CACHE_SCHEMA", "CompileCache", "cache_key", "kernel_sources_hash"]
 
 # Bump when what a cache entry holds changes (e.g. new stats parsed from the
 # code object), so stale entries are recompiled.
 CACHE_SCHEMA = 4  # 3: stats["wmma"], meta["compile_seconds"]; 4: stats["loop"]
-
-
-def kernel_sources_hash(kernels_dir) -> str:
-    """sha256 over every ``*.py`` under ``kernels_dir`` (relative path + bytes)."""
-    kd = Path(kernels_dir)
-    h = hashlib.sha256()
-    files = sorted(p for p in kd.rglob("*.py") if "__pycache__" not in p.parts)
-    for p in files:
-        rel = p.relative_to(kd).as_posix().encode()
-        data = p.read_bytes()
-        h.update(len(rel).to_bytes(8, "little") + rel)
-        h.update(len(data).to_bytes(8, "little") + data)
-    return h.hexdigest()
 
 
 def _canon(obj: Any) -> str:

@@ -5,25 +5,27 @@ Build-time only.
 """
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import multiprocessing
+import multiprocessing.connection as mp_connection
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from .plan import BuildError, BuildPlan
 from .cache import CompileCache
-from .triton_compile import CompileOutput, CompileTask, compile_variant, pool_worker_init, scrubbed_env_names, worker_init
+from .triton_compile import CompileOutput, CompileTask, compile_variant, pool_worker_init, scrubbed_env_names
 from .dask_executor import EXECUTORS, ExecutorError
 from ..common.progress import Progress
 
 __all__ = ["Executor", "Compiled", "load_cached", "compile_plan", "require_cached",
-           "TRITON_CACHE_PREFIX"]
+           "TRITON_CACHE_PREFIX", "stop_children"]
 
 
 @dataclass(frozen=True)
@@ -96,34 +98,94 @@ def _default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _compile_in_child(conn, task: CompileTask, triton_cache: str) -> None:
+    """A compile worker: one task, its result sent back, then the process ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent ends its workers on Ctrl-C
+    pool_worker_init(triton_cache)
+    try:
+        res = compile_variant(task)
+    except BaseException as e:  # noqa: BLE001 - reported as the task's failure
+        res = CompileOutput(task.cache_key, task.variant_key, task.arch, error=f"worker failed: {e!r}")
+    conn.send(res)
+    conn.close()
+
+
+def _start_child(ctx, task: CompileTask, triton_cache: str):
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_compile_in_child, args=(send, task, triton_cache), daemon=True)
+    # SIGINT blocked while the child starts: it begins life with SIGINT
+    # blocked (the mask survives exec), so a Ctrl-C sent to the whole process
+    # group cannot kill it half-started with a traceback; the parent gets the
+    # signal once it is unblocked and ends its workers itself.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    send.close()
+    return proc, recv
+
+
+def stop_children(procs, grace: float = 3.0) -> None:
+    """End worker processes now: SIGTERM, then SIGKILL for any still there
+    after ``grace`` seconds; every one is reaped."""
+    # a second Ctrl-C (or SIGTERM) waits until every worker is gone
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        procs = [p for p in procs if p.is_alive()]
+        for p in procs:
+            p.terminate()
+        deadline = time.monotonic() + grace
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def _iter_compile_local(misses: Sequence[CompileTask], n_jobs: int, triton_cache: str):
-    """Compile on a local process pool; yields (task, output) as they finish."""
+    """Compile on local worker processes; yields (task, output) as they finish.
+
+    One compile per worker process, each a fresh ``spawn``: a code object
+    depends on what the process compiled before it (LLVM/Triton state
+    carried across compiles gave the same gfx942 dK/dV kernel 3 register
+    allocations; in a fresh process it is the same every time), so reused
+    workers made cold builds differ with the order tasks reached them. The
+    workers are plain processes with a pipe each (no executor, no queue
+    threads, no resource tracker): on Ctrl-C, SIGTERM or any error they are
+    terminated and reaped at once (a ProcessPoolExecutor with
+    max_tasks_per_child=1 hung in its shutdown instead on Python 3.11, likely
+    CPython gh-119592)."""
     ctx = multiprocessing.get_context("spawn")
-    # One compile per worker process: a code object depends on what the
-    # process compiled before it (LLVM/Triton state carried across compiles
-    # gave the same gfx942 dK/dV kernel 3 register allocations; in a fresh
-    # process it is the same every time), so reused workers made cold builds
-    # differ with the order tasks reached them.
-    fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
     # Workers never need torch, the bulk of a fresh worker's start-up time.
     no_torch = os.environ.get("AOTRITON_ROCM_NO_TORCH")
     os.environ["AOTRITON_ROCM_NO_TORCH"] = "1"
-    pool = cf.ProcessPoolExecutor(max_workers=min(n_jobs, len(misses)), mp_context=ctx,
-                                  initializer=pool_worker_init, initargs=(triton_cache,), **fresh)
+    pending = list(misses)
+    running: Dict[Any, Tuple[Any, CompileTask]] = {}
     try:
-        futs = {pool.submit(compile_variant, t): t for t in misses}
-        for fut in cf.as_completed(futs):
-            t = futs[fut]
-            try:
-                res: CompileOutput = fut.result()
-            except Exception as e:  # worker died (e.g. killed for memory)
-                res = CompileOutput(t.cache_key, t.variant_key, t.arch, error=f"worker failed: {e!r}")
-            yield t, res
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
+        while pending or running:
+            while pending and len(running) < n_jobs:
+                task = pending.pop(0)
+                proc, conn = _start_child(ctx, task, triton_cache)
+                running[conn] = (proc, task)
+            for conn in mp_connection.wait(list(running)):
+                proc, task = running.pop(conn)
+                try:
+                    res: CompileOutput = conn.recv()
+                except (EOFError, OSError):  # died before answering (e.g. killed for memory)
+                    proc.join()
+                    res = CompileOutput(task.cache_key, task.variant_key, task.arch,
+                                        error=f"worker failed: exit code {proc.exitcode}")
+                conn.close()
+                proc.join()
+                yield task, res
     finally:
-        pool.shutdown(wait=True)
+        stop_children([proc for proc, _ in running.values()])
+        for conn in running:
+            conn.close()
         if no_torch is None:
             os.environ.pop("AOTRITON_ROCM_NO_TORCH", None)
         else:

@@ -5,7 +5,6 @@ each variant into a content-addressed compile task. Build-time only.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +17,8 @@ from .cache import cache_key, kernel_sources_hash
 from .triton_compile import COMPILE_ENV, CompileTask
 from ..common.source_tree import find_source_root
 from ..common.targets import ArchSpec, Profile, load_targets
-from .tuning import TuningError, load_measured, measured_configs, tuning_files_bytes
+from .tuning import TuningError, load_measured, measured_configs
+from ..common.inputs_hash import build_inputs_hash
 
 __all__ = ["BuildError", "Sources", "Subset", "BuildPlan", "plan_build", "build_inputs_hash",
            "compile_task_for", "plan_variants",
@@ -120,6 +120,7 @@ class BuildPlan:
     inputs_hash: str
     items: Dict[str, List[Tuple[Variant, CompileTask]]]
     warnings: Dict[str, List[str]] = field(default_factory=dict)
+    subset: str = ""    # ``--only`` as text: the archives hold only these points
 
     @property
     def keys(self) -> Set[str]:
@@ -167,18 +168,6 @@ def _triton_version() -> str:
         raise BuildError(f"triton is not installed; the build needs the pinned compiler: "
                          f"pip install triton=={_version.TRITON_VERSION} "
                          f"(or pip install 'aotriton-rocm[build]')") from None
-
-
-def build_inputs_hash(kernels_dir: Path, variants_bytes: bytes, targets_bytes: bytes,
-                      compiler_version: str) -> str:
-    """sha256 over the kernel sources, variants.toml, targets.toml, the
-    measured tuning data (kernels/tuning/*.json) and the compiler version."""
-    h = hashlib.sha256()
-    for part in (kernel_sources_hash(kernels_dir).encode(), variants_bytes, targets_bytes,
-                 f"triton=={compiler_version}".encode(), tuning_files_bytes(kernels_dir)):
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()
 
 
 def compile_task_for(v: Variant, params: List[str], arch: ArchSpec, kernels_dir: Path, sources_hash: str,
@@ -238,7 +227,8 @@ def plan_build(profile: Optional[str], archs: Optional[Sequence[str]], sources: 
         items[a.name] = _items(vs, params_of, a, sources, sources_hash, triton_version)
     return BuildPlan(profile=prof, archs=list(arch_specs), spec=spec, sources=sources,
                      triton_version=triton_version, sources_hash=sources_hash,
-                     inputs_hash=inputs_hash, items=items, warnings=warnings)
+                     inputs_hash=inputs_hash, items=items, warnings=warnings,
+                     subset=only.text())
 
 
 def _items(variants: Sequence[Variant], params_of: Dict[str, List[str]], arch: ArchSpec,

@@ -89,6 +89,8 @@ def _manifest(plan: BuildPlan, a: ArchSpec, selection: Dict[str, Any]) -> Dict[s
         "build_inputs_hash": plan.inputs_hash,
         "blob_sha256": None,  # filled by write_archive
     }
+    if plan.subset:  # `build --only`: not every kernel; package refuses it unless told
+        manifest["subset"] = plan.subset
     if a.backend == "hip":
         manifest["code_object_version"] = plan.profile.code_object_version
         manifest["hip_soname"] = plan.profile.hip_soname

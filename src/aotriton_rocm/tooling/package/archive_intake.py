@@ -16,10 +16,11 @@ from typing import Dict, Iterable, List, Optional, Sequence
 from ..._version import abi_line, public_version
 from ...archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, identity_problems,
                        verify_against_manifest)
+from ..common.inputs_hash import source_tree_inputs_hash
 from .naming import PackagingError, archname, check_profile
 
 __all__ = ["ArchiveInput", "read_manifest", "available_archs", "collect_archives", "verify_archive",
-           "check_one_build", "resolve_rocm_profile"]
+           "check_one_build", "check_matches_sources", "check_complete", "resolve_rocm_profile"]
 
 
 @dataclass
@@ -157,6 +158,52 @@ def check_one_build(inputs: Sequence[ArchiveInput]) -> None:
             f"(build inputs hash {groups}): a release ships archives of one build only. Rebuild "
             f"them together: aotriton-rocm build --arch {archs} --out {out} (or package only the "
             f"current ones with --arch)")
+
+
+def _rebuild_command(inputs: Sequence[ArchiveInput]) -> str:
+    out = inputs[0].archive.parent
+    out = out.parent if out.name == "archives" else out
+    return f"aotriton-rocm build --arch {','.join(i.arch for i in inputs)} --out {out}"
+
+
+def check_matches_sources(inputs: Sequence[ArchiveInput], source_root: Path) -> None:
+    """Each archive was built from the source tree being packaged: its
+    manifest's build-inputs hash is that tree's (kernel sources, variants,
+    targets, tuning data, with the compiler the manifest names). Archives of
+    older kernel sources beside a newer runtime are refused."""
+    wrong: List[str] = []
+    ours: Dict[str, str] = {}
+    for i in inputs:
+        compiler = str(i.manifest.get("compiler_version") or "")
+        if compiler not in ours:
+            try:
+                ours[compiler] = source_tree_inputs_hash(source_root, compiler)
+            except OSError as e:
+                raise PackagingError(f"cannot hash the build inputs of {source_root} ({e}): "
+                                     f"package from a complete checkout (--source-root)") from None
+        theirs = i.manifest.get("build_inputs_hash")
+        if theirs != ours[compiler]:
+            wrong.append(f"{i.archive}: build inputs hash {theirs or '(none recorded)'}, the "
+                         f"source tree's {ours[compiler]}")
+    if wrong:
+        raise PackagingError(
+            f"{len(wrong)} archive(s) were not built from the sources being packaged "
+            f"({source_root}; a kernel, variants.toml, targets.toml or the tuning data changed "
+            f"since): they would ship kernels that do not match the runtime.\n  "
+            + "\n  ".join(wrong) + f"\nRebuild them: {_rebuild_command(inputs)}")
+
+
+def check_complete(inputs: Sequence[ArchiveInput], allow_subset: bool = False) -> None:
+    """A subset build (``build --only``) holds only some kernels: refused for
+    a release unless ``allow_subset`` (tests)."""
+    partial = [i for i in inputs if i.manifest.get("subset")]
+    if partial and not allow_subset:
+        listed = "; ".join(f"{i.archive} (--only {i.manifest['subset']})" for i in partial)
+        raise PackagingError(
+            f"{len(partial)} archive(s) come from a subset build and hold only some kernels: "
+            f"{listed}. Rebuild them whole: aotriton-rocm build --arch "
+            f"{','.join(i.arch for i in partial)} --out {_rebuild_command(partial).split('--out ')[1]}"
+            f" (or pass --allow-subset to package a subset anyway, e.g. for a test)")
 
 
 def resolve_rocm_profile(rocm_profile: Optional[str], inputs: Iterable[ArchiveInput]) -> Optional[str]:

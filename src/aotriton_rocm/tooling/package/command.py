@@ -12,7 +12,13 @@ This module only orchestrates; each step is a module of its own:
 * :mod:`.sbom`: the CycloneDX SBOM of everything ``SHA256SUMS`` lists;
 * :mod:`.dist_dir`: the run is staged beside ``--out`` and renamed into
   place at the end, ``PACKAGE-COMPLETE`` written last: ``--out`` is either
-  what it was before or the complete new output.
+  what it was before or the complete new output, and then holds only what
+  this run wrote. A non-empty ``--out`` that no earlier ``package`` wrote is
+  refused unless ``--clean``.
+
+Before anything is built, every archive is verified, must come from one
+build of the source tree being packaged (its build-inputs hash) and, unless
+``--allow-subset``, from a whole build (not ``build --only``).
 """
 from __future__ import annotations
 
@@ -25,8 +31,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ...errors import INTERRUPTED, CommandError, UsageError
+from ...files import describe_os_error
 from .archive_intake import collect_archives, resolve_rocm_profile
-from .dist_dir import COMPLETE_MARKER, check_out, clean_leftovers, stage, swap_into_place, write_sha256sums
+from .archive_intake import check_complete, check_matches_sources
+from .dist_dir import (COMPLETE_MARKER, MARKER_KIND, check_out, clean_leftovers, real_out, stage,
+                       swap_into_place, write_sha256sums)
 from .naming import PackagingError, read_release_version
 from ..common.source_tree import find_source_root
 from .wheels import build_wheels
@@ -45,13 +54,16 @@ class PackageOptions:
     conda: bool = True
     python: Tuple[str, ...] = ()       # conda runtime Python minors; () = recipe/variants.yaml
     source_root: Optional[Path] = None
+    clean: bool = False                # replace a non-empty --out package did not write
+    allow_subset: bool = False         # package archives of a `build --only` (tests)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "PackageOptions":
         return cls(archives=Path(args.archives), out=Path(args.out), archs=tuple(args.arch or ()),
                    rocm=args.rocm, local_version=args.local_version, wheels=not args.no_wheels,
                    conda=not args.no_conda, python=tuple(args.python or ()),
-                   source_root=Path(args.source_root) if args.source_root else None)
+                   source_root=Path(args.source_root) if args.source_root else None,
+                   clean=args.clean, allow_subset=args.allow_subset)
 
 
 @dataclass
@@ -82,6 +94,12 @@ def add_package_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: recipe/variants.yaml)")
     parser.add_argument("--source-root", default=None, metavar="DIR",
                         help="source tree to package (default: the one around the cwd)")
+    parser.add_argument("--clean", action="store_true",
+                        help="replace the whole content of a non-empty --out that no earlier "
+                             "`package` wrote (one it wrote is always replaced)")
+    parser.add_argument("--allow-subset", action="store_true",
+                        help="package archives of a subset build (`build --only`), e.g. for a "
+                             "test; a release needs whole builds")
 
 
 def package(options: PackageOptions) -> PackageResult:
@@ -91,21 +109,25 @@ def package(options: PackageOptions) -> PackageResult:
     if not options.conda and not options.wheels:
         raise UsageError("--no-conda and --no-wheels together leave nothing to build: drop one "
                          "of them")
-    out = options.out.absolute()
-    why = check_out(out)
+    out = real_out(options.out)
+    clean_leftovers(out)
+    root = (options.source_root or find_source_root()).resolve()
+    why = check_out(out, options.clean, keep=[("the archives", options.archives),
+                                              ("the source tree", root)])
     if why:
         raise UsageError(why)
     staging: Optional[Path] = None
     try:
-        root = options.source_root or find_source_root()
-        clean_leftovers(out)
         version = read_release_version(root)
         archs = list(options.archs) or None
         # every archive is verified before anything is built
         inputs = collect_archives(options.archives, archs, version, options.rocm)
+        check_complete(inputs, options.allow_subset)
+        check_matches_sources(inputs, root)
         staging = stage(out)
         result = _package_into(options, root, staging, archs, version)
         (staging / COMPLETE_MARKER).write_text(json.dumps({
+            "kind": MARKER_KIND,
             "version": result.version,
             "archs": [i.arch for i in inputs],
             "files": sorted(p.as_posix() for p in result.files),
@@ -114,8 +136,8 @@ def package(options: PackageOptions) -> PackageResult:
         swap_into_place(staging, out)
         staging = None
     except OSError as e:
-        raise PackagingError(f"cannot write the output ({e}); {out} is unchanged: pass another "
-                             f"--out") from e
+        raise PackagingError(f"cannot write the output ({describe_os_error(e)}); {out} is "
+                             f"unchanged: pass another --out") from e
     except KeyboardInterrupt:
         raise CommandError(f"interrupted; {out} left as it was (nothing partial written)",
                            INTERRUPTED) from None
@@ -153,7 +175,7 @@ def _package_into(options: PackageOptions, root: Path, out: Path, archs: Optiona
         write_sha256sums(out, made)
         from .sbom import write_sbom
 
-        # CycloneDX SBOM of everything SHA256SUMS lists (this run's and earlier runs')
+        # CycloneDX SBOM of everything SHA256SUMS lists (what this run wrote)
         sbom = write_sbom(out, stamped, source_root=root,
                           rocm_profile=report.get("rocm_profile") or options.rocm)
         write_sha256sums(out, [sbom])

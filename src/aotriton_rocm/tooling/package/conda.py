@@ -33,9 +33,10 @@ from typing import Dict, List, Optional, Sequence
 from ..._version import abi_line, public_version
 from ...files import atomic_move, atomic_write, link_or_copy
 from .archive_intake import collect_archives
+from .dist_dir import scratch_dir
 from .naming import PackagingError, check_profile, log, read_release_version
 from .reproducible import fixed_umask, normalize_modes, source_date_epoch
-from .wheels import build_runtime_wheel
+from .wheels import build_runtime_wheel, one_inputs_hash
 
 __all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "split_native",
            "repack_conda",
@@ -385,12 +386,13 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
 
     out.mkdir(parents=True, exist_ok=True)
     # Scratch outside out_dir (which may sit inside the source tree being copied).
-    scratch = Path(tempfile.mkdtemp(prefix="aotriton-conda-"))
+    scratch = scratch_dir("aotriton-conda-")
     try:
         if runtime_wheel is None:
             t0 = time.perf_counter()
             wheel = build_runtime_wheel(root, scratch / "wheel", version, [i.arch for i in inputs],
-                                        exclude=[out]).wheel
+                                        exclude=[out],
+                                        build_inputs_hash=one_inputs_hash(inputs)).wheel
             t["conda_runtime_wheel"] = time.perf_counter() - t0
         else:
             wheel = Path(runtime_wheel)

@@ -1,19 +1,25 @@
 """The output directory of ``package``: files published into it atomically,
 its ``SHA256SUMS``, and a run's staging directory beside it that is renamed
-into place at the end (so ``--out`` is either what it was or complete).
+into place at the end (so ``--out`` is either what it was or complete, and
+holds only what that run wrote). ``package`` owns its ``--out``: it replaces
+a directory it wrote earlier (its ``PACKAGE-COMPLETE`` marker), and any
+other non-empty one only when told (``--clean``).
 Build-time only, standard library only.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
-from ...files import atomic_move, atomic_write_text, file_sha256, link_or_copy, pid_alive
+from ...files import atomic_move, atomic_write_text, file_sha256, pid_alive
 
-__all__ = ["COMPLETE_MARKER", "sha256sums_path", "write_sha256sums", "read_sha256sums",
-           "move_into", "clean_leftovers", "stage", "swap_into_place", "check_out"]
+__all__ = ["COMPLETE_MARKER", "MARKER_KIND", "sha256sums_path", "write_sha256sums",
+           "read_sha256sums", "move_into", "clean_leftovers", "clean_stale_scratch", "scratch_dir",
+           "real_out", "read_marker", "stage", "swap_into_place", "check_out"]
 
 
 def sha256sums_path(out_dir: os.PathLike) -> Path:
@@ -52,67 +58,149 @@ def move_into(files: Iterable[Path], out_dir: Path) -> List[Path]:
 
 
 COMPLETE_MARKER = "PACKAGE-COMPLETE"
+MARKER_KIND = "aotriton-rocm-package"
 STAGING = ".package-staging-"
 OLD = ".package-old-"
+# scratch directories of one run under the system temporary directory; the
+# pid in the name lets a later run remove what a killed one left there
+SCRATCH_PREFIXES = ("aotriton-wheels-", "aotriton-conda-")
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new scratch directory ``<tmp>/<prefix><pid>-XXXX`` (see :func:`clean_stale_scratch`)."""
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
+
+
+def _dead_pid_suffix(name: str, prefix: str) -> bool:
+    if not name.startswith(prefix):
+        return False
+    pid = name[len(prefix):].split("-", 1)[0]
+    return pid.isdigit() and not pid_alive(int(pid))
+
+
+def clean_stale_scratch(tmp: Optional[Path] = None) -> List[Path]:
+    """Remove the scratch directories of ``package`` runs that were killed
+    (their pid is gone) from the temporary directory. Returns what went."""
+    tmp = Path(tmp or tempfile.gettempdir())
+    removed: List[Path] = []
+    try:
+        entries = list(tmp.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if any(_dead_pid_suffix(p.name, prefix) for prefix in SCRATCH_PREFIXES) \
+                and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def clean_leftovers(out: Path) -> None:
     """Remove the staging/old directories interrupted runs left beside ``out``
-    (their process is gone)."""
+    and their scratch in the temporary directory (their process is gone)."""
+    clean_stale_scratch()
     try:
         entries = list(out.parent.iterdir())
     except OSError:
         return
     for p in entries:
         for tag in (STAGING, OLD):
-            prefix = f".{out.name}{tag}"
-            if p.name.startswith(prefix) and p.name[len(prefix):].isdigit():
-                if not pid_alive(int(p.name[len(prefix):])):
+            if _dead_pid_suffix(p.name, f".{out.name}{tag}"):
+                if p.is_symlink():
+                    p.unlink()
+                else:
                     shutil.rmtree(p, ignore_errors=True)
 
 
+def real_out(out: Path) -> Path:
+    """``--out`` with symlinks resolved: the run replaces the directory a
+    symlink points to and leaves the link as it is."""
+    return Path(os.path.realpath(out))
+
+
+def read_marker(out: Path) -> Optional[Dict[str, object]]:
+    """The ``PACKAGE-COMPLETE`` record of an earlier ``package`` run in ``out``, or None."""
+    try:
+        doc = json.loads((out / COMPLETE_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), list):
+        return None
+    return doc
+
+
 def stage(out: Path) -> Path:
-    """A staging directory beside ``out`` holding a (hard-linked) copy of what
-    ``out`` holds now: the run adds to it, then :func:`swap_into_place`."""
+    """An empty staging directory beside ``out``: the run writes into it, then
+    :func:`swap_into_place` replaces ``out``'s whole content with it."""
     staging = out.parent / f".{out.name}{STAGING}{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
-
-    def copy(src: str, dst: str) -> None:
-        # wheels and sdists are only ever replaced by rename (atomic_move()): a hard
-        # link is safe; anything a tool may rewrite in place (conda's channel,
-        # repodata) is copied, so that `out` stays as it was until the swap.
-        if src.endswith((".whl", ".tar.gz")) and Path(src).parent == out:
-            link_or_copy(Path(src), Path(dst))
-        else:
-            shutil.copy2(src, dst)
-
-    if out.is_dir():
-        shutil.copytree(out, staging, symlinks=True, copy_function=copy)
-        (staging / COMPLETE_MARKER).unlink(missing_ok=True)
-    else:
-        staging.mkdir(parents=True)
+    staging.mkdir(parents=True)
     return staging
 
 
 def swap_into_place(staging: Path, out: Path) -> None:
     """``staging`` becomes ``out`` (renames; never a half-written ``out``)."""
     old = out.parent / f".{out.name}{OLD}{os.getpid()}"
+    if os.path.lexists(old):
+        shutil.rmtree(old, ignore_errors=True)
     if out.exists():
         os.rename(out, old)
     os.rename(staging, out)
     shutil.rmtree(old, ignore_errors=True)
 
 
-def check_out(out: Path) -> Optional[str]:
-    """Why ``--out`` cannot be written, or None."""
+def _is_mount_point(path: Path) -> bool:
+    try:
+        return os.path.ismount(path)
+    except OSError:
+        return False
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def check_out(out: Path, clean: bool = False,
+              keep: Iterable[Tuple[str, Path]] = ()) -> Optional[str]:
+    """Why ``package`` cannot (or must not) write ``--out``, or None. ``out``:
+    :func:`real_out`. Checked before any work: the run stages beside
+    ``out`` and renames the result into place, replacing the whole directory,
+    so ``out`` must be a directory ``package`` wrote (or empty, or new, or
+    ``clean``), not a mount point, in a writable parent, and hold none of
+    ``keep`` (``(what, path)`` pairs: the archives, the source tree)."""
     if out.exists() and not out.is_dir():
         return (f"--out {out} is a file, not a directory: pass a directory (created if missing), "
                 f"or remove the file")
+    for what, path in keep:
+        real = Path(os.path.realpath(path))
+        if real == out or out in real.parents:
+            return (f"--out {out} holds {what} ({real}): package replaces the whole of --out, "
+                    f"so pass an --out outside it (e.g. {out / 'dist'})")
+    if out.is_dir() and _is_mount_point(out):
+        return (f"--out {out} is a mount point: package builds its output beside --out and "
+                f"renames it into place, which cannot replace a mount point; pass a directory "
+                f"inside it, e.g. --out {out / 'dist'}")
     probe = out.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
+    if _read_only_fs(probe):
+        return (f"--out {out}: {probe} is on a read-only file system: pass an --out on a "
+                f"writable one")
     if not os.access(probe, os.W_OK | os.X_OK):
         return (f"--out {out}: cannot write in {probe} (permission denied); the output is "
                 f"staged beside --out and renamed into place, so its parent directory must be "
                 f"writable: pass another --out")
+    if out.is_dir() and not clean and read_marker(out) is None:
+        try:
+            names = sorted(p.name for p in out.iterdir())
+        except OSError as e:
+            return f"--out {out} cannot be read ({e.strerror or e}): pass another --out"
+        if names:
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            return (f"--out {out} holds files an earlier `aotriton-rocm package` did not write "
+                    f"({shown}); package replaces the whole directory: pass --clean to replace "
+                    f"its content, or an empty or new --out")
     return None

@@ -9,6 +9,7 @@ published into the output directory atomically. Build-time only.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -17,7 +18,6 @@ import string
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 import warnings
 import zipfile
@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence
 from ..._version import abi_line, public_version
 from ...archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX
 from .archive_intake import ArchiveInput, collect_archives, resolve_rocm_profile
-from .dist_dir import move_into, write_sha256sums
+from .dist_dir import move_into, scratch_dir, write_sha256sums
 from .naming import (RUNTIME_DIST, PackagingError, archname, image_dist_name, image_package_name,
                      local_label, log, read_release_version)
 from .reproducible import fixed_umask, normalize_modes, normalize_sdist, reproducible_env, source_date_epoch
@@ -160,6 +160,30 @@ def generate_abi_json(tree: os.PathLike) -> Path:
     return out
 
 
+PACKAGED_RECORD = "packaged.json"
+
+
+def one_inputs_hash(inputs: Sequence[ArchiveInput]) -> Optional[str]:
+    """The build-inputs hash the archives share (collect_archives checked
+    that they share one), or None."""
+    found = {str(i.manifest.get("build_inputs_hash")) for i in inputs
+             if i.manifest.get("build_inputs_hash")}
+    return found.pop() if len(found) == 1 else None
+
+
+def write_packaged_record(tree: os.PathLike, build_inputs_hash: Optional[str],
+                          archs: Sequence[str]) -> Optional[Path]:
+    """``src/aotriton_rocm/packaged.json`` in a snapshot: the build-inputs hash
+    of the kernel images this runtime was packaged with (read by
+    ``aotriton_rocm.images.packaged_inputs_hash``)."""
+    if not build_inputs_hash:
+        return None
+    path = Path(tree) / "src" / "aotriton_rocm" / PACKAGED_RECORD
+    path.write_text(json.dumps({"build_inputs_hash": build_inputs_hash,
+                                "archs": sorted(archs)}, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
 @dataclass
 class RuntimeBuild:
     wheel: Path           # repaired wheel
@@ -184,12 +208,16 @@ def _torch_stable_headers() -> Optional[str]:
 
 def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
                         version: Optional[str] = None, archs: Sequence[str] = (),
-                        exclude: Sequence[os.PathLike] = ()) -> RuntimeBuild:
+                        exclude: Sequence[os.PathLike] = (),
+                        build_inputs_hash: Optional[str] = None) -> RuntimeBuild:
     """Build the runtime sdist + wheel in ``work_dir`` and repair the wheel.
 
     ``version``: the version to stamp (``X.Y.Z`` or ``X.Y.Z+rocmA.B``); default:
     ``_version.py``'s. ``exclude``: directories inside the source tree not to
-    copy (output directories). Returns paths inside ``work_dir``.
+    copy (output directories). ``build_inputs_hash``: that of the archives
+    packaged with it, recorded in the wheel (``aotriton_rocm/packaged.json``),
+    against which ``smoke`` and ``info`` check the installed images. Returns
+    paths inside ``work_dir``.
     """
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -204,6 +232,7 @@ def build_runtime_wheel(source_root: os.PathLike, work_dir: os.PathLike,
         set_version_in_snapshot(snap, version)
     _check_pyproject(snap, base_version, archs)
     generate_abi_json(snap)
+    write_packaged_record(snap, build_inputs_hash, archs)
 
     epoch = source_date_epoch(source_root)
     env = reproducible_env(tool_env(), epoch)
@@ -379,7 +408,7 @@ def build_wheels(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: o
 
     out.mkdir(parents=True, exist_ok=True)
     # Scratch outside out_dir (which may sit inside the source tree being copied).
-    scratch = Path(tempfile.mkdtemp(prefix="aotriton-wheels-"))
+    scratch = scratch_dir("aotriton-wheels-")
     try:
         with fixed_umask():
             return _build_wheels_in(root, scratch, out, inputs, wversion, profile, t, report)
@@ -392,7 +421,7 @@ def _build_wheels_in(root: Path, scratch: Path, out: Path, inputs: List[ArchiveI
                      report: Optional[Dict[str, object]]) -> List[Path]:
     t0 = time.perf_counter()
     rt = build_runtime_wheel(root, scratch / "runtime", wversion, [i.arch for i in inputs],
-                             exclude=[out])
+                             exclude=[out], build_inputs_hash=one_inputs_hash(inputs))
     t["runtime_wheel"] = time.perf_counter() - t0
     verdict = " ".join(rt.auditwheel_show.split())
     log(f"runtime: {rt.wheel.name} ({t['runtime_wheel']:.1f}s); auditwheel show: {verdict}")

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...errors import CommandError, UsageError
-from ...files import atomic_copy, file_sha256
+from ...files import atomic_copy, describe_os_error, file_sha256
 from ..package.dist_dir import read_sha256sums
 from ..package.naming import local_label, read_release_version
 from ..common.source_tree import find_source_root
@@ -294,6 +294,7 @@ def gate_build(ctx: Context, profile: str) -> str:
     if a.build_dir:
         for cand in (build_dir / "archives", base / "archives" if len(ctx.profiles) == 1 else None):
             if cand is not None and _archives_in(cand):
+                _check_reused(ctx, cand, profile)
                 ctx.archives[profile] = cand
                 return f"reused {len(_archives_in(cand))} archive(s) in {cand}"
     from ..build.command import build
@@ -303,6 +304,28 @@ def gate_build(ctx: Context, profile: str) -> str:
            _logs(ctx) / f"build-{local_label(profile)}.log")
     ctx.archives[profile] = build_dir / "archives"
     return f"built {len(_archives_in(build_dir / 'archives'))} archive(s) into {build_dir / 'archives'}"
+
+
+def _check_reused(ctx: Context, archives: Path, profile: str) -> None:
+    """Archives reused from --build-dir are verified, whole (no ``--only``)
+    and built from this source tree (its build-inputs hash)."""
+    from ..package.archive_intake import check_complete, check_matches_sources, collect_archives
+
+    inputs = collect_archives(archives, list(ctx.args.arch) or None, ctx.version, profile)
+    check_complete(inputs)
+    check_matches_sources(inputs, ctx.root)
+
+
+def _check_out(out: Path) -> None:
+    """--out is created and written before any gate runs."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--out {out} cannot be written ({describe_os_error(e)}): pass a "
+                         f"writable directory") from None
 
 
 def _artifacts(dist: Path) -> List[Path]:
@@ -556,6 +579,7 @@ def run_release(args: ReleaseOptions) -> int:
     except CommandError as e:
         raise UsageError(str(e)) from e
     out = args.out.resolve()
+    _check_out(out)
     ctx = Context(args=args, root=root, version=version, out=out, profiles=profiles,
                   targets=_targets(args, out, profiles, default))
     mode = "PUBLISH" if args.publish else "DRY RUN"
@@ -574,6 +598,9 @@ def run_release(args: ReleaseOptions) -> int:
             print(_redact(ctx, f"{tag} SKIPPED: {e}"), flush=True)
         except (GateFailed, CommandError) as e:
             print(_redact(ctx, f"{tag} FAIL: {e}"), flush=True)
+            failed = f"{gate} {label}".strip()
+        except OSError as e:
+            print(_redact(ctx, f"{tag} FAIL: {describe_os_error(e)}"), flush=True)
             failed = f"{gate} {label}".strip()
     if failed is not None and ctx.uploaded:
         print(f"release {version}: publishing FAILED at {failed}; already uploaded: "

@@ -1,0 +1,145 @@
+"""The installation checks that launch no kernel, shared by ``smoke`` and
+``info`` (so that ``info`` sees what ``smoke`` sees): libaotriton_rocm
+loads, the torch extension loads where torch takes that route, and every
+installed archive is readable, what its name says, of this runtime's ABI
+line, matches its sidecar, every kernel's sha256 checks out, the C reader
+accepts it, and it comes from the build this runtime was packaged with.
+
+Each check gives rows ``(what, ok, detail)``; a failing row's detail names
+the file and the fix. Standard library only, apart from the native
+libraries it checks.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from . import images
+from ._version import ABI_VERSION, __version__
+from .archive import (Archive, ArchiveError, clip, identity_fix, identity_problems,
+                      manifest_path_for, verify_against_manifest)
+
+__all__ = ["Row", "REINSTALL_RUNTIME", "check_library", "check_torch_extension",
+           "archive_problems", "check_archives", "installation_rows"]
+
+Row = Tuple[str, bool, str]
+REINSTALL_RUNTIME = f"pip install --force-reinstall --no-deps 'aotriton-rocm=={__version__}'"
+MAX_DETAIL = 2000  # one row stays readable whatever a damaged file holds
+
+
+def check_library() -> Row:
+    """libaotriton_rocm loads (every GPU call and the archive reader use it)."""
+    from . import native
+
+    try:
+        lib = native.library()
+    except OSError as exc:
+        return ("library", False, f"{clip(exc, 600)}; fix: {REINSTALL_RUNTIME}")
+    return ("library", True, f"libaotriton_rocm {lib.aotr_version().decode()} "
+                             f"({native.library_path()})")
+
+
+def check_torch_extension() -> Optional[Row]:
+    """libaotriton_rocm_torch loads where it is installed and this torch
+    (>= 2.10) would take that route; None where torch is older. An empty or
+    broken file fails (torch would otherwise fall back without a word)."""
+    from . import torch_native
+
+    try:
+        if not torch_native._torch_version_ok():
+            return None
+    except ImportError:
+        return None
+    path = torch_native.library_path()
+    try:
+        present = path.exists()
+    except OSError:
+        present = True  # unreadable: load() says why
+    if not present:
+        return ("torch extension", True, f"not installed ({path.name}): torch takes the Python "
+                                         f"route")
+    try:
+        torch_native.load()
+    except OSError as exc:
+        return ("torch extension", False, f"{clip(exc, 600)}; fix: {REINSTALL_RUNTIME}")
+    return ("torch extension", True, str(path))
+
+
+def _native_problems(path: Path) -> List[str]:
+    """The archive read and verified again by libaotriton_rocm, the reader
+    every GPU call uses (this also proves the library loads here)."""
+    from . import native
+
+    try:
+        native.verify_archive(path)
+    except (OSError, native.NativeError) as exc:
+        return [f"libaotriton_rocm: {exc}"]
+    return []
+
+
+def _inputs_problem(archive: Archive, path: Path, arch: str) -> List[str]:
+    packaged = images.packaged_inputs_hash()
+    theirs = archive.manifest.get("build_inputs_hash")
+    if packaged is None or theirs == packaged:
+        return []
+    return [f"{path}: built from other kernel sources (build inputs hash {clip(theirs, 64)}) "
+            f"than the ones aotriton-rocm {__version__} was packaged with ({packaged}): install "
+            f"the image and the runtime of one release; {identity_fix(arch)}"]
+
+
+def archive_problems(arch: str, path: Path, native_check: bool = True) -> Tuple[Optional[Archive], List[str]]:
+    """The archive (None if it cannot be opened) and its problems, each once."""
+    try:
+        a = Archive.open(path)
+    except ArchiveError as exc:
+        return None, [str(exc)]
+    problems = identity_problems(a, path, expected_abi=ABI_VERSION)
+    sidecar = manifest_path_for(path)
+    if sidecar.exists():
+        problems += verify_against_manifest(path, sidecar)  # includes Archive.verify()
+    else:
+        problems += a.verify()
+        problems.append(f"{sidecar}: the manifest sidecar of {path.name} is missing; "
+                        f"{identity_fix(arch)}")
+    problems += _inputs_problem(a, path, arch)
+    if not problems and native_check:  # (else the C reader would report the same damage again)
+        problems = _native_problems(path)
+    return a, list(dict.fromkeys(problems))
+
+
+def _detail(problems: List[str]) -> str:
+    text = "; ".join(problems)
+    return text if len(text) <= MAX_DETAIL else clip(text, MAX_DETAIL)
+
+
+def check_archives(require_arch: Optional[str]) -> List[Row]:
+    """One row per installed archive, per installed image whose archive is
+    missing or unreadable, and for the GPU's arch (``require_arch``)."""
+    rows: List[Row] = []
+    found = images.find_archives()
+    for arch, path in sorted(found.items()):
+        _, problems = archive_problems(arch, path)
+        rows.append((f"archive {arch}", not problems, _detail(problems) or str(path)))
+    for m in images.missing_images():
+        if m.arch:
+            rows.append((f"archive {m.arch}", False, f"{m.path} is missing or unreadable, but its "
+                                                     f"image is installed; fix: {m.fix}"))
+        else:
+            rows.append(("kernel images", False, m.fix))
+    if require_arch is not None and require_arch not in found:
+        rows.append((f"arch {require_arch}", False,
+                     f"no kernel image installed for this GPU ({require_arch}); installed: "
+                     f"{', '.join(sorted(found)) or 'none'}. "
+                     f"Install it: pip install 'aotriton-rocm[{require_arch.replace('_', '')}]'"))
+    elif require_arch is not None:
+        rows.append((f"arch {require_arch}", True, "covered by the installed images"))
+    return rows
+
+
+def installation_rows(require_arch: Optional[str] = None) -> List[Row]:
+    """Every check above: library, torch extension, archives."""
+    rows = [check_library()]
+    ext = check_torch_extension()
+    if ext is not None:
+        rows.append(ext)
+    return rows + check_archives(require_arch)
