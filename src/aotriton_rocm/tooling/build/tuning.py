@@ -73,7 +73,6 @@ __all__ = [
     "measured_configs",
     "dump_measured",
     "with_choice",
-    "tuning_files_bytes",
     "choose",
     "choose_decode",
     "static_rank",
@@ -310,17 +309,6 @@ def load_measured_text(text: str, arch: str, p) -> MeasuredData:
                                      seqlen_max=smax, config=tuple(ch["config"].items()), index=i,
                                      seqlen_q_max=qmax))
     return MeasuredData(path=Path(p), arch=arch, how=str(doc.get("how", "")), entries=tuple(entries))
-
-
-def tuning_files_bytes(kernels_dir) -> bytes:
-    """Every ``kernels/tuning/*.json`` (name + bytes, sorted): part of the build inputs."""
-    d = Path(kernels_dir) / "tuning"
-    out = b""
-    if d.is_dir():
-        for p in sorted(d.glob("*.json")):
-            data = p.read_bytes()
-            out += len(p.name).to_bytes(8, "little") + p.name.encode() + len(data).to_bytes(8, "little") + data
-    return out
 
 
 def _static_best(ok: Sequence[Candidate], bound: Optional[int]) -> Candidate:
