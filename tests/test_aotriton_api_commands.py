@@ -92,12 +92,22 @@ def test_dropin_installs_the_same_line_and_undo_restores(tmp_path, version, line
     assert p.returncode == 0, p.stderr
     assert Path(p.stdout.strip()) == lib / name
     assert read_dynamic(lib / name).soname == ours.name
+    # what smoke and info report once that library is loaded
+    code = ("import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); "
+            "from aotriton_rocm.torch_dropin import loaded_aotriton; print(loaded_aotriton())")
+    p = subprocess.run([sys.executable, "-c", code, str(lib / "libtorch_hip.so")],
+                       capture_output=True, text=True)
+    assert p.stdout.startswith(f"aotriton-rocm's drop-in (AOTriton API line {line}): {lib / name}"), \
+        p.stdout + p.stderr
     # a second run keeps the first backup (torch's own library), not ours
     assert _cli("torch-dropin", "--torch-lib", str(lib)).returncode == 0
     assert (lib / f"{name}.aotriton-rocm-backup").read_bytes() == original
     p = _cli("torch-dropin", "--torch-lib", str(lib), "--undo")
     assert p.returncode == 0, p.stderr
     assert (lib / name).read_bytes() == original
+    p = subprocess.run([sys.executable, "-c", code, str(lib / "libtorch_hip.so")],
+                       capture_output=True, text=True)
+    assert p.stdout.startswith(f"torch's own AOTriton: {lib / name}"), p.stdout + p.stderr
     assert not (lib / ".aotriton-rocm-dropin.json").exists()
     assert not (lib / f"{name}.aotriton-rocm-backup").exists()
     assert sorted(f.name for f in lib.iterdir() if f.name.startswith(".")) == []

@@ -31,10 +31,12 @@ def run_info(options: InfoOptions) -> int:
     from . import device, images
     from ._version import ABI_VERSION, TRITON_VERSION, __version__
     from .install_checks import archive_problems, check_library, check_torch_extension
+    from .torch_dropin import loaded_aotriton
 
     print(f"aotriton-rocm {__version__} (ABI {ABI_VERSION}, kernels built with triton "
           f"{TRITON_VERSION})")
     print(f"torch {torch.__version__}" + (f", HIP {torch.version.hip}" if torch.version.hip else ""))
+    print(f"AOTriton library of torch: {loaded_aotriton()}")
     if device.gpu_available():
         print(f"GPU: {torch.cuda.get_device_name()} ({device.arch_of(torch.cuda.current_device())})")
     else:

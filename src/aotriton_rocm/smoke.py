@@ -31,6 +31,7 @@ from ._version import __version__
 from .errors import CommandError, UsageError
 from .files import describe_os_error
 from .install_checks import check_archives, installation_rows  # noqa: F401 (smoke.check_archives)
+from .torch_dropin import DROPIN_PREFIX, loaded_aotriton
 
 # Fudge factors of PyTorch's test_transformers for ROCm's AOTriton flash kernels.
 FUDGE = {"out": 6.0, "dq": 360.0, "dk": 45.0, "dv": 6.0}
@@ -82,7 +83,11 @@ def _forward_backward(q, k, v, grad, causal, scale, backend):
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def run_case(case: Case, dev: torch.device, generator: torch.Generator) -> Result:
+def run_case(case: Case, dev: torch.device, generator: torch.Generator,
+             through: str | None = None) -> Result:
+    """One case on torch's flash backend with ours enabled, or, with
+    ``through`` (the name of what torch runs, e.g. our libaotriton_v2 in place
+    of torch's own), before enabling ours: then launches are not counted."""
     shape = (case.batch, case.heads, case.seqlen, case.head_dim)
 
     def rand():
@@ -112,6 +117,8 @@ def run_case(case: Case, dev: torch.device, generator: torch.Generator) -> Resul
         errors[name], tols[name] = err, tol
         passed &= (err <= tol) and not nan_bad
     note = ""
+    if through:
+        return Result(case.label(), through, errors, tols, 0, passed, note)
     missing = kernels_not_launched(ran)
     if missing:
         passed = False
@@ -246,6 +253,15 @@ def run_smoke(args: SmokeOptions) -> int:
         return 1
     failures = archive_failures
 
+    aotriton = loaded_aotriton()
+    print(f"AOTriton library of torch: {aotriton}", flush=True)
+    dropin_results = []
+    if use_gpu and aotriton.startswith(DROPIN_PREFIX):
+        # torch's own flash backend, ours not enabled: it calls the drop-in
+        dropin_results = [run_case(c, torch.device("cuda"), torch.Generator(device="cuda").manual_seed(1),
+                                   through="torch -> libaotriton_v2 (ours)")
+                          for c in gpu_cases(quick=True)]
+
     torch_integration.enable(cpu_interpreter=not use_gpu)
     if use_gpu:
         print(f"route: {_gpu_route()}", flush=True)
@@ -257,21 +273,28 @@ def run_smoke(args: SmokeOptions) -> int:
                 "verdict"), widths)
     results = []
     start = time.time()
+
+    def report(r: Result) -> None:
+        results.append(r)
+        cols = [r.case, r.backend]
+        for name in ("out", "dq", "dk", "dv"):
+            cols.append(f"{r.errors[name]:.2e}/{r.tolerances[name]:.2e}"
+                        if name in r.errors else "-")
+        cols.append("PASS" if r.passed else "FAIL")
+        _print_row(cols, widths)
+        if r.note:
+            print(f"    {r.note}", flush=True)
+
+    for r in dropin_results:
+        report(r)
+        failures += not r.passed
     try:
         for case in cases:
             try:
                 r = run_case(case, dev, gen)
             except Exception as exc:  # noqa: BLE001 - a crash is a failed case, reported
                 r = Result(case.label(), "?", {}, {}, 0, False, f"error: {exc!r}")
-            results.append(r)
-            cols = [r.case, r.backend]
-            for name in ("out", "dq", "dk", "dv"):
-                cols.append(f"{r.errors[name]:.2e}/{r.tolerances[name]:.2e}"
-                            if name in r.errors else "-")
-            cols.append("PASS" if r.passed else "FAIL")
-            _print_row(cols, widths)
-            if r.note:
-                print(f"    {r.note}", flush=True)
+            report(r)
             failures += not r.passed
     finally:
         torch_integration.disable()

@@ -33,6 +33,7 @@ from .files import file_sha256
 from .paths import aotriton_api_library, aotriton_api_line
 
 RECORD = ".aotriton-rocm-dropin.json"
+DROPIN_PREFIX = "aotriton-rocm's drop-in"
 BACKUP_SUFFIX = ".aotriton-rocm-backup"
 TORCH_HIP = "libtorch_hip.so"
 _NEEDED = re.compile(r"^libaotriton_v2\.so\.(\d+\.\d+\.\d+)$")
@@ -194,5 +195,5 @@ def loaded_aotriton() -> str:
     except CommandError:
         pass
     if record and record.get("file") == path.name and record.get("sha256") == file_sha256(path):
-        return f"aotriton-rocm's drop-in (AOTriton API line {record['aotriton_api_line']}): {path}"
+        return f"{DROPIN_PREFIX} (AOTriton API line {record['aotriton_api_line']}): {path}"
     return f"torch's own AOTriton: {path}"
