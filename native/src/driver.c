@@ -57,8 +57,8 @@ struct cu_mem_pool_props {
     unsigned char tail[64];
 };
 
-/* CUDA_MEMCPY2D (cuMemcpy2DAsync_v2), device to device. */
-#define CU_MEMORYTYPE_DEVICE 2
+/* CUDA_MEMCPY2D (cuMemcpy2DAsync_v2): the enum fields are 4 bytes, padded
+ * before the pointers. */
 struct cu_memcpy2d {
     size_t src_x_bytes, src_y;
     int src_memory_type;
@@ -150,9 +150,13 @@ struct cuda_api {
     drv_result (*MemPoolSetAttribute)(drv_handle, int, void *);
     drv_result (*MemPoolDestroy)(drv_handle);
     drv_result (*MemAllocFromPoolAsync)(uint64_t *, size_t, drv_handle, drv_handle);
-    /* Optional: the zero-padded copies of head dims that are not multiples of 8. */
+    /* Optional: stream-ordered fills, copies and queries (stage.c,
+     * device_ops.c); their callers fail without them. */
     drv_result (*MemsetD8Async)(uint64_t, unsigned char, size_t, drv_handle);
     drv_result (*Memcpy2DAsync)(const struct cu_memcpy2d *, drv_handle);
+    drv_result (*CtxGetDevice)(int *);
+    drv_result (*StreamIsCapturing)(drv_handle, int *);
+    drv_result (*StreamSynchronize)(drv_handle);
 };
 
 struct hip_api {
@@ -171,12 +175,15 @@ struct hip_api {
     drv_result (*GetDevicePropertiesR0600)(void *, int);
     drv_result (*GetDeviceProperties)(void *, int);
     drv_result (*DeviceGetAttribute)(int *, int, int); /* optional */
-    /* Optional: the zero-padded copies of head dims that are not multiples of 8. */
+    /* Optional: stream-ordered memory, fills, copies and queries (stage.c,
+     * device_ops.c); their callers fail without them. */
     drv_result (*MallocAsync)(void **, size_t, drv_handle);
     drv_result (*FreeAsync)(void *, drv_handle);
     drv_result (*MemsetAsync)(void *, int, size_t, drv_handle);
     drv_result (*Memcpy2DAsync)(void *, size_t, const void *, size_t, size_t, size_t, int,
                                 drv_handle);
+    drv_result (*StreamIsCapturing)(drv_handle, int *);
+    drv_result (*StreamSynchronize)(drv_handle);
 };
 
 struct symbol {
@@ -212,6 +219,9 @@ static const struct symbol cuda_symbols[] = {
     CU_OPTIONAL(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync"),
     CU_OPTIONAL(MemsetD8Async, "cuMemsetD8Async"),
     CU_OPTIONAL(Memcpy2DAsync, "cuMemcpy2DAsync_v2"),
+    CU_OPTIONAL(CtxGetDevice, "cuCtxGetDevice"),
+    CU_OPTIONAL(StreamIsCapturing, "cuStreamIsCapturing"),
+    CU_OPTIONAL(StreamSynchronize, "cuStreamSynchronize"),
 };
 #undef CU
 #undef CU_OPTIONAL
@@ -234,6 +244,8 @@ static const struct symbol hip_symbols[] = {
     HIP(FreeAsync, "hipFreeAsync", 1),
     HIP(MemsetAsync, "hipMemsetAsync", 1),
     HIP(Memcpy2DAsync, "hipMemcpy2DAsync", 1),
+    HIP(StreamIsCapturing, "hipStreamIsCapturing", 1),
+    HIP(StreamSynchronize, "hipStreamSynchronize", 1),
 };
 #undef HIP
 
@@ -645,22 +657,6 @@ static void cuda_leave(aotr_driver *d, int pushed)
         (void)d->cu.CtxPopCurrent(&popped);
 }
 
-/* For device_ops.c: a symbol of the opened driver library (NULL if absent),
- * and the CUDA context bracket the launches use (no-ops for HIP). */
-void *aotr_driver_symbol(aotr_driver *d, const char *name) { return dlsym(d->lib, name); }
-
-aotr_status aotr_driver_enter(aotr_driver *d, int32_t device, int *pushed)
-{
-    *pushed = 0;
-    return d->backend == AOTR_BACKEND_CUDA ? cuda_enter(d, device, pushed) : AOTR_OK;
-}
-
-void aotr_driver_leave(aotr_driver *d, int pushed)
-{
-    if (d->backend == AOTR_BACKEND_CUDA)
-        cuda_leave(d, pushed);
-}
-
 /* ------------------------------------------------------------------ arch */
 
 aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch,
@@ -1054,94 +1050,182 @@ void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream)
         (void)d->cu.MemFreeAsync(ptr, stream);
 }
 
-/* ------------------------------------------- device memory and copies */
+/* --------------------------------- stream-ordered memory, copies, queries */
+/* For stage.c and the public aotr_copy_2d & co. (device_ops.c). CUDA: each
+ * call runs in `device`'s primary context (pushed when another one is
+ * current); HIP: the stream names the device. */
 
 static aotr_status missing(const aotr_driver *d, const char *function)
 {
-    return aotr_fail(AOTR_DRIVER_UNAVAILABLE, "%s has no %s, which head dims that are not "
-                     "multiples of 8 need (zero-padded copies): update the %s",
-                     d->library, function,
-                     d->backend == AOTR_BACKEND_CUDA ? "NVIDIA driver" : "ROCm runtime");
+    return aotr_fail(AOTR_DRIVER_UNAVAILABLE, "%s has no %s: update the %s", d->library,
+                     function, d->backend == AOTR_BACKEND_CUDA ? "NVIDIA driver" : "ROCm runtime");
+}
+
+/* CUDA_ERROR_OUT_OF_MEMORY and hipErrorOutOfMemory are both 2. */
+static aotr_status op_failed(aotr_driver *d, const char *function, drv_result rc)
+{
+    return driver_error(d, rc == 2 ? AOTR_OUT_OF_MEMORY : AOTR_DRIVER_ERROR, function, rc, NULL,
+                        NULL);
+}
+
+static aotr_status enter(aotr_driver *d, int32_t device, int *pushed)
+{
+    *pushed = 0;
+    if (device < 0)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "device index %d is negative", (int)device);
+    return d->backend == AOTR_BACKEND_CUDA ? cuda_enter(d, device, pushed) : AOTR_OK;
+}
+
+static aotr_status leave(aotr_driver *d, int pushed, const char *function, drv_result rc)
+{
+    if (d->backend == AOTR_BACKEND_CUDA)
+        cuda_leave(d, pushed);
+    return rc == 0 ? AOTR_OK : op_failed(d, function, rc);
 }
 
 aotr_status aotr_driver_mem_alloc(aotr_driver *d, int32_t device, size_t bytes, void *stream,
                                   uint64_t *ptr)
 {
-    *ptr = 0;
-    if (d->backend == AOTR_BACKEND_CUDA)
-        return aotr_driver_scratch_alloc(d, device, bytes, stream, ptr);
-    if (!d->hip.MallocAsync || !d->hip.FreeAsync)
-        return missing(d, "hipMallocAsync");
-    void *p = NULL;
-    drv_result rc = d->hip.MallocAsync(&p, bytes, stream);
-    if (rc != hipSuccess)
-        return driver_error(d, AOTR_DRIVER_ERROR, "hipMallocAsync", rc, NULL, NULL);
-    *ptr = (uint64_t)(uintptr_t)p;
-    return AOTR_OK;
-}
-
-void aotr_driver_mem_free(aotr_driver *d, uint64_t ptr, void *stream)
-{
-    if (!ptr)
-        return;
-    if (d->backend == AOTR_BACKEND_CUDA)
-        aotr_driver_scratch_free(d, ptr, stream);
-    else
-        (void)d->hip.FreeAsync((void *)(uintptr_t)ptr, stream);
-}
-
-aotr_status aotr_driver_memset_zero(aotr_driver *d, int32_t device, uint64_t ptr, size_t bytes,
-                                    void *stream)
-{
+    int pushed;
     drv_result rc;
+    const char *function;
+    *ptr = 0;
     if (d->backend == AOTR_BACKEND_CUDA) {
-        if (!d->cu.MemsetD8Async)
-            return missing(d, "cuMemsetD8Async");
-        rc = d->cu.MemsetD8Async(ptr, 0, bytes, stream);
-        if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device))
-            rc = d->cu.MemsetD8Async(ptr, 0, bytes, stream);
-        return rc == CUDA_SUCCESS ? AOTR_OK
-                                  : driver_error(d, AOTR_DRIVER_ERROR, "cuMemsetD8Async", rc,
-                                                 NULL, NULL);
+        if (!d->cu.MemAllocAsync || !d->cu.MemFreeAsync)
+            return missing(d, "cuMemAllocAsync");
+    } else if (!d->hip.MallocAsync || !d->hip.FreeAsync) {
+        return missing(d, "hipMallocAsync");
     }
-    if (!d->hip.MemsetAsync)
-        return missing(d, "hipMemsetAsync");
-    rc = d->hip.MemsetAsync((void *)(uintptr_t)ptr, 0, bytes, stream);
-    return rc == hipSuccess ? AOTR_OK
-                            : driver_error(d, AOTR_DRIVER_ERROR, "hipMemsetAsync", rc, NULL, NULL);
+    aotr_status st = enter(d, device, &pushed);
+    if (st != AOTR_OK)
+        return st;
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        drv_handle pool = scratch_pool(d, device);
+        function = pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync";
+        rc = scratch_alloc_from(d, pool, ptr, bytes, stream);
+    } else {
+        void *p = NULL;
+        function = "hipMallocAsync";
+        rc = d->hip.MallocAsync(&p, bytes, stream);
+        *ptr = (uint64_t)(uintptr_t)p;
+    }
+    if (rc != 0)
+        *ptr = 0;
+    return leave(d, pushed, function, rc);
 }
+
+aotr_status aotr_driver_mem_free(aotr_driver *d, int32_t device, uint64_t ptr, void *stream)
+{
+    int pushed;
+    if (!ptr)
+        return AOTR_OK;
+    aotr_status st = enter(d, device, &pushed);
+    if (st != AOTR_OK)
+        return st;
+    /* (mem_alloc made sure that both functions are there) */
+    if (d->backend == AOTR_BACKEND_CUDA)
+        return leave(d, pushed, "cuMemFreeAsync", d->cu.MemFreeAsync(ptr, stream));
+    return leave(d, pushed, "hipFreeAsync", d->hip.FreeAsync((void *)(uintptr_t)ptr, stream));
+}
+
+aotr_status aotr_driver_memset(aotr_driver *d, int32_t device, uint64_t ptr, int value,
+                               size_t bytes, void *stream)
+{
+    int pushed;
+    if (d->backend == AOTR_BACKEND_CUDA ? !d->cu.MemsetD8Async : !d->hip.MemsetAsync)
+        return missing(d, d->backend == AOTR_BACKEND_CUDA ? "cuMemsetD8Async" : "hipMemsetAsync");
+    aotr_status st = enter(d, device, &pushed);
+    if (st != AOTR_OK)
+        return st;
+    if (d->backend == AOTR_BACKEND_CUDA)
+        return leave(d, pushed, "cuMemsetD8Async",
+                     d->cu.MemsetD8Async(ptr, (unsigned char)value, bytes, stream));
+    return leave(d, pushed, "hipMemsetAsync",
+                 d->hip.MemsetAsync((void *)(uintptr_t)ptr, value & 0xff, bytes, stream));
+}
+
+#define CU_MEMORYTYPE_UNIFIED 4
+#define HIP_MEMCPY_DEFAULT 4 /* hipMemcpyDefault: the direction from the addresses */
 
 aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst, size_t dst_pitch,
                                 uint64_t src, size_t src_pitch, size_t width, size_t height,
                                 void *stream)
 {
-    drv_result rc;
+    int pushed;
+    if (d->backend == AOTR_BACKEND_CUDA ? !d->cu.Memcpy2DAsync : !d->hip.Memcpy2DAsync)
+        return missing(d, d->backend == AOTR_BACKEND_CUDA ? "cuMemcpy2DAsync_v2"
+                                                          : "hipMemcpy2DAsync");
+    aotr_status st = enter(d, device, &pushed);
+    if (st != AOTR_OK)
+        return st;
     if (d->backend == AOTR_BACKEND_CUDA) {
-        if (!d->cu.Memcpy2DAsync)
-            return missing(d, "cuMemcpy2DAsync_v2");
         struct cu_memcpy2d c;
         memset(&c, 0, sizeof c);
-        c.src_memory_type = c.dst_memory_type = CU_MEMORYTYPE_DEVICE;
+        c.src_memory_type = c.dst_memory_type = CU_MEMORYTYPE_UNIFIED;
         c.src_device = src;
         c.src_pitch = src_pitch;
         c.dst_device = dst;
         c.dst_pitch = dst_pitch;
         c.width_bytes = width;
         c.height = height;
-        rc = d->cu.Memcpy2DAsync(&c, stream);
-        if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device))
-            rc = d->cu.Memcpy2DAsync(&c, stream);
-        return rc == CUDA_SUCCESS ? AOTR_OK
-                                  : driver_error(d, AOTR_DRIVER_ERROR, "cuMemcpy2DAsync", rc,
-                                                 NULL, NULL);
+        return leave(d, pushed, "cuMemcpy2DAsync_v2", d->cu.Memcpy2DAsync(&c, stream));
     }
-    if (!d->hip.Memcpy2DAsync)
-        return missing(d, "hipMemcpy2DAsync");
-    rc = d->hip.Memcpy2DAsync((void *)(uintptr_t)dst, dst_pitch, (const void *)(uintptr_t)src,
-                              src_pitch, width, height, 3 /* hipMemcpyDeviceToDevice */, stream);
-    return rc == hipSuccess ? AOTR_OK
-                            : driver_error(d, AOTR_DRIVER_ERROR, "hipMemcpy2DAsync", rc, NULL,
-                                           NULL);
+    return leave(d, pushed, "hipMemcpy2DAsync",
+                 d->hip.Memcpy2DAsync((void *)(uintptr_t)dst, dst_pitch,
+                                      (const void *)(uintptr_t)src, src_pitch, width, height,
+                                      HIP_MEMCPY_DEFAULT, stream));
+}
+
+aotr_status aotr_driver_current_device(aotr_driver *d, int32_t *device)
+{
+    int dev = 0;
+    drv_result rc;
+    if (d->backend == AOTR_BACKEND_CUDA) {
+        if (!d->cu.CtxGetDevice)
+            return missing(d, "cuCtxGetDevice");
+        rc = d->cu.CtxGetDevice(&dev);
+        if (rc == CUDA_ERROR_INVALID_CONTEXT) /* none current: CUDA not touched yet */
+            dev = 0, rc = CUDA_SUCCESS;
+        if (rc != CUDA_SUCCESS)
+            return op_failed(d, "cuCtxGetDevice", rc);
+    } else if ((rc = d->hip.GetDevice(&dev)) != hipSuccess) {
+        return op_failed(d, "hipGetDevice", rc);
+    }
+    *device = dev;
+    return AOTR_OK;
+}
+
+aotr_status aotr_driver_stream_capturing(aotr_driver *d, int32_t device, void *stream,
+                                         int *capturing)
+{
+    int pushed, status = 0;
+    int cuda = d->backend == AOTR_BACKEND_CUDA;
+    drv_result (*is_capturing)(drv_handle, int *) =
+        cuda ? d->cu.StreamIsCapturing : d->hip.StreamIsCapturing;
+    const char *function = cuda ? "cuStreamIsCapturing" : "hipStreamIsCapturing";
+    if (!is_capturing)
+        return missing(d, function);
+    aotr_status st = enter(d, device, &pushed);
+    if (st != AOTR_OK)
+        return st;
+    st = leave(d, pushed, function, is_capturing(stream, &status));
+    *capturing = status != 0; /* 0: none; 1: active; 2: invalidated */
+    return st;
+}
+
+aotr_status aotr_driver_stream_synchronize(aotr_driver *d, int32_t device, void *stream)
+{
+    int pushed;
+    int cuda = d->backend == AOTR_BACKEND_CUDA;
+    drv_result (*synchronize)(drv_handle) =
+        cuda ? d->cu.StreamSynchronize : d->hip.StreamSynchronize;
+    const char *function = cuda ? "cuStreamSynchronize" : "hipStreamSynchronize";
+    if (!synchronize)
+        return missing(d, function);
+    aotr_status st = enter(d, device, &pushed);
+    if (st != AOTR_OK)
+        return st;
+    return leave(d, pushed, function, synchronize(stream));
 }
 
 /* ----------------------------------------------------------------- close */

@@ -160,24 +160,28 @@ AOTR_HIDDEN aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void 
 AOTR_HIDDEN aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes,
                                                   void *stream, uint64_t *ptr);
 AOTR_HIDDEN void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream);
-/* Device memory in the order of `stream` on either backend (CUDA: as the
- * scratch above; HIP: hipMallocAsync / hipFreeAsync), zeroing and 2D copies
- * (rows of `width` bytes, `pitch` bytes apart) in that order too: the
- * zero-padded copies of head dims that are not multiples of 8 (stage.c). */
+/* In the order of `stream` on `device`, on either backend (CUDA: in the
+ * device's primary context): device memory (CUDA: from the scratch pool),
+ * byte fills, 2D copies (rows of `width` bytes, `pitch` bytes apart;
+ * addresses in the unified address space, device or host) and stream
+ * queries. Used by stage.c (zero-padded copies) and device_ops.c (the public
+ * aotr_copy_2d & co.). AOTR_DRIVER_UNAVAILABLE where the driver lacks the
+ * function. */
 AOTR_HIDDEN aotr_status aotr_driver_mem_alloc(aotr_driver *d, int32_t device, size_t bytes,
                                               void *stream, uint64_t *ptr);
-AOTR_HIDDEN void aotr_driver_mem_free(aotr_driver *d, uint64_t ptr, void *stream);
-AOTR_HIDDEN aotr_status aotr_driver_memset_zero(aotr_driver *d, int32_t device, uint64_t ptr,
-                                                size_t bytes, void *stream);
+AOTR_HIDDEN aotr_status aotr_driver_mem_free(aotr_driver *d, int32_t device, uint64_t ptr,
+                                             void *stream);
+AOTR_HIDDEN aotr_status aotr_driver_memset(aotr_driver *d, int32_t device, uint64_t ptr,
+                                           int value, size_t bytes, void *stream);
 AOTR_HIDDEN aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst,
                                             size_t dst_pitch, uint64_t src, size_t src_pitch,
                                             size_t width, size_t height, void *stream);
-
-/* device_ops.c: a driver symbol looked up by name (NULL: absent), and the
- * CUDA context bracket around driver calls (no-ops for HIP). */
-AOTR_HIDDEN void *aotr_driver_symbol(aotr_driver *d, const char *name);
-AOTR_HIDDEN aotr_status aotr_driver_enter(aotr_driver *d, int32_t device, int *pushed);
-AOTR_HIDDEN void aotr_driver_leave(aotr_driver *d, int pushed);
+/* The calling thread's current device (CUDA: its context's; 0 with none). */
+AOTR_HIDDEN aotr_status aotr_driver_current_device(aotr_driver *d, int32_t *device);
+AOTR_HIDDEN aotr_status aotr_driver_stream_capturing(aotr_driver *d, int32_t device,
+                                                     void *stream, int *capturing);
+AOTR_HIDDEN aotr_status aotr_driver_stream_synchronize(aotr_driver *d, int32_t device,
+                                                       void *stream);
 /* The runtime's driver (opened on first use, as for a device). */
 AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out);
 

@@ -157,14 +157,14 @@ aotr_status aotr_stage_begin(aotr_stage *s)
     size_t bytes = s->bytes ? s->bytes : BLOCK_ALIGN;
     aotr_status st = aotr_driver_mem_alloc(drv, device, bytes, s->stream, &s->base);
     if (st == AOTR_OK)
-        st = aotr_driver_memset_zero(drv, device, s->base, bytes, s->stream);
+        st = aotr_driver_memset(drv, device, s->base, 0, bytes, s->stream);
     for (int i = 0; i < s->count && st == AOTR_OK; i++) {
         s->t[i].slot->data = (void *)(uintptr_t)(s->base + s->t[i].offset);
         if (!s->t[i].output)
             st = copy_rows(s, &s->t[i].orig, s->t[i].slot, 1);
     }
     if (st != AOTR_OK) {
-        aotr_driver_mem_free(drv, s->base, s->stream);
+        (void)aotr_driver_mem_free(drv, device, s->base, s->stream);
         s->base = 0;
     }
     return st;
@@ -178,7 +178,7 @@ aotr_status aotr_stage_end(aotr_stage *s, aotr_status st)
     for (int i = 0; i < s->count && st == AOTR_OK; i++)
         if (s->t[i].output == 1)
             st = copy_rows(s, &s->t[i].orig, s->t[i].slot, 0);
-    aotr_driver_mem_free(drv, s->base, s->stream);
+    aotr_status freed = aotr_driver_mem_free(drv, device, s->base, s->stream);
     s->base = 0;
-    return st;
+    return st != AOTR_OK ? st : freed;
 }

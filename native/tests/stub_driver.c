@@ -27,7 +27,11 @@
  *   likewise. With AOTR_STUB_KEEP_SCRATCH=1 a freed block is counted but
  *   left readable (tests read what a launch was given).
  * - cuMemsetD8Async, cuMemcpy2DAsync_v2, hipMemsetAsync, hipMemcpy2DAsync
- *   run at once on host memory (device addresses are host addresses here).
+ *   run at once on host memory (device addresses are host addresses here);
+ *   the copies take host, device or unified addresses (CUDA: memory types
+ *   1, 2, 4, with a current context; HIP: kinds 3 and 4).
+ * - cuCtxGetDevice, cu/hipStreamIsCapturing, cu/hipStreamSynchronize:
+ *   AOTR_STUB_CAPTURING=1 reports every stream as capturing.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -831,6 +835,9 @@ struct stub_memcpy2d {
     size_t width, height;
 };
 
+/* CU_MEMORYTYPE_HOST 1, _DEVICE 2, _UNIFIED 4 (arrays: 3, refused) */
+static int known_memory_type(int type) { return type == 1 || type == 2 || type == 4; }
+
 stub_result cuMemcpy2DAsync_v2(const void *copy, void *stream)
 {
     stub_result rc = cuda_enter("cuMemcpy2DAsync_v2");
@@ -838,11 +845,15 @@ stub_result cuMemcpy2DAsync_v2(const void *copy, void *stream)
     (void)stream;
     if (rc)
         return rc;
-    if (!c || c->src_type != 2 || c->dst_type != 2 || c->src_x || c->src_y || c->dst_x ||
-        c->dst_y)
-        return 1; /* device to device at the given addresses only */
-    return copy_2d((void *)(uintptr_t)c->dst_device, c->dst_pitch,
-                   (const void *)(uintptr_t)c->src_device, c->src_pitch, c->width, c->height);
+    if (!current_context)
+        return 201; /* CUDA_ERROR_INVALID_CONTEXT */
+    if (!c || !known_memory_type(c->src_type) || !known_memory_type(c->dst_type) || c->src_x ||
+        c->src_y || c->dst_x || c->dst_y)
+        return 1; /* host, device or unified addresses, no offsets */
+    return copy_2d(c->dst_type == 1 ? c->dst_host : (void *)(uintptr_t)c->dst_device,
+                   c->dst_pitch,
+                   c->src_type == 1 ? c->src_host : (const void *)(uintptr_t)c->src_device,
+                   c->src_pitch, c->width, c->height);
 }
 
 /* Memory pools: a handle per pool; the location and release threshold of
@@ -1038,7 +1049,7 @@ stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t s
     (void)stream;
     if (rc)
         return rc;
-    if (kind != 3) /* hipMemcpyDeviceToDevice */
+    if (kind != 3 && kind != 4) /* hipMemcpyDeviceToDevice, hipMemcpyDefault */
         return 1;
     return copy_2d(dst, dpitch, src, spitch, width, height);
 }
@@ -1309,50 +1320,13 @@ int aotr_stub_cuda_retains(int device)
     return n;
 }
 
-/* ------------------------------------------- copies, fills, capture (v2) */
-/* What libaotriton_v2 stages tensors with (aotr_copy_2d & co.): host memory
- * here, so the copies really happen. AOTR_STUB_CAPTURING=1 reports every
- * stream as capturing. */
-
-struct stub_memcpy2d { /* CUDA_MEMCPY2D */
-    size_t src_x, src_y;
-    int src_type;
-    const void *src_host;
-    unsigned long long src_device;
-    void *src_array;
-    size_t src_pitch;
-    size_t dst_x, dst_y;
-    int dst_type;
-    void *dst_host;
-    unsigned long long dst_device;
-    void *dst_array;
-    size_t dst_pitch;
-    size_t width, height;
-};
+/* ------------------------------------------- current device, capture */
 
 STUB_API stub_result cuCtxGetDevice(int *device);
 STUB_API stub_result cuStreamIsCapturing(void *stream, int *status);
 STUB_API stub_result cuStreamSynchronize(void *stream);
-STUB_API stub_result cuMemcpy2DAsync_v2(const struct stub_memcpy2d *c, void *stream);
-STUB_API stub_result cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n,
-                                     void *stream);
 STUB_API stub_result hipStreamIsCapturing(void *stream, int *status);
 STUB_API stub_result hipStreamSynchronize(void *stream);
-STUB_API stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
-                                      size_t width, size_t height, int kind, void *stream);
-STUB_API stub_result hipMemsetAsync(void *dst, int value, size_t n, void *stream);
-STUB_API stub_result hipMallocAsync(void **ptr, size_t bytes, void *stream);
-STUB_API stub_result hipFreeAsync(void *ptr, void *stream);
-
-static stub_result copy_rows(void *dst, size_t dpitch, const void *src, size_t spitch,
-                             size_t width, size_t height)
-{
-    if (!dst || !src || width > dpitch || width > spitch)
-        return 1;
-    for (size_t r = 0; r < height; r++)
-        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
-    return 0;
-}
 
 stub_result cuCtxGetDevice(int *device)
 {
@@ -1381,29 +1355,6 @@ stub_result cuStreamSynchronize(void *stream)
     return cuda_enter("cuStreamSynchronize");
 }
 
-stub_result cuMemcpy2DAsync_v2(const struct stub_memcpy2d *c, void *stream)
-{
-    stub_result rc = cuda_enter("cuMemcpy2DAsync_v2");
-    (void)stream;
-    if (rc)
-        return rc;
-    if (!current_context)
-        return 201;
-    const void *src = c->src_type == 1 ? c->src_host : (const void *)(uintptr_t)c->src_device;
-    void *dst = c->dst_type == 1 ? c->dst_host : (void *)(uintptr_t)c->dst_device;
-    return copy_rows(dst, c->dst_pitch, src, c->src_pitch, c->width, c->height);
-}
-
-stub_result cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n, void *stream)
-{
-    stub_result rc = cuda_enter("cuMemsetD8Async");
-    (void)stream;
-    if (rc)
-        return rc;
-    memset((void *)(uintptr_t)dst, value, n);
-    return 0;
-}
-
 stub_result hipStreamIsCapturing(void *stream, int *status)
 {
     stub_result rc = hip_enter("hipStreamIsCapturing");
@@ -1418,50 +1369,6 @@ stub_result hipStreamSynchronize(void *stream)
 {
     (void)stream;
     return hip_enter("hipStreamSynchronize");
-}
-
-stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
-                             size_t width, size_t height, int kind, void *stream)
-{
-    stub_result rc = hip_enter("hipMemcpy2DAsync");
-    (void)stream;
-    if (rc)
-        return rc;
-    return kind == 4 ? copy_rows(dst, dpitch, src, spitch, width, height) : 1;
-}
-
-stub_result hipMemsetAsync(void *dst, int value, size_t n, void *stream)
-{
-    stub_result rc = hip_enter("hipMemsetAsync");
-    (void)stream;
-    if (rc)
-        return rc;
-    memset(dst, value, n);
-    return 0;
-}
-
-stub_result hipMallocAsync(void **ptr, size_t bytes, void *stream)
-{
-    unsigned long long p = 0;
-    stub_result rc = hip_enter("hipMallocAsync");
-    if (rc)
-        return rc;
-    rc = stub_alloc(&p, bytes, stream);
-    *ptr = (void *)(uintptr_t)p;
-    return rc;
-}
-
-stub_result hipFreeAsync(void *ptr, void *stream)
-{
-    stub_result rc = hip_enter("hipFreeAsync");
-    (void)stream;
-    if (rc)
-        return rc;
-    free(ptr);
-    pthread_mutex_lock(&lock);
-    scratch_live--;
-    pthread_mutex_unlock(&lock);
-    return 0;
 }
 
 /* Free the records when the stub is unloaded (the leak checkers would see

@@ -245,3 +245,15 @@ def test_consumer_on_the_stub_driver(consumer, prefix, line, native_build):
     out = _run([sys.executable, API / "stub_scenarios.py", consumer, stub,
                 prefix / "lib" / "aotriton.images", line])
     assert out.strip().endswith("ok"), out
+
+
+def test_full_image_in_a_conda_layout(consumer, prefix, line, native_build, tmp_path):
+    """check_gpu vouches for an image of every variant found six directories
+    up ($PREFIX/share/aotriton-rocm from torch/lib); head dims that are not
+    multiples of 8 are staged once."""
+    pytest.importorskip("torch")
+    stub = native_build / "tests" / "libaotr_stub_driver.so"
+    v2 = next((prefix / "lib").glob("libaotriton_v2.so.*"))
+    out = _run([sys.executable, API / "full_image_scenario.py", consumer, stub, v2,
+                tmp_path / "env"])
+    assert out.strip().endswith("ok"), out

@@ -55,6 +55,14 @@ aotr_status map_mask(int8_t causal_type, int32_t left, int32_t right, aotr_attn_
   return AOTR_OK;
 }
 
+/* At a head dim that is not a multiple of 8 the core runs the call on
+ * zero-padded copies of the head-dim tensors (any strides but a unit last
+ * one): staging them here too would copy them twice. */
+bool core_stages(const aotr_tensor &t) {
+  const int64_t d = t.rank > 0 ? t.sizes[t.rank - 1] : 0;
+  return d % 8 != 0 && (d == 1 || t.strides[t.rank - 1] == 1);
+}
+
 /* What the forward and backward params share. */
 template <typename Params>
 aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bool *varlen) {
@@ -102,9 +110,9 @@ aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bo
     p->philox_seed.dtype = p->philox_offset.dtype = AOTR_INT64; /* int64 or uint64 */
   }
   aotr_status st = map_mask(in.causal_type, in.window_left, in.window_right, p);
-  if (st == AOTR_OK) st = s.input(&p->q);
-  if (st == AOTR_OK) st = s.input(&p->k);
-  if (st == AOTR_OK) st = s.input(&p->v);
+  if (st == AOTR_OK && !core_stages(p->q)) st = s.input(&p->q);
+  if (st == AOTR_OK && !core_stages(p->k)) st = s.input(&p->k);
+  if (st == AOTR_OK && !core_stages(p->v)) st = s.input(&p->v);
   if (st == AOTR_OK) st = s.input(&p->bias);
   return st;
 }
@@ -217,7 +225,7 @@ hipError_t forward(const attn_fwd_params &in, void *stream) {
   const bool padded_lse = varlen && AOTRITON_ROCM_API_LINE < 12;
   if (st == AOTR_OK) {
     f.out = user_out;
-    st = s.output(&f.out);
+    if (!core_stages(f.out)) st = s.output(&f.out);
   }
   if (st == AOTR_OK) {
     f.lse = lse_view(in.L.data_ptr(), f.problem, varlen);
@@ -268,8 +276,8 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   if (st == AOTR_OK) {
     b.out = rows(core_tensor(in.Out));
     b.grad_out = rows(core_tensor(in.DO));
-    st = s.input(&b.out);
-    if (st == AOTR_OK) st = s.input(&b.grad_out);
+    if (!core_stages(b.out)) st = s.input(&b.out);
+    if (st == AOTR_OK && !core_stages(b.grad_out)) st = s.input(&b.grad_out);
   }
   if (st == AOTR_OK) {
     b.lse = lse_view(in.L.data_ptr(), p, varlen);
@@ -286,9 +294,9 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   b.grad_k = user_dk;
   b.grad_v = user_dv;
   b.grad_bias = user_db;
-  if (st == AOTR_OK) st = s.output(&b.grad_q);
-  if (st == AOTR_OK) st = s.output(&b.grad_k);
-  if (st == AOTR_OK) st = s.output(&b.grad_v);
+  if (st == AOTR_OK && !core_stages(b.grad_q)) st = s.output(&b.grad_q);
+  if (st == AOTR_OK && !core_stages(b.grad_k)) st = s.output(&b.grad_k);
+  if (st == AOTR_OK && !core_stages(b.grad_v)) st = s.output(&b.grad_v);
   if (st == AOTR_OK) st = s.output(&b.grad_bias, true);
   if (st == AOTR_OK) {
     /* Delta: the caller's lazy tensor where it has the logsumexp's layout */

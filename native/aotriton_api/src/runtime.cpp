@@ -54,7 +54,9 @@ std::string library_dir() {
 /* The kernel image of `arch` beside this library: the layout PyTorch's build
  * copies (lib/aotriton.images/amd-<arch>/, or the archive itself in
  * aotriton.images/), then an aotriton-rocm image wheel or conda package
- * found from up to five directories above. "" if none: the core's own
+ * found from up to six directories up (a conda env's torch/lib is
+ * $PREFIX/lib/python3.X/site-packages/torch/lib, its images are in
+ * $PREFIX/share/aotriton-rocm/). "" if none: the core's own
  * search (AOTRITON_ROCM_ARCHIVE_DIR, beside libaotriton_rocm) then applies. */
 std::string find_image(const std::string &arch) {
   const std::string dir = library_dir();
@@ -68,7 +70,7 @@ std::string find_image(const std::string &arch) {
   for (char ch : arch)
     if (ch != '_') package += ch;
   std::string up = dir;
-  for (int level = 0; level < 5 && !up.empty(); level++) {
+  for (int level = 0; level <= 5 && !up.empty(); level++) {
     for (const std::string &c : {up + "/" + package + "/" + file, up + "/share/aotriton-rocm/" + file})
       if (is_file(c)) return c;
     size_t slash = up.rfind('/');

@@ -66,7 +66,7 @@ enum AOTRITON_API Gpu : uint64_t {
 };
 
 /* The vendor and arch number of a Gpu, as CAT32(vendor, arch). */
-inline uint32_t Gpu2VendorArch(uint64_t gpu) { return (gpu & 0xFFFF'FFFF'0000) >> 16; }
+inline uint32_t Gpu2VendorArch(uint64_t gpu) { return static_cast<uint32_t>((gpu & 0xFFFF'FFFF'0000) >> 16); }
 
 /* A strided view of device memory: base address, sizes and strides (in
  * elements), element type. Layout: {void*, sizes[Rank], strides[Rank], DType}. */
