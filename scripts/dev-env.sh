@@ -9,10 +9,13 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "== creating $venv"
   "$py" -m venv "$venv"
 fi
-# Reinstall when the dependencies or the native sources (launcher, libaotriton_rocm) change.
+# Reinstall when the dependencies or the native sources (libaotriton_rocm, libaotriton_v2,
+# the torch extension) change.
 stamp="$venv/.deps-$(cat "$root/pyproject.toml" "$root/scripts/dev-env.sh" \
   "$root"/setup.py "$root"/native/src/* \
-  "$root"/native/include/aotriton_rocm/* "$root"/native/cmake/* "$root"/native/pkgconfig/* 2>/dev/null | sha256sum | cut -c1-16)"
+  "$root"/native/include/aotriton_rocm/* "$root"/native/cmake/* "$root"/native/pkgconfig/* \
+  $(find "$root/native/aotriton_api" "$root/native/torch" -type f 2>/dev/null | sort) 2>/dev/null \
+  | sha256sum | cut -c1-16)"
 if [ ! -e "$stamp" ]; then
   echo "== installing dependencies into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
