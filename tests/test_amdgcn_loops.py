@@ -25,6 +25,9 @@ PLAIN = "dtype=fp16,pad_head=false,has_bias=false,enable_dropout=false"
 SUBSETS = (("gfx942", f"kernel=attn_fwd,head_dim=128,{PLAIN}"),
            ("gfx908", f"kernel=attn_fwd,head_dim=128,{PLAIN}"),
            ("gfx942", f"kernel=attn_bwd_dkdv|attn_bwd_preprocess,head_dim=64,{PLAIN}"))
+# configs with the AMD backend's options (and upstream's imported tiles, which carry them)
+# are left out: the loops are checked on the plain candidates
+AMD_OPTIONS = ("PRE_LOAD_V", "waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,8 @@ def asm(tmp_path_factory) -> Dict[Tuple[str, str], str]:
         for arch, only in SUBSETS:
             plan = plan_build("6.4", [arch], Sources.find(ROOT), Subset.parse([only]))
             for v, task in plan.items[arch]:
-                out[(arch, v.key)] = compile_task(task).asm["amdgcn"]
+                if not any(o in v.key for o in AMD_OPTIONS):
+                    out[(arch, v.key)] = compile_task(task).asm["amdgcn"]
     finally:
         mp.undo()
     return out

@@ -233,7 +233,7 @@ def test_manifest_sidecar_mismatch(written):
     mp.write_text(json.dumps(doc))
     problems = verify_against_manifest(path, mp)
     assert any(recs[2].key in p and "not listed" in p for p in problems)
-    assert any(recs[0].key in p and "differs" in p for p in problems)
+    assert any(recs[0].key in p and "recorded differently" in p for p in problems)
 
 
 def test_manifest_sidecar_detects_changed_archive(written):

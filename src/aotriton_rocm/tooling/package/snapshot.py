@@ -19,10 +19,11 @@ __all__ = ["snapshot_source", "set_version_in_snapshot"]
 
 
 _SNAPSHOT_IGNORE = shutil.ignore_patterns(
-    ".*.package-staging-*", ".*.package-old-*", ".git", "__pycache__", "*.pyc", "*.so", "*.egg-info", "build", "dist", ".venv*",
-    ".pytest_cache", ".cache", ".whl", "BUILD")
+    ".*.package-staging-*", ".*.package-old-*", ".git", "__pycache__", "*.pyc", "*.so", "*.egg-info", ".venv*",
+    ".pytest_cache", ".cache")
 
 
+# build outputs at the top of the tree only (src/aotriton_rocm/tooling/build/ is source)
 _SNAPSHOT_SKIP_TOP = {"BUILD", "build", "dist", ".cache", ".whl", ".pytest_cache"}
 
 
@@ -46,6 +47,8 @@ def snapshot_source(source_root: os.PathLike, dest: os.PathLike,
 
         def ignore(directory, names):
             ignored = set(_SNAPSHOT_IGNORE(directory, names))
+            if Path(directory).resolve() == src:
+                ignored |= set(names) & _SNAPSHOT_SKIP_TOP
             return ignored | {n for n in names if (Path(directory) / n).resolve() in skip}
 
         shutil.copytree(src, dst, ignore=ignore, symlinks=True)
