@@ -37,13 +37,6 @@ def _rand(*shape, dtype=torch.float16, seed=0):
     return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
 
 
-def _judge(got, q, k, v, g, **kw):
-    golden = ref.attention(q, k, v, g, dtype=ref.golden_dtype(q.dtype), **kw)
-    lp = ref.attention(q, k, v, g, dtype=q.dtype, **kw)
-    for name, value in got.items():
-        ref.check(name, value, golden[name], lp[name], q.dtype)
-
-
 def _runs():
     """(our launches, fallbacks) on either route so far."""
     return (torch_native.launch_count() + sum(backends.launch_counts().values()),
@@ -61,11 +54,11 @@ def test_flash_and_efficient_ops(d, dtype):
     before, fallbacks = _runs()
     out, lse, cq, ck, mq, mk, seed, offset, _ = FLASH(q, k, v, 0.0, False, False)
     dq, dk, dv = FLASH_BWD(g, q, k, v, out, lse, cq, ck, mq, mk, 0.0, False, seed, offset)
-    _judge({"out": out, "dq": dq, "dk": dk, "dv": dv}, q, k, v, g)
+    ref.check_all({"out": out, "dq": dq, "dk": dk, "dv": dv}, q, k, v, g)
     out, lse, seed, offset = EFF(q, k, v, None, True, 0.0, True)
     dq, dk, dv, _ = EFF_BWD(g, q, k, v, None, out, lse, seed, offset, 0.0,
                             [True, True, True, False], True)
-    _judge({"out": out, "dq": dq, "dk": dk, "dv": dv}, q, k, v, g, causal=True,
+    ref.check_all({"out": out, "dq": dq, "dk": dk, "dv": dv}, q, k, v, g, causal=True,
            alignment="top_left")
     after, fallbacks_after = _runs()
     assert after - before == 8 and fallbacks_after == fallbacks
@@ -77,7 +70,7 @@ def test_sdpa_flash_pads_and_we_run_it():
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
     out.backward(g)
-    _judge({"out": out.detach(), "dq": qq.grad, "dk": kk.grad, "dv": vv.grad}, q, k, v, g,
+    ref.check_all({"out": out.detach(), "dq": qq.grad, "dk": kk.grad, "dv": vv.grad}, q, k, v, g,
            causal=True)
 
 
@@ -91,7 +84,7 @@ def test_flash_op_dropout_mask_and_backward(d):
     vis = ref.visible(sq, sk, True).cuda()
     assert torch.equal((debug >= 0)[..., vis], keep[..., vis])
     dq, dk, dv = FLASH_BWD(g, q, k, v, out, lse, cq, ck, mq, mk, p, True, seed, offset)
-    _judge({"out": out, "dq": dq, "dk": dk, "dv": dv}, q, k, v, g, causal=True, keep=keep,
+    ref.check_all({"out": out, "dq": dq, "dk": dk, "dv": dv}, q, k, v, g, causal=True, keep=keep,
            dropout_p=p)
 
 
@@ -102,7 +95,7 @@ def test_efficient_op_with_bias_and_its_gradient(d):
     out, lse, seed, offset = EFF(q, k, v, bias, True, 0.0, False)
     dq, dk, dv, db = EFF_BWD(g, q, k, v, bias, out, lse, seed, offset, 0.0,
                              [True, True, True, True], False)
-    _judge({"out": out, "dq": dq, "dk": dk, "dv": dv, "dbias": db}, q, k, v, g, bias=bias)
+    ref.check_all({"out": out, "dq": dq, "dk": dk, "dv": dv, "dbias": db}, q, k, v, g, bias=bias)
 
 
 @pytest.mark.parametrize("d", [59, 111])
@@ -122,7 +115,7 @@ def test_flash_attn_varlen(d):
         def seq(t):
             return t.detach()[rows].transpose(0, 1).unsqueeze(0)
 
-        _judge({"out": seq(out), "dq": seq(q.grad), "dk": seq(k.grad), "dv": seq(v.grad)},
+        ref.check_all({"out": seq(out), "dq": seq(q.grad), "dk": seq(k.grad), "dv": seq(v.grad)},
                seq(q), seq(k), seq(v), seq(g), causal=True)
 
 
