@@ -119,6 +119,14 @@ def test_outputs_match_torch_meta_contract(enabled):
         assert ours.shape == theirs.shape and ours.stride() == theirs.stride()
 
 
+def test_rng_layout_is_torchs_meta_kernels():
+    """The flash op's RNG-state layout we assume is what torch's own meta
+    kernel returns in this build."""
+    q = torch.empty((1, 1, 1, 8), dtype=torch.float16, device="meta")
+    outs = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, False, False)
+    assert torch_integration._rng_layout() == tuple((tuple(t.shape), t.dtype) for t in outs[6:8])
+
+
 def test_non_contiguous_inputs(enabled):
     # (B, S, H, D) storage viewed as (B, H, S, D), and a head-sliced view.
     base = torch.randn(2, 19, 6, 64, dtype=torch.float16)

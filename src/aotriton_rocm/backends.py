@@ -435,8 +435,10 @@ class InterpreterBackend(Backend):
     def __init__(self):
         # the spec reader (tomllib, ast, dataclasses: tens of ms to import)
         # serves this backend only, not the GPU route
+        from .interpreter_compat import fix_scalar_index
         from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
 
+        fix_scalar_index()
         spec = load_variants(kernels_dir())
         self._variants = variant_table(spec.variants_for(INTERPRETER_ARCH))
         self._reasons: dict[tuple, str | None] = {}

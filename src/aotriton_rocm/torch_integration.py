@@ -69,17 +69,15 @@ def _warn_fallback(op: str, reason: str) -> None:
 @functools.lru_cache(maxsize=1)
 def _rng_layout() -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
     """(shape, dtype) of the flash op's two RNG-state outputs in this torch
-    build, read off torch's own meta kernel: ROCm builds and torch < 2.7 return
-    an int64 seed and offset of shape (); CUDA builds of torch >= 2.7 a uint64
-    (2,) ``rng_state`` and an unused uint64 ()."""
-    try:
-        q = torch.empty((1, 1, 1, 8), dtype=torch.float16, device="meta")
-        outs = torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, False, False)
-        return tuple((tuple(t.shape), t.dtype) for t in outs[6:8])
-    except Exception:  # no meta kernel in this build: the documented layouts
-        if torch.version.hip:
-            return (((), torch.int64), ((), torch.int64))
-        return (((2,), torch.uint64), ((), torch.uint64))
+    build, by the rule of torch's meta kernel (torch/_meta_registrations.py):
+    ROCm builds and torch < 2.7 return an int64 seed and offset of shape ();
+    CUDA builds of torch >= 2.7 a uint64 (2,) ``rng_state`` and an unused
+    uint64 (). Not by calling that kernel: its first call imports torch's
+    meta registrations, seconds of every enable()."""
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    if torch.version.hip or (major, minor) < (2, 7):
+        return (((), torch.int64), ((), torch.int64))
+    return (((2,), torch.uint64), ((), torch.uint64))
 
 
 @functools.lru_cache(maxsize=None)
