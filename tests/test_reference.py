@@ -207,3 +207,14 @@ def test_amd_triton_kernel_compiles_and_decodes_like_its_text(aiter_wheel, limit
 
 def _keys(cache):
     return [p.stem for p in cache.root.glob("*/*.json")]
+
+
+def test_report_options():
+    import argparse
+    from aotriton_rocm.tooling.build.static_report import ReportOptions, add_report_arguments
+    p = add_report_arguments(argparse.ArgumentParser())
+    o = ReportOptions.from_args(p.parse_args(["b", "--reference-wheel", "w.whl", "--reference-jobs", "2"]))
+    assert o.reference and o.reference_wheel == Path("w.whl") and o.reference_jobs == 2
+    o = ReportOptions.from_args(p.parse_args(["b", "--reference", "--reference-cache", "c"]))
+    assert o.reference and o.reference_wheel is None and o.reference_cache == Path("c")
+    assert not ReportOptions.from_args(p.parse_args(["b"])).reference

@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-__all__ = ["LoopStats", "find_loops", "hot_loop", "hot_loop_stats", "hot_loop_lines"]
+__all__ = ["LoopStats", "find_loops", "hot_loop", "hot_loop_stats", "hot_loop_lines", "loop_lines"]
 
 _LABEL = re.compile(r"^([.$A-Za-z_][\w.$]*):")
 _BRANCH = re.compile(r"^(s_cbranch_\w+|s_branch)\s+([.$A-Za-z_][\w.$]*)")
@@ -237,14 +237,15 @@ def hot_loop_stats(text: str) -> Optional[Dict[str, Any]]:
     return d
 
 
-def hot_loop_lines(text: str) -> List[str]:
-    """The code lines of the hot loop's body (block order), for a finer
-    look at its instruction mix than :class:`LoopStats` keeps; empty
-    without a loop."""
+def loop_lines(text: str, loop: LoopStats) -> List[str]:
+    """The code lines of ``loop``'s body (one of ``find_loops(text)``), in
+    block order: a finer look at its instruction mix than LoopStats keeps."""
     blocks, loops = _loops(text)
-    stats = find_loops(text)
-    hot = hot_loop(stats)
-    if hot is None:
-        return []
-    header = next(h for h, st in zip(sorted(loops), stats) if st is hot)
+    header = next(h for h, st in zip(sorted(loops), find_loops(text)) if st == loop)
     return [line for i in sorted(loops[header]) for line in blocks[i].lines]
+
+
+def hot_loop_lines(text: str) -> List[str]:
+    """The code lines of the hot loop's body; empty without a loop."""
+    hot = hot_loop(find_loops(text))
+    return [] if hot is None else loop_lines(text, hot)

@@ -22,6 +22,7 @@ Each row gets the cycle model's TFLOP/s on gfx942 (cycle_model.py).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,9 +30,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...archive import Archive
 from ..common.tables import render_table
-from .amdgcn import hot_loop_lines, hot_loop_stats
+from .amdgcn import find_loops, hot_loop_lines, hot_loop_stats, loop_lines
 from .codeobject import ArchLimits, inspect_code_object
-from .cycle_model import CALIBRATION, PUBLISHED, SOURCES, Calibration, Estimate, calibrate, estimate, loop_mix
+from .cycle_model import (CALIBRATION, PUBLISHED, SOURCES, TRITON_GAP, Calibration, Estimate, calibrate, estimate,
+                          loop_mix)
 from .gcn_decode import code_object_text
 from .reference import ReferenceWheel
 from .reference_compile import RefShape, amd_config, amd_task, compile_reference
@@ -43,9 +45,11 @@ __all__ = ["STANDARD_SHAPES", "RefRow", "ReferenceReport", "build_reference", "f
 ARCHS = ("gfx942", "gfx950")
 STANDARD_SHAPES = tuple(RefShape(a, d, t, h, c) for a in ARCHS for d in ("fwd", "bwd") for t in ("fp16", "bf16")
                         for h in (64, 128, 256) for c in (False, True))
-# Share of the MFMA work the attention FLOP count credits (forward 2 GEMMs,
-# backward 5): a backward that recomputes QK^T and dP for dQ runs 7.
-_USEFUL = {"ours bwd": 5 / 7, "amd-triton bwd": 5 / 7, "aiter-asm bwd": 1.0}
+# GEMMs per tile of each backward loop: dK/dV (QK^T, dP, dV, dK) and dQ
+# (QK^T, dP, dQ) where a kernel splits them; the attention FLOP count
+# credits 5 (and 2 forward), so a split backward's pass runs at
+# 5 / (4 / rate_dkdv + 3 / rate_dq) of its loops' MFMA rates.
+_GEMMS = {"dkdv": 4, "dq": 3}
 
 
 @dataclass
@@ -55,8 +59,10 @@ class RefRow:
     kernel: str
     config: str
     figures: Optional[Figures] = None
-    estimate: Optional[Estimate] = None
+    estimate: Optional[Estimate] = None  # the hot loop's MFMA rate, calibrated
     note: str = ""
+    loop: Optional[str] = None  # "dkdv" | "dq": which loop of a backward (None: the only one)
+    pass_tflops: Optional[float] = None  # the whole pass (forward or backward) in attention FLOPs
 
     def per_mfma(self, kind: str) -> Optional[float]:
         f = self.figures
@@ -81,12 +87,42 @@ def _figures(code: bytes, symbol: str, arch: str, num_warps: int, shared: int,
     return fig, hot_loop_lines(text)
 
 
-def _estimate(shape: RefShape, who: str, fig: Figures, lines: List[str],
-              factor: Optional[float] = None) -> Optional[Estimate]:
+def _two_loops(code: bytes, symbol: str, arch: str, num_warps: int, shared: int,
+               limits: ArchLimits) -> List[Tuple[str, Figures, List[str]]]:
+    """A one-kernel backward's dK/dV loop (the innermost loop with the most
+    MFMAs) and dQ loop (the next MFMA count down), each the leanest of its
+    count, as (loop, figures, lines)."""
+    text = code_object_text(code, symbol, arch)
+    fig = code_object_figures(code, symbol, num_warps, shared, limits, {"loop": hot_loop_stats(text)})
+    inner = [lp for lp in find_loops(text) if lp.innermost and lp.mfma]
+    counts = sorted({lp.mfma for lp in inner}, reverse=True)[:2]
+    out = []
+    for name, n in zip(("dkdv", "dq"), counts):
+        lp = min((x for x in inner if x.mfma == n), key=lambda x: x.instructions)
+        stats = {k: v for k, v in asdict(lp).items() if k != "innermost"}
+        out.append((name, replace(fig, loop=dict(stats, loops=len(inner))), loop_lines(text, lp)))
+    return out
+
+
+def _estimate(shape: RefShape, fig: Figures, lines: List[str], factor: float) -> Optional[Estimate]:
     if shape.arch != "gfx942" or not lines:
         return None
-    useful = _USEFUL.get(f"{who.split(' ')[0]} {shape.direction}", 1.0)
-    return estimate(loop_mix(lines), fig.occupancy, useful, factor)
+    return estimate(loop_mix(lines), fig.occupancy, 1.0, factor)
+
+
+def _set_pass(rows: Sequence[RefRow]) -> None:
+    """The pass estimate of one kernel family's rows for a shape: the
+    forward's or the one-loop backward's own, a split backward's from its
+    two loops (_GEMMS)."""
+    ests = [r.estimate for r in rows]
+    if not rows or any(e is None for e in ests):
+        return
+    if len(rows) == 1:
+        rows[0].pass_tflops = ests[0].tflops
+        return
+    rate = {r.loop: e.tflops for r, e in zip(rows, ests)}
+    if set(rate) == set(_GEMMS):
+        rows[-1].pass_tflops = 5 / sum(g / rate[loop] for loop, g in _GEMMS.items())
 
 
 def _asm_figures(code: bytes, arch: str, limits: ArchLimits) -> Tuple[str, Figures, List[str]]:
@@ -141,7 +177,8 @@ def _fallback_tasks(shape: RefShape, cfg: Dict[str, Any], source_root: Optional[
             cx["PRE_LOAD_V"] = bool(cfg.get("PRELOAD_V", False))
         opts = tuple(sorted((o, cfg[o]) for o in ("num_warps", "num_stages", "waves_per_eu",
                                                   "matrix_instr_nonkdim") if o in cfg))
-        out.append((k, replace(task, cache_key=f"{task.cache_key}-amdcfg-{hash((tuple(cx.items()), opts))}",
+        tag = hashlib.sha256(repr((sorted(cx.items()), opts)).encode()).hexdigest()[:16]
+        out.append((k, replace(task, cache_key=f"{task.cache_key}-amdcfg-{tag}",
                                constexprs=tuple(cx.items()), options=opts)))
     return out
 
@@ -178,14 +215,20 @@ def build_reference(wheel: ReferenceWheel, arch_reports: Sequence[ArchReport], l
             code, rec = _our_code(next(r.archive for r in arch_reports if r.arch == s.arch), c.chosen.key)
             fig, lines = _figures(code, rec.symbol, s.arch, rec.num_warps, rec.shared, lim)
             report.rows.append(RefRow(s, "ours", kern, config_text(c.chosen.config), fig,
-                                      _estimate(s, "ours", fig, lines, k),
-                                      "same code object causal or not" if s.causal else ""))
+                                      _estimate(s, fig, lines, k),
+                                      "same code object causal or not" if s.causal else "",
+                                      loop={"attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}.get(kern)))
         cfg = amd_config(wheel, s)
-        if res.error is None:
+        if res.error is None and s.direction == "fwd":
             fig, lines = _figures(res.code, res.meta["symbol"], s.arch, res.meta["num_warps"],
                                   res.meta["shared"], lim)
             report.rows.append(RefRow(s, "amd-triton", res.task.function, _amd_config_text(cfg), fig,
-                                      _estimate(s, "amd-triton", fig, lines, k)))
+                                      _estimate(s, fig, lines, k)))
+        elif res.error is None:
+            for loop, fig, lines in _two_loops(res.code, res.meta["symbol"], s.arch, res.meta["num_warps"],
+                                               res.meta["shared"], lim):
+                report.rows.append(RefRow(s, "amd-triton", f"{res.task.function} [{loop} loop]",
+                                          _amd_config_text(cfg), fig, _estimate(s, fig, lines, k), loop=loop))
         else:
             report.rows.append(RefRow(s, "amd-triton", res.task.function, _amd_config_text(cfg),
                                       note=f"does not compile with triton {triton_version}: {res.error}"))
@@ -195,16 +238,20 @@ def build_reference(wheel: ReferenceWheel, arch_reports: Sequence[ArchReport], l
         if asm is not None:
             name, fig, lines = _asm_figures(asm.code, s.arch, lim)
             report.rows.append(RefRow(s, "aiter-asm", asm.member.rsplit("/", 1)[-1], "-", fig,
-                                      _estimate(s, "aiter-asm", fig, lines, k)))
+                                      _estimate(s, fig, lines, k)))
     if fallbacks:
         done = compile_reference([t for *_, t in fallbacks], cache_dir, jobs)
         for (pos, s, kern, task), res in reversed(list(zip(fallbacks, done))):
-            row = RefRow(s, "ours @AMD cfg", kern, config_text(dict(task.constexprs)), note=res.error or "")
+            row = RefRow(s, "ours @AMD cfg", kern, config_text(dict(task.constexprs)), note=res.error or "",
+                         loop={"attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}.get(kern))
             if res.error is None:
                 fig, lines = _figures(res.code, res.meta["symbol"], s.arch, res.meta["num_warps"],
                                       res.meta["shared"], limits[s.arch])
-                row.figures, row.estimate = fig, _estimate(s, "ours", fig, lines, k)
+                row.figures, row.estimate = fig, _estimate(s, fig, lines, k)
             report.rows.insert(pos + 1, row)
+    for s in shapes:
+        for who in ("ours", "amd-triton", "ours @AMD cfg", "aiter-asm"):
+            _set_pass([r for r in report.rows if r.shape == s and r.who == who])
     return report
 
 
@@ -218,7 +265,7 @@ def calibration_from_wheel(wheel: ReferenceWheel, limits: ArchLimits) -> Calibra
         if asm is None:
             continue
         _, fig, lines = _asm_figures(asm.code, "gfx942", limits)
-        raw = estimate(loop_mix(lines), fig.occupancy, _USEFUL.get(f"aiter-asm {direction}", 1.0), 1.0)
+        raw = estimate(loop_mix(lines), fig.occupancy, 1.0, 1.0)
         points.append((name, raw.raw_tflops, published))
     return calibrate(points, SOURCES) if points else CALIBRATION
 
@@ -226,7 +273,7 @@ def calibration_from_wheel(wheel: ReferenceWheel, limits: ArchLimits) -> Calibra
 # -- output ------------------------------------------------------------------
 
 _HEADER = ("shape", "who", "kernel", "config", "occ", "VGPR", "AGPR", "LDS", "spills", "MFMA/it",
-           "oth/MFMA", "gld/MFMA", "dsr/MFMA", "dsw/MFMA", "waits", "bar", "est TF/s", "note")
+           "oth/MFMA", "gld/MFMA", "dsr/MFMA", "dsw/MFMA", "waits", "bar", "loop TF/s", "pass TF/s", "note")
 
 
 def _f(v: Optional[float], digits: int = 2) -> str:
@@ -250,18 +297,24 @@ def format_reference(rep: ReferenceReport) -> str:
         shape = r.shape.text if r.shape != last else ""
         last = r.shape
         rows.append((shape, r.who, r.kernel, r.config, *_cells(r),
-                     "-" if r.estimate is None else f"{r.estimate.tflops:.0f}", r.note))
+                     "-" if r.estimate is None else f"{r.estimate.tflops:.0f}",
+                     "" if r.pass_tflops is None else f"{r.pass_tflops:.0f}", r.note))
     cal = rep.calibration
     errs = ", ".join(f"{n} {e:+.0%}" for n, e in cal.errors.items())
     text = [f"reference: AMD's kernels from {rep.wheel}, compiled by our triton where Triton "
             f"(amd-triton), read from the wheel where assembly (aiter-asm)",
-            render_table(_HEADER, rows, left=(0, 1, 2, 3, 17)),
+            render_table(_HEADER, rows, left=(0, 1, 2, 3, 18)),
             "oth/MFMA: other instructions per MFMA in the hot loop; gld, dsr, dsw: global loads, LDS reads, "
             "LDS writes per MFMA; waits, bar: s_waitcnt, s_barrier per iteration. aiter-asm VGPR: the "
             "metadata's unified count (its AGPRs are not reported apart).",
-            f"est TF/s: cycle model on MI300X (gfx942 only), calibration factor {cal.factor:.3f}, "
+            f"loop TF/s: the hot loop's MFMA rate by the cycle model on MI300X (gfx942 only); pass TF/s: "
+            f"the forward or backward pass in attention FLOPs (a split backward from its dK/dV and dQ "
+            f"loops: 5 / (4 / dkdv + 3 / dq)). Calibration factor {cal.factor:.3f}, "
             f"error on the calibration kernels: {errs or 'none'} (max {cal.max_error:.0%}). "
             f"Sources: {'; '.join(cal.sources)}."]
+    check = triton_check(rep)
+    if check:
+        text.append(check)
     text.extend(rep.notes)
     found = gaps(rep)
     if found:
@@ -269,6 +322,20 @@ def format_reference(rep: ReferenceReport) -> str:
                     "gfx942/gfx950, head dims 64/128:")
         text.extend(f"  {g}" for g in found)
     return "\n".join(text)
+
+
+def triton_check(rep: ReferenceReport) -> Optional[str]:
+    """The model's AITER / AMD-Triton forward ratio (gfx942 bf16 d128,
+    non-causal) against the published range (not fitted)."""
+    shape = RefShape("gfx942", "fwd", "bf16", 128, False)
+    est = {r.who: r.pass_tflops for r in rep.rows if r.shape == shape and r.pass_tflops is not None}
+    if "aiter-asm" not in est or "amd-triton" not in est:
+        return None
+    ratio = est["aiter-asm"] / est["amd-triton"]
+    lo, hi, source = TRITON_GAP
+    verdict = "inside" if lo <= ratio <= hi else f"outside (the model misses {min(abs(ratio - lo), abs(ratio - hi)):.2f})"
+    return (f"check (not fitted): AITER asm / AMD Triton forward, gfx942 bf16 d128, predicted "
+            f"{ratio:.2f}x, published {lo:.2f}-{hi:.2f}x ({source}): {verdict}")
 
 
 def gaps(rep: ReferenceReport) -> List[str]:
@@ -281,11 +348,9 @@ def gaps(rep: ReferenceReport) -> List[str]:
     for s, rows in by_shape.items():
         if s.head_dim not in (64, 128) or s.causal:
             continue
-        amd = next((r for r in rows if r.who == "amd-triton" and r.figures), None)
-        if amd is None:
-            continue
         for r in rows:
-            if r.who != "ours" or r.figures is None:
+            amd = next((a for a in rows if a.who == "amd-triton" and a.figures and a.loop == r.loop), None)
+            if r.who != "ours" or r.figures is None or amd is None:
                 continue
             worse = []
             if r.figures.occupancy < amd.figures.occupancy:
@@ -305,8 +370,9 @@ def reference_json(rep: ReferenceReport) -> Dict[str, Any]:
         return {"shape": asdict(r.shape), "who": r.who, "kernel": r.kernel, "config": r.config,
                 "figures": asdict(r.figures) if r.figures else None,
                 "per_mfma": {k: r.per_mfma(k) for k in ("instructions", "global_loads", "ds_reads", "ds_writes")},
-                "estimate": asdict(r.estimate) if r.estimate else None, "note": r.note}
+                "estimate": asdict(r.estimate) if r.estimate else None, "loop": r.loop,
+                "pass_tflops": r.pass_tflops, "note": r.note}
     cal = rep.calibration
-    return {"wheel": rep.wheel, "rows": [row(r) for r in rep.rows], "gaps": gaps(rep),
+    return {"wheel": rep.wheel, "rows": [row(r) for r in rep.rows], "gaps": gaps(rep), "check": triton_check(rep),
             "calibration": {"factor": cal.factor, "errors": cal.errors, "max_error": cal.max_error,
                             "sources": list(cal.sources), "published": PUBLISHED}}
