@@ -40,14 +40,17 @@ __all__ = ["MI300X", "MFMA_CYCLES", "LoopMix", "loop_mix", "Estimate", "estimate
 # (amd.com, "AMD Instinct MI300X Accelerator", 2023).
 MI300X = {"cus": 304, "simds_per_cu": 4, "clock_hz": 2.1e9, "peak_fp16_tflops": 1307.4}
 
-# Issue cycles of one MFMA on CDNA3, per instruction. AMD's CDNA3 ISA
-# reference guide ("AMD Instinct MI300 Instruction Set Architecture", 2024,
-# chapter 7 "Matrix Arithmetic Instructions", the table of MFMA opcodes with
-# their pass counts, 4 cycles a pass) gives the dense f16/bf16 shapes 8
-# passes (32x32x8) and 4 passes (16x16x16); the data sheet's peak agrees:
-# 1307.4e12 / (304 CUs * 4 SIMDs * 2.1e9) = 512 FLOP per SIMD-cycle, and
-# 2*32*32*8 = 16384 FLOP in 32 cycles. The 4-deep (older) f16 and the f32
-# shapes run at a quarter / an eighth of that rate: 16 passes.
+# Issue cycles of one MFMA on CDNA3, per instruction (a pass is 4 cycles).
+# Source: AMD's CDNA3 ISA reference guide ("AMD Instinct MI300 Instruction
+# Set Architecture", chapter 7 "Matrix Arithmetic Instructions", the MFMA
+# opcode table with pass counts): dense f16/bf16 32x32x8 8 passes, 16x16x16
+# 4 passes (the guide itself was not at hand when this table was written;
+# what was checked is the data sheet's peak: 1307.4e12 / (304 CUs * 4 SIMDs
+# * 2.1e9) = 512 FLOP per SIMD-cycle, and 2*32*32*8 = 16384 FLOP in 32
+# cycles); the f32 shapes at the 163.4 TFLOP/s f32 matrix peak (64 FLOP per
+# SIMD-cycle) give the 64 / 32 / 8 below. The multi-block f16/bf16 shapes
+# (_2b, _4b, _16b) carry their CDNA2 cycle counts; none of the attention
+# kernels reported here uses them.
 MFMA_CYCLES: Dict[str, int] = {
     "v_mfma_f32_32x32x8_f16": 32, "v_mfma_f32_32x32x8_bf16": 32,
     "v_mfma_f32_16x16x16_f16": 16, "v_mfma_f32_16x16x16_bf16": 16,
@@ -171,8 +174,10 @@ def calibrate(points: Sequence[Tuple[str, float, float]], sources: Sequence[str]
 
 # Published MI300X figures of AMD's own kernels, bf16, head dim 128, long
 # sequences, non-causal (TFLOP/s): aiter's FMHA v3 assembly about 590
-# forward and 550 backward (HipKittens, arXiv:2511.08083, the AITER
-# baselines of its MI300X attention figures; issue 31 quotes the same).
+# forward and 550 backward, the figures issue 31 gives; the published
+# comparison that measures AITER's attention on MI300X is HipKittens
+# (arXiv:2511.08083, its AITER baselines), whose plots were not re-read
+# value by value for this table.
 PUBLISHED = {"aiter fmha_v3 fwd hd128 bf16": 590.0, "aiter fmha_v3 bwd hd128 bf16": 550.0}
 # An out-of-sample check, not fitted: on MI300X, AITER's forward outruns
 # the Triton baseline by 18-62% over a grid of forward shapes (five
