@@ -218,3 +218,26 @@ def test_report_options():
     o = ReportOptions.from_args(p.parse_args(["b", "--reference", "--reference-cache", "c"]))
     assert o.reference and o.reference_wheel is None and o.reference_cache == Path("c")
     assert not ReportOptions.from_args(p.parse_args(["b"])).reference
+
+
+def test_fallback_is_our_kernel_at_amds_config(aiter_wheel):
+    """Where AMD's kernel does not compile, ours is compiled at AMD's config:
+    the tasks carry AMD's tiles, early V load and backend options."""
+    pytest.importorskip("triton")
+    from aotriton_rocm.tooling.build.reference_compile import RefShape, amd_config
+    from aotriton_rocm.tooling.build.reference_report import _fallback_tasks
+    fwd = RefShape("gfx942", "fwd", "bf16", 128, False)
+    cfg = amd_config(aiter_wheel, fwd)
+    ((kernel, task),) = _fallback_tasks(fwd, cfg, ROOT)
+    cx, opts = dict(task.constexprs), dict(task.options)
+    assert kernel == "attn_fwd" and (cx["BLOCK_M"], cx["BLOCK_N"]) == (cfg["BLOCK_M"], cfg["BLOCK_N"])
+    assert cx["PRE_LOAD_V"] == cfg["PRELOAD_V"] and opts["waves_per_eu"] == cfg["waves_per_eu"]
+    assert opts["num_warps"] == cfg["num_warps"] and "-amdcfg-" in task.cache_key
+    bwd = RefShape("gfx950", "bwd", "fp16", 64, True)
+    cfg = amd_config(aiter_wheel, bwd)
+    tasks = dict(_fallback_tasks(bwd, cfg, ROOT))
+    assert set(tasks) == {"attn_bwd_dkdv", "attn_bwd_dq"}
+    dkdv, dq = dict(tasks["attn_bwd_dkdv"].constexprs), dict(tasks["attn_bwd_dq"].constexprs)
+    assert (dkdv["BLOCK_M"], dkdv["BLOCK_N"]) == (cfg["BLOCK_M1"], cfg["BLOCK_N1"])
+    assert (dq["BLOCK_M"], dq["BLOCK_N"]) == (cfg["BLOCK_M2"], cfg["BLOCK_N2"])
+    assert dict(tasks["attn_bwd_dq"].options)["matrix_instr_nonkdim"] == cfg["matrix_instr_nonkdim"]
