@@ -23,7 +23,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-__all__ = ["LoopStats", "find_loops", "hot_loop", "hot_loop_stats"]
+__all__ = ["LoopStats", "find_loops", "hot_loop", "hot_loop_stats", "hot_loop_lines", "loop_lines"]
 
 _LABEL = re.compile(r"^([.$A-Za-z_][\w.$]*):")
 _BRANCH = re.compile(r"^(s_cbranch_\w+|s_branch)\s+([.$A-Za-z_][\w.$]*)")
@@ -70,6 +70,7 @@ class LoopStats:
 class _Block:
     label: Optional[str]
     mnemonics: List[str] = field(default_factory=list)
+    lines: List[str] = field(default_factory=list)  # the code, comments included
     target: Optional[str] = None  # label branched to by the last instruction
     falls_through: bool = True
 
@@ -97,6 +98,7 @@ def _blocks(text: str) -> List[_Block]:
         mnemonic = code.split(None, 1)[0]
         cur = blocks[-1]
         cur.mnemonics.append(mnemonic)
+        cur.lines.append(line.strip())
         b = _BRANCH.match(code)
         if b or mnemonic in _ENDS:
             cur.target = b.group(2) if b else None
@@ -191,14 +193,18 @@ def _count(blocks: Sequence[_Block], body: Set[int]) -> Dict[str, Any]:
     return counts
 
 
-def find_loops(text: str) -> List[LoopStats]:
-    """Every loop of the assembly text, in the order of their headers."""
+def _loops(text: str) -> Tuple[List[_Block], Dict[int, Set[int]]]:
     blocks = _blocks(text)
     entry = _entry(blocks)
     if entry is None:
-        return []
+        return blocks, {}
     succ = _successors(blocks)
-    loops = _natural_loops(succ, _dominators(succ, entry))
+    return blocks, _natural_loops(succ, _dominators(succ, entry))
+
+
+def find_loops(text: str) -> List[LoopStats]:
+    """Every loop of the assembly text, in the order of their headers."""
+    blocks, loops = _loops(text)
     out = []
     for h in sorted(loops):
         body = loops[h]
@@ -229,3 +235,17 @@ def hot_loop_stats(text: str) -> Optional[Dict[str, Any]]:
     d.pop("innermost")
     d["loops"] = len(loops)
     return d
+
+
+def loop_lines(text: str, loop: LoopStats) -> List[str]:
+    """The code lines of ``loop``'s body (one of ``find_loops(text)``), in
+    block order: a finer look at its instruction mix than LoopStats keeps."""
+    blocks, loops = _loops(text)
+    header = next(h for h, st in zip(sorted(loops), find_loops(text)) if st == loop)
+    return [line for i in sorted(loops[header]) for line in blocks[i].lines]
+
+
+def hot_loop_lines(text: str) -> List[str]:
+    """The code lines of the hot loop's body; empty without a loop."""
+    hot = hot_loop(find_loops(text))
+    return [] if hot is None else loop_lines(text, hot)

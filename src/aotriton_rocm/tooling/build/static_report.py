@@ -21,16 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from ...archive import ARCHIVE_SUFFIX, Archive, ArchiveError
 from ...errors import CommandError, UsageError
 from .plan import Subset
 from .cache import CompileCache
-from .codeobject import ArchLimits, CodeObjectError, estimate_occupancy, inspect_code_object
+from .codeobject import ArchLimits, CodeObjectError
+from .report_diff import Change, changes_json, compare, format_changes
+from .report_model import (ArchReport, Candidate, Figures, ShippedChoice, bucket_text, code_object_figures,
+                           config_text, functional_text)
 from ..common.tables import render_table
 
 __all__ = ["Figures", "Candidate", "ShippedChoice", "ArchReport", "Change", "read_build",
@@ -42,153 +45,6 @@ REPORT_NAME = "build-report.json"
 
 class ReportError(UsageError):
     """The directory is not a build output the report can read."""
-
-
-# -- figures of one code object ----------------------------------------------
-
-@dataclass(frozen=True)
-class Figures:
-    """What predicts one AMD kernel's speed. ``vgpr``: architectural VGPRs
-    (on the unified register file of gfx90a/gfx942/gfx950 the metadata's
-    count less the AGPRs, i.e. rounded up to 4), ``registers``: VGPRs +
-    AGPRs per lane. ``loop`` is the compile-time record of its hot loop
-    (amdgcn.hot_loop_stats; None: no loop); ``loop_known`` is False for code
-    objects compiled before it was recorded."""
-
-    occupancy: int
-    vgpr: int
-    agpr: int
-    registers: int
-    sgpr: int
-    lds: int
-    vgpr_spills: int
-    sgpr_spills: int
-    scratch: int
-    loop: Optional[Dict[str, Any]] = None
-    loop_known: bool = True
-
-    @property
-    def matrix_per_iter(self) -> Optional[int]:
-        """Matrix instructions (MFMA on CDNA, WMMA on RDNA) per hot-loop iteration."""
-        m, w = self.per_iter("mfma"), self.per_iter("wmma")
-        return None if m is None else m + (w or 0)
-
-    def per_iter(self, kind: str) -> Optional[int]:
-        """``kind`` (mfma, instructions, global_loads, ...) in one iteration of
-        the hot loop; 0 without a loop, None where unknown."""
-        if not self.loop_known:
-            return None
-        return int((self.loop or {}).get(kind, 0))
-
-
-def code_object_figures(code: bytes, symbol: str, num_warps: int, shared: int, limits: ArchLimits,
-                        stats: Mapping[str, Any]) -> Figures:
-    """The figures of one code object: registers, spills, scratch and LDS
-    from its AMDGPU metadata (plus the ``shared`` bytes triton allocates at
-    launch), occupancy as the build's validator estimates it, the hot loop
-    from the compile-time ``stats``."""
-    info = inspect_code_object(code)
-    km = info.kernel(symbol)
-    if km is None:
-        raise CodeObjectError(f"no kernel {symbol!r} in the code object")
-    lds = km.group_segment_fixed_size + int(shared)
-    occ = estimate_occupancy(km, limits, int(num_warps), lds)
-    unified = limits.vgpr_mode == "unified"  # .vgpr_count includes the AGPRs
-    return Figures(occupancy=occ["occupancy"],
-                   vgpr=km.vgpr_count - km.agpr_count if unified else km.vgpr_count,
-                   agpr=km.agpr_count,
-                   registers=km.vgpr_count if unified else km.vgpr_count + km.agpr_count,
-                   sgpr=km.sgpr_count, lds=lds, vgpr_spills=km.vgpr_spill_count,
-                   sgpr_spills=km.sgpr_spill_count, scratch=km.private_segment_fixed_size,
-                   loop=stats.get("loop"), loop_known="loop" in stats)
-
-
-# -- one build's report ------------------------------------------------------
-
-@dataclass
-class Candidate:
-    """One config of a functional point: its figures (None when its code
-    object is gone from the cache: ``missing`` says why) and, beside a
-    shipped choice, why it lost there."""
-
-    key: str
-    config: Dict[str, Any]
-    figures: Optional[Figures]
-    why: Optional[str] = None
-    missing: Optional[str] = None
-
-
-@dataclass
-class ShippedChoice:
-    """The config shipped for one run of seqlen buckets of one functional
-    point (``bounds``: the buckets' upper bounds, None = the open one), and
-    the other candidates of the point."""
-
-    arch: str
-    kernel: str
-    functional: Dict[str, Any]
-    axis: str
-    lower: int  # the run covers lower < seqlen <= bounds[-1]
-    bounds: List[Optional[int]]
-    source: str  # "measured" | "static"
-    chosen: Candidate
-    others: List[Candidate] = field(default_factory=list)
-
-    @property
-    def point(self) -> Tuple[str, str, str]:
-        return self.arch, self.kernel, functional_text(self.functional)
-
-
-@dataclass
-class ArchReport:
-    arch: str
-    archive: str
-    candidates_recorded: bool  # False: the build report has no selection (an older build)
-    choices: List[ShippedChoice] = field(default_factory=list)
-
-    @property
-    def shipped(self) -> int:
-        return len({c.chosen.key for c in self.choices})
-
-
-def functional_text(functional: Mapping[str, Any]) -> str:
-    """``fp16 d128 pad_head``: dtype, head dim, the true flags, other values as k=v."""
-    parts = []
-    for k, v in functional.items():
-        if k == "dtype":
-            parts.append(str(v))
-        elif k == "head_dim":
-            parts.append(f"d{v}")
-        elif isinstance(v, bool):
-            if v:
-                parts.append(k)
-        else:
-            parts.append(f"{k}={v}")
-    return " ".join(parts) or "-"
-
-
-# The AMD backend's options and the early V load, short (see LEGEND).
-_SHORT = {"num_warps": "w", "num_stages": "s", "waves_per_eu": "wpe", "matrix_instr_nonkdim": "nk",
-          "kpack": "kp"}
-
-
-def config_text(config: Mapping[str, Any]) -> str:
-    """``128x64 w4 s1 wpe2 nk16 kp2 preV``: the BLOCK_* tile, num_warps,
-    num_stages, the AMD options, PRE_LOAD_V; other keys as k=v."""
-    tile = [str(v) for k, v in config.items() if k.startswith("BLOCK")]
-    rest = []
-    for k, v in config.items():
-        if k.startswith("BLOCK") or (k == "PRE_LOAD_V" and not v):
-            continue
-        rest.append(f"{_SHORT[k]}{v}" if k in _SHORT else "preV" if k == "PRE_LOAD_V" else f"{k}={v}")
-    return " ".join((["x".join(tile)] if tile else []) + rest) or "-"
-
-
-def bucket_text(axis: str, lower: int, upper: Optional[int]) -> str:
-    a = {"seqlen_q": "q", "seqlen_k": "k"}.get(axis, axis)
-    if upper is None:
-        return f"{a} any" if lower == 0 else f"{a}>{lower}"
-    return f"{a}<={upper}" if lower == 0 else f"{a} {lower + 1}..{upper}"
 
 
 def _read_json(path: Path) -> Dict[str, Any]:
@@ -400,125 +256,6 @@ def report_json(reports: Sequence[ArchReport]) -> List[Dict[str, Any]]:
                          for c in r.choices]} for r in reports]
 
 
-# -- diff between two builds -------------------------------------------------
-
-# (name, Figures -> value, worse when it ...): the figures the diff watches
-_WATCHED: Tuple[Tuple[str, Any, str], ...] = (
-    ("occupancy", lambda f: f.occupancy, "drops"),
-    ("VGPR+AGPR", lambda f: f.registers, "grows"),
-    ("LDS", lambda f: f.lds, "grows"),
-    ("VGPR spills", lambda f: f.vgpr_spills, "grows"),
-    ("scratch", lambda f: f.scratch, "grows"),
-    ("MFMA/iter", lambda f: f.matrix_per_iter, "changes"),
-)
-
-
-@dataclass
-class Change:
-    """One (arch, kernel, point) over a run of buckets whose shipped choice's
-    figures differ between the two builds. ``old``/``new``: None where the
-    point (or bucket) exists in one build only."""
-
-    arch: str
-    kernel: str
-    point: str
-    axis: str
-    lower: int
-    upper: Optional[int]
-    old: Optional[Candidate]
-    new: Optional[Candidate]
-    changes: List[str] = field(default_factory=list)
-    worse: bool = False
-
-
-BucketKey = Tuple[str, str, str, Optional[int]]  # arch, kernel, point, bucket bound
-
-
-def _by_bucket(reports: Iterable[ArchReport]) -> Dict[BucketKey, Tuple[ShippedChoice, int]]:
-    """Each bucket's shipped choice and the bucket's lower bound."""
-    out = {}
-    for r in reports:
-        for c in r.choices:
-            lower = c.lower
-            for b in c.bounds:
-                out[(*c.point, b)] = (c, lower)
-                lower = b if b is not None else lower
-    return out
-
-
-def _compare_figures(old: Optional[Figures], new: Optional[Figures]) -> Tuple[List[str], bool]:
-    if old is None or new is None:
-        return (["figures unknown (code object not in the cache)"], False) if old is not new else ([], False)
-    texts, worse = [], False
-    for name, get, bad in _WATCHED:
-        a, b = get(old), get(new)
-        if a == b or a is None or b is None:
-            continue
-        is_worse = (bad == "drops" and b < a) or (bad == "grows" and b > a)
-        worse = worse or is_worse
-        texts.append(f"{name} {a} -> {b}" + (" (worse)" if is_worse else ""))
-    return texts, worse
-
-
-def compare(old: Sequence[ArchReport], new: Sequence[ArchReport]) -> List[Change]:
-    """Every bucket whose shipped figures changed from ``old`` to ``new``
-    (watched: occupancy, VGPR+AGPR, LDS, VGPR spills, scratch, MFMA/iter), or whose point
-    exists in one build only; consecutive buckets with the same change
-    merged."""
-    a, b = _by_bucket(old), _by_bucket(new)
-    order = sorted(set(a) | set(b), key=lambda k: (k[0], k[1], k[2], float("inf") if k[3] is None else k[3]))
-    out: List[Change] = []
-    for key in order:
-        oc, nc = a.get(key), b.get(key)
-        ref, lower = (nc or oc)
-        if oc is None or nc is None:
-            texts, worse = ["only in this build" if oc is None else "gone from this build"], False
-        else:
-            texts, worse = _compare_figures(oc[0].chosen.figures, nc[0].chosen.figures)
-        if not texts:
-            continue
-        oldc = oc[0].chosen if oc else None
-        newc = nc[0].chosen if nc else None
-        prev = out[-1] if out else None
-        if (prev is not None and (prev.arch, prev.kernel, prev.point) == key[:3] and prev.upper == lower
-                and prev.changes == texts and _same_key(prev.old, oldc) and _same_key(prev.new, newc)):
-            prev.upper = key[3]
-            continue
-        out.append(Change(arch=key[0], kernel=key[1], point=key[2], axis=ref.axis, lower=lower,
-                          upper=key[3], old=oldc, new=newc, changes=texts, worse=worse))
-    return out
-
-
-def _same_key(x: Optional[Candidate], y: Optional[Candidate]) -> bool:
-    return (x.key if x else None) == (y.key if y else None)
-
-
-def format_changes(changes: Sequence[Change], old_dir: str) -> str:
-    if not changes:
-        return (f"against {old_dir}: no shipped kernel's occupancy, registers, LDS, spills or "
-                f"MFMA/iter changed")
-    rows = []
-    for c in changes:
-        cfg_old = config_text(c.old.config) if c.old else "-"
-        cfg_new = config_text(c.new.config) if c.new else "-"
-        rows.append((c.arch, c.kernel, c.point, bucket_text(c.axis, c.lower, c.upper),
-                     cfg_new if cfg_old == cfg_new else f"{cfg_old} -> {cfg_new}",
-                     "worse" if c.worse else "changed", "; ".join(c.changes)))
-    worse = sum(1 for c in changes if c.worse)
-    return (f"against {old_dir}: {len(changes)} change(s), {worse} worse\n"
-            + render_table(("arch", "kernel", "point", "bucket", "config (old -> new)", "verdict", "what"),
-                           rows, left=(0, 1, 2, 3, 4, 5, 6)))
-
-
-def changes_json(changes: Sequence[Change]) -> List[Dict[str, Any]]:
-    def side(c: Optional[Candidate]) -> Optional[Dict[str, Any]]:
-        return None if c is None else {"key": c.key, "config": c.config,
-                                       "figures": asdict(c.figures) if c.figures else None}
-    return [{"arch": c.arch, "kernel": c.kernel, "point": c.point, "axis": c.axis, "lower": c.lower,
-             "upper": c.upper, "old": side(c.old), "new": side(c.new), "changes": c.changes,
-             "worse": c.worse} for c in changes]
-
-
 # -- the command ---------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -529,6 +266,10 @@ class ReportOptions:
     json: Optional[Path] = None
     against: Optional[Path] = None
     fail_on_worse: bool = False
+    reference: bool = False  # AMD's kernels beside ours (reference_report.py)
+    reference_wheel: Optional[Path] = None  # a downloaded amd-aiter wheel; None: download into the cache
+    reference_cache: Optional[Path] = None
+    reference_jobs: int = 1
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ReportOptions":
@@ -536,7 +277,11 @@ class ReportOptions:
         return cls(build_dir=Path(args.build_dir), archs=archs, only=tuple(args.only or ()),
                    json=Path(args.json) if args.json else None,
                    against=Path(args.against) if args.against else None,
-                   fail_on_worse=args.fail_on_worse)
+                   fail_on_worse=args.fail_on_worse,
+                   reference=bool(args.reference or args.reference_wheel),
+                   reference_wheel=Path(args.reference_wheel) if args.reference_wheel else None,
+                   reference_cache=Path(args.reference_cache) if args.reference_cache else None,
+                   reference_jobs=max(1, int(args.reference_jobs)))
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -557,6 +302,19 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--fail-on-worse", dest="fail_on_worse", action="store_true",
                         help="with --against: exit 1 if a figure got worse (occupancy dropped, "
                              "registers, LDS or spills grew)")
+    ref = parser.add_argument_group("reference (AMD's kernels beside ours; build-time input, never shipped)")
+    ref.add_argument("--reference", dest="reference", action="store_true",
+                     help="add the reference column: AMD's Triton attention from the amd-aiter wheel "
+                          "compiled by our triton at AMD's configs, and aiter's assembly FMHA v3, beside "
+                          "our gfx942/gfx950 kernels for the standard shapes, with a calibrated MI300X "
+                          "TFLOP/s estimate; downloads amd-aiter (pip download --no-deps) into the cache")
+    ref.add_argument("--reference-wheel", dest="reference_wheel", default=None, metavar="WHEEL",
+                     help="use this downloaded amd-aiter wheel (implies --reference; for offline hosts)")
+    ref.add_argument("--reference-cache", dest="reference_cache", default=None, metavar="DIR",
+                     help="where the wheel, its extracted members and the compiled reference kernels are "
+                          "kept (default: $AOTRITON_ROCM_REFERENCE_CACHE or ~/.cache/aotriton-rocm/reference)")
+    ref.add_argument("--reference-jobs", dest="reference_jobs", default=1, type=int, metavar="N",
+                     help="parallel compiles of AMD's kernels (default 1; cached after the first run)")
     return parser
 
 
@@ -575,6 +333,10 @@ def run_report(options: ReportOptions, stream: Optional[TextIO] = None) -> int:
     except (ArchiveError, CodeObjectError) as e:
         raise ReportError(str(e)) from None
     print(format_report(reports), file=out)
+    reference = _reference(options, reports) if options.reference else None
+    if reference is not None:
+        from .reference_report import format_reference
+        print("\n" + format_reference(reference), file=out)
     changes = compare(older, reports) if older is not None else None
     if changes is not None:
         print("\n" + format_changes(changes, str(options.against)), file=out)
@@ -583,9 +345,37 @@ def run_report(options: ReportOptions, stream: Optional[TextIO] = None) -> int:
         if changes is not None:
             doc["against"] = str(options.against)
             doc["changes"] = changes_json(changes)
+        if reference is not None:
+            from .reference_report import reference_json
+            doc["reference"] = reference_json(reference)
         options.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         print(f"json: {options.json}", file=out)
     if options.fail_on_worse and changes and any(c.worse for c in changes):
         raise CommandError(f"{sum(1 for c in changes if c.worse)} shipped kernel(s) got worse "
                            f"against {options.against} (see above)")
     return 0
+
+
+def _reference(options: ReportOptions, reports: Sequence[ArchReport]):
+    """The reference section (reference_report.py) for the archs reported;
+    the arch limits from the build's manifests, else from ci/targets.toml."""
+    from .reference import ReferenceWheel, default_cache_dir, download_wheel
+    from .reference_report import ARCHS, STANDARD_SHAPES, build_reference
+    cache = options.reference_cache or default_cache_dir()
+    wheel = ReferenceWheel.open(options.reference_wheel or download_wheel(cache), cache)
+    limits = {r.arch: ArchLimits.from_dict(Archive.open(r.archive).manifest["arch_limits"]) for r in reports
+              if r.arch in ARCHS}
+    if not options.archs:
+        try:
+            from .plan import Sources
+            from ..common.targets import load_targets
+            targets = load_targets(Sources.find().targets_path)
+            for a in ARCHS:
+                if a not in limits and a in targets.archs:
+                    limits[a] = ArchLimits.from_spec(targets.archs[a])
+        except (UsageError, OSError):
+            pass
+    if "gfx942" not in limits:
+        raise ReportError("--reference needs gfx942's limits: report a build with gfx942, or run it in "
+                          "a checkout (ci/targets.toml)")
+    return build_reference(wheel, reports, limits, cache, STANDARD_SHAPES, options.reference_jobs)
