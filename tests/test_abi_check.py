@@ -204,6 +204,8 @@ def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
     assert rc == 1, out
     assert "breaking: public function aotriton_rocm.reset_launch_counts removed" in out
     assert f"REFUSED: {POINT} is a point release" in out
+    for line in ("0.11", "0.13"):  # libaotriton_v2 of each line, read from the runtime wheels
+        assert f"note: libaotriton_v2 (AOTriton API {line}): layouts of" in out
 
     # the same release as an install: wheels unpacked into site-packages
     site = tmp_path / "prefix" / "lib" / "python3.12" / "site-packages"
@@ -226,6 +228,7 @@ def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
                 run_tests=False)
     rc, out = _abi_check(capsys, tmp_path / "old-conda", tmp_path / "new-conda")
     assert rc == 1, out
+    assert "note: libaotriton_v2 (AOTriton API 0.13): layouts of" in out
     assert "breaking: public function aotriton_rocm.reset_launch_counts removed" in out
     assert "compatible addition: new arch sm_90" in out and f"NEW {POINT} " in out
     # one .conda file each (the images), and a .conda against the wheels it was made from

@@ -352,14 +352,22 @@ def test_consumers_against_the_wheel(native_build, packages, tmp_path):
     assert {req: r is not None for req, r in got.items()} == REQUESTS
 
 
-@pytest.mark.slow
-def test_consumers_against_a_conda_prefix(native_build, packages, tmp_path):
+@pytest.fixture(scope="module")
+def conda_prefix(packages, tmp_path_factory) -> Path:
+    """A fresh prefix with the runtime and the sm_90 image installed by py-rattler."""
     from aotriton_rocm.tooling.package.conda import install_conda
-    from aotriton_rocm.tooling.release.envs import python_for_conda_prefix
 
-    prefix = tmp_path / "prefix"
+    prefix = tmp_path_factory.mktemp("conda-consumers") / "prefix"
     install_conda(packages["channel"], ["aotriton-rocm-sm90",
                                         f"aotriton-rocm *py{PY_MINOR.replace('.', '')}*"], prefix)
+    return prefix
+
+
+@pytest.mark.slow
+def test_consumers_against_a_conda_prefix(native_build, packages, conda_prefix, tmp_path):
+    from aotriton_rocm.tooling.release.envs import python_for_conda_prefix
+
+    prefix = conda_prefix
     # one copy of the library, in the prefix's lib/; none in site-packages
     assert (prefix / "lib" / SONAME).is_file()
     assert not list(prefix.glob(f"lib/python*/site-packages/aotriton_rocm/lib"))
@@ -373,3 +381,53 @@ def test_consumers_against_a_conda_prefix(native_build, packages, tmp_path):
         "cmakedir": prefix / "lib/cmake/aotriton_rocm", "includedir": prefix / "include",
         "libdir": prefix / "lib", "pkgconfigdir": prefix / "lib/pkgconfig",
         "library": prefix / "lib" / SONAME}
+
+
+AOTRITON_API = ROOT / "tests" / "native" / "aotriton_api"
+
+
+@pytest.mark.slow
+def test_conda_prefix_is_an_aotriton_prefix(native_build, conda_prefix, tmp_path):
+    """$PREFIX serves a PyTorch build with AOTRITON_INSTALLED_PREFIX=$PREFIX:
+    lib/libaotriton_v2.so* and include/aotriton/ of API line 0.13; a consumer
+    of AOTriton's API built as PyTorch's aotriton.cmake builds against it runs
+    the installed image on the stub driver, with the library in $PREFIX/lib
+    and copied into a torch in the prefix's site-packages."""
+    pytest.importorskip("torch")
+    prefix = conda_prefix.resolve()
+    name = "libaotriton_v2.so.0.13.0"
+    lib = prefix / "lib" / name
+    assert lib.is_file() and not lib.is_symlink()
+    assert os.readlink(prefix / "lib" / "libaotriton_v2.so") == name
+    # the same library as the line's own (rattler-build gives each copy its own RPATH)
+    from aotriton_rocm.tooling.release.abi_aotriton_api import read_api_lib
+    line_lib = read_api_lib(prefix / "lib" / "aotriton_api" / "0.13" / name, None, "0.13")
+    assert read_api_lib(lib, None, "0.13").exports == line_lib.exports and len(line_lib.exports) > 80
+    headers = prefix / "include" / "aotriton"
+    ours = prefix / "include" / "aotriton_api" / "0.13" / "aotriton"
+    assert sorted(p.relative_to(headers) for p in headers.rglob("*.h")) == \
+        sorted(p.relative_to(ours) for p in ours.rglob("*.h"))
+    config = (headers / "config.h").read_text()
+    assert "#define AOTRITON_VERSION_MAJOR 0u" in config and "#define AOTRITON_VERSION_MINOR 13u" in config
+
+    build = tmp_path / "consumer"
+    _run(["cmake", "-S", AOTRITON_API / "consumer", "-B", build,
+          f"-DAOTRITON_INSTALLED_PREFIX={prefix}", "-DCMAKE_BUILD_TYPE=Release"])
+    _run(["cmake", "--build", build])
+    consumer = build / "libaotriton_api_consumer.so"
+    stub = native_build / "tests" / "libaotr_stub_driver.so"
+    scenario = [sys.executable, AOTRITON_API / "prefix_scenario.py", consumer, stub]
+    env = _stub_env()
+    assert _run([*scenario, lib, "found"], env=env).stdout.strip().endswith("ok")
+    # a torch built in this environment: its torch/lib, six directories below $PREFIX
+    torch_lib = prefix / "lib" / f"python{PY_MINOR}" / "site-packages" / "torch" / "lib"
+    torch_lib.mkdir(parents=True)
+    try:
+        shutil.copy2(lib, torch_lib / name)
+        assert _run([*scenario, torch_lib / name, "found"], env=env).stdout.strip().endswith("ok")
+    finally:
+        shutil.rmtree(torch_lib.parent)
+    # the control: a copy outside any install finds no image
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy2(lib, tmp_path / "elsewhere" / name)
+    assert _run([*scenario, tmp_path / "elsewhere" / name, "none"], env=env).stdout.strip().endswith("ok")

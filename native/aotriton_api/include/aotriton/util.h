@@ -138,13 +138,15 @@ class AOTRITON_API TensorView<0> {
   DType dtype_ = kUnknown;
 };
 
-/* Ranks 1-4 are instantiated once, in the library (exported there). */
-#ifndef aotriton_v2_EXPORTS
+/* Ranks 1-4 are instantiated once, in the library (exported there). The
+ * library's own sources see these declarations too: an inline member they
+ * instantiated themselves would be hidden (-fvisibility-inlines-hidden), and
+ * the linker would then hide the exported copy as well (at -O0, where such
+ * members are not inlined away). */
 extern template class TensorView<1>;
 extern template class TensorView<2>;
 extern template class TensorView<3>;
 extern template class TensorView<4>;
-#endif
 
 /* A tensor the library asks for only when a call needs it: acquire() is
  * called at most once per call and returns the view to use (its memory

@@ -8,7 +8,9 @@ Outputs (see ``recipe/README.md`` for the dependency design):
 
 * ``aotriton-rocm-X.Y.Z-py3N_rocmAB_0.conda`` (linux-64), one per Python minor:
   the Python package in site-packages, the C library and its header, CMake
-  and pkg-config files in ``lib/``, ``include/`` of the prefix;
+  and pkg-config files in ``lib/``, ``include/`` of the prefix, libaotriton_v2
+  of each line in ``lib/aotriton_api/<line>/`` (and line 0.13 as an AOTriton
+  prefix: ``lib/libaotriton_v2.so*``, ``include/aotriton/``);
 * ``aotriton-rocm-<archname>-X.Y.Z-rocmAB_0.conda`` (noarch: generic), one per
   arch, installing ``share/aotriton-rocm/<arch>.aotr`` + manifest.
 
@@ -31,7 +33,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
+from ...aotriton_prefix import DEFAULT_LINE
 from ...files import atomic_move, atomic_write, link_or_copy
+from ...paths import AOTRITON_API_VERSIONS
 from .archive_intake import collect_archives
 from .dist_dir import scratch_dir
 from .naming import PackagingError, check_profile, log, read_release_version
@@ -39,7 +43,7 @@ from .reproducible import fixed_umask, normalize_modes, source_date_epoch
 from .wheels import build_runtime_wheel, one_inputs_hash
 
 __all__ = ["build_conda", "install_conda", "index_channel", "unpack_wheel", "split_native",
-           "repack_conda",
+           "stage_aotriton_prefix", "repack_conda",
            "torch_requirement", "RECIPE_VARIANT_KEYS", "BUILD_ROOT"]
 
 RECIPE_VARIANT_KEYS = ("aotriton_version", "rocm_profile", "python_minor", "kernel_arch", "torch_spec")
@@ -133,6 +137,22 @@ def split_native(site_packages: os.PathLike, root: os.PathLike) -> None:
     lines = record.read_text(encoding="utf-8").splitlines(keepends=True)
     record.write_text("".join(ln for ln in lines if not ln.startswith(
         ("aotriton_rocm/lib/", "aotriton_rocm/include/"))), encoding="utf-8")
+
+
+def stage_aotriton_prefix(root: os.PathLike, line: str = DEFAULT_LINE) -> None:
+    """Make the staged ``root`` (:func:`split_native`) an AOTriton prefix too,
+    for PyTorch builds with ``AOTRITON_INSTALLED_PREFIX=$PREFIX``:
+    ``lib/libaotriton_v2.so.<version>`` of API ``line`` (a copy: PyTorch copies
+    ``lib/libaotriton_v2*.so*`` into ``torch/lib``), ``lib/libaotriton_v2.so``
+    -> that file, and ``include/aotriton/``."""
+    root, name = Path(root), f"libaotriton_v2.so.{AOTRITON_API_VERSIONS[line]}"
+    lib, headers = root / "lib" / "aotriton_api" / line / name, root / "include" / "aotriton_api" / line / "aotriton"
+    if not lib.is_file() or not (headers / "flash.h").is_file():
+        raise PackagingError(f"the runtime wheel has no AOTriton API line {line} "
+                             f"(aotriton_rocm/lib/aotriton_api/{line}/{name} and its headers)")
+    shutil.copy2(lib, root / "lib" / name)
+    os.symlink(name, root / "lib" / "libaotriton_v2.so")
+    shutil.copytree(headers, root / "include" / "aotriton")
 
 
 def _wheel_version(wheel: Path) -> str:
@@ -409,6 +429,7 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
         stage = scratch / "stage"
         unpack_wheel(wheel, stage / "runtime" / "site-packages")
         split_native(stage / "runtime" / "site-packages", stage / "runtime")
+        stage_aotriton_prefix(stage / "runtime")
         shutil.copy2(root / "LICENSE", stage / "runtime" / "LICENSE")
         for inp in inputs:
             d = stage / "images" / inp.arch

@@ -14,9 +14,11 @@ What is compared (docs/ABI.md): the archive format version, the arch set, per
 arch every kernel's functional keys and ordered argument lists, and, where the
 runtime's ``aotriton_rocm/abi.json`` is present, the public functions'
 signatures, public constants, the ``smoke`` command's options and the
-supported torch versions, and libaotriton_rocm, the C library (soname,
+supported torch versions, libaotriton_rocm, the C library (soname,
 exported symbols and version node, prototypes, public struct layouts and
-enums: ``abi_native``; reading a release: ``release_contents``). Each change is classified as a compatible
+enums: ``abi_native``), and libaotriton_v2 of each AOTriton API line
+(exported mangled names, struct layouts, enum and constant values:
+``abi_aotriton_api``); reading a release: ``release_contents``. Each change is classified as a compatible
 addition, a compatible fix or breaking. Exit status: 1 when NEW is a point
 release of OLD's ABI line (same X.Y) and something is breaking, or NEW is
 older than OLD; 2 when a release cannot be read; 0 otherwise (a new X.Y line
@@ -32,6 +34,7 @@ from typing import Any, Dict, List, Optional
 
 from ...errors import CommandError, UsageError
 from ...archive import ArchiveError
+from . import abi_aotriton_api as AA
 from . import abi_native as NA
 from .release_contents import AbiCheckError, ArchAbi, Release, load_release, version_key
 
@@ -214,6 +217,9 @@ def compare(old: Release, new: Release) -> List[Change]:
         out.append(Change(BREAKING, f"the C library ({old.native.library}) is missing from NEW"))
     elif new.native is not None:
         out.append(Change(ADDITION, f"new C library {new.native.library} (soname {new.native.soname})"))
+    changes, notes = AA.compare_api_libs(old.aotriton_api, new.aotriton_api)
+    out.extend(Change(BREAKING if b else ADDITION, what) for b, what in changes)
+    new.notes.extend(n for n in notes if n not in new.notes)
     return out
 
 
@@ -245,6 +251,11 @@ def check(old_path: "str | Path", new_path: "str | Path", require_libabigail: bo
             return CheckResult(old, new, changes, point, False,
                                f"REFUSED: the C library's soname is {new.native.soname}, the ABI line "
                                f"{new.abi_line} needs {want}")
+    problems = [p for lib in new.aotriton_api.values() for p in AA.release_problems(lib)]
+    if problems:
+        changes.extend(Change(BREAKING, p) for p in problems)
+        return CheckResult(old, new, changes, point, False,
+                           f"REFUSED: NEW's libaotriton_v2 is not releasable: {'; '.join(problems)}")
     if point and breaking:
         verdict = (f"REFUSED: {new.version} is a point release of the {old.abi_line} ABI line and has "
                    f"{len(breaking)} breaking change(s); release it as "

@@ -1,7 +1,8 @@
 """What one release holds, for ``abi-check``: read from wheels, conda packages,
 archives or an install (site-packages or a prefix) into a :class:`Release`:
 per arch the kernels' functional keys and argument lists, the runtime's
-``abi.json`` and the C library (``abi_native``)."""
+``abi.json``, the C library (``abi_native``) and libaotriton_v2, AOTriton's
+API, one library per line (``abi_aotriton_api``)."""
 from __future__ import annotations
 
 import ast
@@ -16,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..._version import abi_line, public_version
 from ...kernel_abi import functional_key, kernel_abi_entries
 from ...archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError
+from . import abi_aotriton_api as AA
 from . import abi_native as NA
 from .public_api import ABI_JSON
 
@@ -44,6 +46,7 @@ class Release:
     archs: Dict[str, ArchAbi] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
     native: Optional[NA.NativeLib] = None            # libaotriton_rocm
+    aotriton_api: Dict[str, AA.ApiLib] = field(default_factory=dict)  # line -> libaotriton_v2
     use_abigail: bool = True
 
     @property
@@ -112,9 +115,22 @@ def _scan_native(libdir: Path, incdir: Path, rel: Release) -> None:
         raise AbiCheckError(str(e)) from None
 
 
+def _scan_aotriton_api(libroot: Path, incroot: Path, rel: Release) -> None:
+    """libaotriton_v2 of each line under ``libroot/aotriton_api/``."""
+    try:
+        found = AA.scan_api_libs(libroot, incroot)
+    except NA.NativeAbiError as e:
+        raise AbiCheckError(str(e)) from None
+    for line, lib in found.items():
+        if line in rel.aotriton_api:
+            rel.notes.append(f"{rel.source}: more than one {lib.label}, using {libroot}")
+        rel.aotriton_api[line] = lib
+
+
 def _scan_site_packages(sp: Path, rel: Release) -> None:
     pkg = sp / "aotriton_rocm"
     _scan_native(pkg / "lib", pkg / "include", rel)
+    _scan_aotriton_api(pkg / "lib", pkg / "include", rel)
     if pkg.is_dir():
         abi_json = pkg / ABI_JSON
         if abi_json.is_file():
@@ -164,6 +180,7 @@ def _scan_conda(c: Path, rel: Release, tmp: Path) -> Optional[str]:
     for ap in sorted(share.glob("*" + ARCHIVE_SUFFIX)) if share.is_dir() else []:
         _arch_from_archive(ap, rel)
     _scan_native(dest / "lib", dest / "include", rel)
+    _scan_aotriton_api(dest / "lib", dest / "include", rel)
     if name == "aotriton-rocm" and version:
         rel.version = version
     return version
@@ -201,9 +218,10 @@ def _scan_dir(d: Path, rel: Release, tmp: Path) -> None:
         _arch_from_archive(ap, rel)
     # an install prefix of the C library (cmake --install: lib/, include/), or a build directory
     _scan_native(d / "lib", d / "include", rel)
+    _scan_aotriton_api(d / "lib", d / "include", rel)
     if rel.native is None:
         _scan_native(d, d / "include", rel)
-    if not site and not share.is_dir() and rel.native is None:
+    if not site and not share.is_dir() and rel.native is None and not rel.aotriton_api:
         raise AbiCheckError(f"{d}: no wheels, conda packages, archives, site-packages or prefix of "
                             "aotriton-rocm (or a libaotriton_rocm build) here")
 
@@ -221,6 +239,8 @@ def _scan_wheel(w: Path, rel: Release, tmp: Path) -> None:
                                                     f"aotriton_rocm/include/aotriton_rocm/{NA.HEADER}"):
                     z.extract(n, dest)
                 elif n.startswith("aotriton_rocm/lib/" + NA.LIB_PREFIX):
+                    z.extract(n, dest)
+                elif n.startswith((f"aotriton_rocm/lib/{AA.API_DIR}/", f"aotriton_rocm/include/{AA.API_DIR}/")):
                     z.extract(n, dest)
                 elif top.startswith("aotriton_rocm_") and n.endswith(ARCHIVE_SUFFIX):
                     z.extract(n, dest)
@@ -272,9 +292,11 @@ def load_release(path: "str | Path", require_libabigail: bool = False) -> Releas
         rel.version = rel.api.get("package_version")
     if rel.native is not None and rel.version is None:
         rel.version = rel.native.version  # AOTR_VERSION_* of the header
+    if rel.version is None:  # AOTRITON_ROCM_VERSION of a libaotriton_v2's config.h
+        rel.version = next((a.rocm_version for a in rel.aotriton_api.values() if a.rocm_version), None)
     if rel.native is not None and not have:
         rel.notes.append(f"WARNING: libabigail is not installed: {rel.native.library} was compared by the "
                          f"header check only; {NA.INSTALL_ABIGAIL}")
-    if not rel.archs and rel.api is None and rel.native is None:
+    if not rel.archs and rel.api is None and rel.native is None and not rel.aotriton_api:
         raise AbiCheckError(f"{p}: found no aotriton-rocm runtime or kernel archive")
     return rel
