@@ -159,7 +159,7 @@ def test_tune_replaces_imported_entries_point_by_point(tmp_path):
     """A tune run on the GPU over an imported file: its own choices first,
     the imported entries kept (with their provenance) for the buckets it did
     not time and for the points it did not tune."""
-    from aotriton_rocm.tooling.tune.command import PointResult, _merged, _Previous
+    from aotriton_rocm.tooling.tune.tuning_file import PointResult, PreviousFile, merged_file
     _make_db(tmp_path, _rows(), packed=False)
     other = dict(POINT, dtype="fp16")
     doc = upstream.convert(tmp_path, "gfx942", tag="0.13b", candidates=CANDIDATES,
@@ -174,8 +174,8 @@ def test_tune_replaces_imported_entries_point_by_point(tmp_path):
         "measured": [{"seqlen": 512, "us": 1.0}, {"seqlen": 1024, "us": 2.0}]}])
     header = {"schema": 1, "arch": "gfx942", "how": "Measured by tune.",
               "device": {"name": "AMD Instinct MI300X"}, "commands": ["aotriton-rocm tune"]}
-    merged = _merged([tuned], [("attn_fwd", dict(POINT)), ("attn_fwd", other)], header,
-                     _Previous.read(f, "gfx942"))
+    merged = merged_file([tuned], [("attn_fwd", dict(POINT)), ("attn_fwd", other)], header,
+                         PreviousFile.read(f, "gfx942"))
     ch = merged["choices"]
     assert ch[0]["measured"] and ch[0]["device"] == "AMD Instinct MI300X" and ch[0]["seqlen_max"] == 1024
     kept = ch[1:]
