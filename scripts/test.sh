@@ -5,4 +5,4 @@ source "$(dirname "$0")/dev-env.sh"
 cd "$root"
 # One worker per core; each test file stays in one worker (its fixtures are
 # built once).
-python -m pytest -q -ra -n auto --dist loadfile "$@"
+python -m pytest -q -ra -n auto --dist loadfile --durations=25 "$@"

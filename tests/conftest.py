@@ -2,9 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from support.toy_build import make_root
+
+# A directory for the whole test run, made by the process that starts the run
+# and inherited by its xdist workers: builds shared across test files
+# (tests/support/toy_release.py) go there.
+SHARED_ENV = "AOTRITON_TEST_SHARED_DIR"
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and not os.environ.get(SHARED_ENV):
+        config._aotriton_shared_dir = tempfile.mkdtemp(prefix="aotriton-tests-")
+        os.environ[SHARED_ENV] = config._aotriton_shared_dir
+
+
+def pytest_unconfigure(config):
+    shared = getattr(config, "_aotriton_shared_dir", None)
+    if shared:
+        shutil.rmtree(shared, ignore_errors=True)
+        os.environ.pop(SHARED_ENV, None)
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ pytest.importorskip("rattler_build")
 
 from aotriton_rocm.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling.release import command as R  # noqa: E402
+from aotriton_rocm.tooling.release import credentials, gates, matrix, publish  # noqa: E402
 
 VERSION = "0.1.1"
 SECRET = "s3cr3t-never-printed-7f2a"
@@ -324,21 +325,21 @@ def test_credentials_from_environment_keyring_or_nowhere(monkeypatch, keyring_ba
     url = "https://index.example/"
     monkeypatch.setenv("TWINE_USERNAME", "u")
     monkeypatch.setenv("TWINE_PASSWORD", SECRET)
-    creds, _ = R.find_credentials(url)
+    creds, _ = credentials.find_credentials(url)
     assert (creds.username, creds.password) == ("u", SECRET) and "environment" in creds.source
     assert SECRET not in repr(creds) and SECRET not in creds.source
     monkeypatch.delenv("TWINE_PASSWORD")
-    creds, why = R.find_credentials(url)
+    creds, why = credentials.find_credentials(url)
     assert creds is None and f"the keyring has no password for that user for {url}" in why
     keyring_backend.set_password(url, "u", SECRET)
-    creds, _ = R.find_credentials(url)
+    creds, _ = credentials.find_credentials(url)
     assert creds.password == SECRET and "keyring" in creds.source
     monkeypatch.delenv("TWINE_USERNAME")
-    creds, why = R.find_credentials(url)  # no username anywhere
+    creds, why = credentials.find_credentials(url)  # no username anywhere
     assert creds is None and "TWINE_USERNAME" in why and SECRET not in why
     # without the keyring package: a clean refusal that says what to do
     monkeypatch.setitem(sys.modules, "keyring", None)
-    creds, why = R.find_credentials(url)
+    creds, why = credentials.find_credentials(url)
     assert creds is None and "keyring package is not installed" in why
 
 
@@ -350,11 +351,11 @@ def test_credentials_gate_names_what_is_missing(monkeypatch, tmp_path):
     (dist / "x.whl").write_bytes(b"")
     import argparse
 
-    ctx = R.Context(args=argparse.Namespace(index_url=None, rocm_index_url=None), root=tmp_path,
-                    version=VERSION, out=tmp_path, profiles=["6.4"],
-                    targets=[R.Target("default", "6.4", False, False, dist, None)])
-    with pytest.raises(R.GateFailed) as e:
-        R.gate_credentials(ctx)
+    ctx = gates.Context(args=argparse.Namespace(index_url=None, rocm_index_url=None), root=tmp_path,
+                        version=VERSION, out=tmp_path, profiles=["6.4"],
+                        targets=[matrix.Target("default", "6.4", False, False, dist, None)])
+    with pytest.raises(gates.GateFailed) as e:
+        publish.gate_credentials(ctx)
     assert "TWINE_USERNAME" in str(e.value) and SECRET not in str(e.value)
 
 
@@ -365,10 +366,10 @@ def test_matrix_arguments(capsys, toy):
     import argparse
 
     ns = argparse.Namespace(rocm=["all"], no_default=False, default_rocm=None)
-    profiles, default = R._profiles(ns, TR.ROOT)
+    profiles, default = matrix.matrix_profiles(ns, TR.ROOT)
     assert profiles == sorted(every, key=lambda v: tuple(map(int, v.split(".")))) and default == "6.4"
-    assert R._profiles(argparse.Namespace(rocm=["7.0"], no_default=False, default_rocm=None),
-                       TR.ROOT) == (["7.0"], None)
+    assert matrix.matrix_profiles(argparse.Namespace(rocm=["7.0"], no_default=False, default_rocm=None),
+                                 TR.ROOT) == (["7.0"], None)
     assert cli_main(["release", "--source-root", str(toy["tree"]), "--rocm", "5.9"]) == 2
     assert "unknown ROCm profile '5.9'" in capsys.readouterr().err
     assert cli_main(["release", "--source-root", str(toy["tree"]), "--rocm", "7.0",
@@ -379,9 +380,9 @@ def test_matrix_arguments(capsys, toy):
 def test_changelog_sections(tmp_path):
     cl = tmp_path / "CHANGELOG.md"
     cl.write_text("# Changelog\n\n## Unreleased (0.1.1)\n- x\n\n## 0.1.10\n\n## [0.2.0] - 2026-01-01\n")
-    assert not R.changelog_has_section(cl, "0.1.1")  # Unreleased, and 0.1.10 is another version
-    assert R.changelog_has_section(cl, "0.1.10") and R.changelog_has_section(cl, "0.2.0")
-    assert not R.changelog_has_section(tmp_path / "missing.md", "0.1.0")
+    assert not gates.changelog_has_section(cl, "0.1.1")  # Unreleased, and 0.1.10 is another version
+    assert gates.changelog_has_section(cl, "0.1.10") and gates.changelog_has_section(cl, "0.2.0")
+    assert not gates.changelog_has_section(tmp_path / "missing.md", "0.1.0")
 
 
 def test_publish_refuses_skipped_gates(capsys):

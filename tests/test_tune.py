@@ -267,15 +267,15 @@ def test_amd_candidates_are_compiled_and_validated_before_timing(tmp_path, monke
     root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", "") + HOG_SMALL,
                      measured=None)
     from aotriton_rocm.tooling.build.plan import Sources
-    from aotriton_rocm.tooling.tune.command import _Launchers
+    from aotriton_rocm.tooling.tune.measure import Launchers
 
     sources = Sources.find(root)
     spec = load_variants(sources.kernels_dir)
     arch = load_targets(sources.targets_path).resolve(None, ["gfx1100"])[1][0]
     hogs = [v for v in spec.variants_for(arch) if v.kernel == "hog"]
-    launchers = _Launchers(hogs, arch, spec, sources, spec.check_sources(),
-                           TuneOptions(work=tmp_path / "work", jobs=2), torch.device("cuda"),
-                           stream=open(tmp_path / "log", "w"))
+    launchers = Launchers(hogs, arch, spec, sources, spec.check_sources(),
+                          TuneOptions(work=tmp_path / "work", jobs=2), torch.device("cuda"),
+                          stream=open(tmp_path / "log", "w"))
     (spilled,) = launchers.rejected
     assert "BLOCK_M=32" in spilled and "scratch memory per lane" in launchers.rejected[spilled]
     assert len(hogs) == 2
@@ -285,7 +285,7 @@ def test_amd_candidates_are_compiled_and_validated_before_timing(tmp_path, monke
                                                     + HOG_SMALL)
     spec = load_variants(sources.kernels_dir)
     hogs = [v for v in spec.variants_for(arch) if v.kernel == "hog"]
-    launchers = _Launchers(hogs, arch, spec, sources, spec.check_sources(),
-                           TuneOptions(work=tmp_path / "work", jobs=2), torch.device("cuda"),
-                           stream=open(tmp_path / "log", "w"))
+    launchers = Launchers(hogs, arch, spec, sources, spec.check_sources(),
+                          TuneOptions(work=tmp_path / "work", jobs=2), torch.device("cuda"),
+                          stream=open(tmp_path / "log", "w"))
     assert launchers.rejected == {}

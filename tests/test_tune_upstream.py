@@ -10,7 +10,7 @@ import tarfile
 from pathlib import Path
 
 from aotriton_rocm.tooling.build.tuning import load_measured_text, dump_measured
-from aotriton_rocm.tooling.tune import upstream
+from aotriton_rocm.tooling.tune import upstream, upstream_drops
 
 COLS = ["gpu", "inputs$Q_dtype", "inputs$Max_seqlen_q", "inputs$Max_seqlen_k", "inputs$CAUSAL_TYPE",
         "inputs$BLOCK_DMODEL", "inputs$ENABLE_DROPOUT", "inputs$PADDED_HEAD", "inputs$BIAS_TYPE",
@@ -60,7 +60,7 @@ def _rows():
 
 
 POINT = {"dtype": "bf16", "head_dim": 128, "pad_head": False, "has_bias": False, "enable_dropout": False}
-CANDIDATES = {upstream._point_key("attn_fwd", POINT): [
+CANDIDATES = {upstream_drops.point_key("attn_fwd", POINT): [
     {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1},
     {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}]}
 
@@ -112,7 +112,7 @@ def test_spilling_config_dropped_with_note(tmp_path):
     drops_file.write_text(json.dumps([{"arch": "gfx942", "kernel": "attn_fwd",
                                        "functional": {k: [v] for k, v in POINT.items()},
                                        "config": big, "why": "spills 12 VGPRs"}]))
-    doc = _convert(tmp_path, drops=upstream.load_drops(drops_file))
+    doc = _convert(tmp_path, drops=upstream_drops.load_drops(drops_file))
     assert doc["dropped"] == [{"kernel": "attn_fwd", "functional": {k: [v] for k, v in POINT.items()},
                                "config": big, "why": "spills 12 VGPRs"}]
     # the long buckets fall back to our candidate of upstream's tile
@@ -159,7 +159,7 @@ def test_tune_replaces_imported_entries_point_by_point(tmp_path):
     """A tune run on the GPU over an imported file: its own choices first,
     the imported entries kept (with their provenance) for the buckets it did
     not time and for the points it did not tune."""
-    from aotriton_rocm.tooling.tune.command import PointResult, _merged, _Previous
+    from aotriton_rocm.tooling.tune.tuning_file import PointResult, PreviousFile, merged_file
     _make_db(tmp_path, _rows(), packed=False)
     other = dict(POINT, dtype="fp16")
     doc = upstream.convert(tmp_path, "gfx942", tag="0.13b", candidates=CANDIDATES,
@@ -174,8 +174,8 @@ def test_tune_replaces_imported_entries_point_by_point(tmp_path):
         "measured": [{"seqlen": 512, "us": 1.0}, {"seqlen": 1024, "us": 2.0}]}])
     header = {"schema": 1, "arch": "gfx942", "how": "Measured by tune.",
               "device": {"name": "AMD Instinct MI300X"}, "commands": ["aotriton-rocm tune"]}
-    merged = _merged([tuned], [("attn_fwd", dict(POINT)), ("attn_fwd", other)], header,
-                     _Previous.read(f, "gfx942"))
+    merged = merged_file([tuned], [("attn_fwd", dict(POINT)), ("attn_fwd", other)], header,
+                         PreviousFile.read(f, "gfx942"))
     ch = merged["choices"]
     assert ch[0]["measured"] and ch[0]["device"] == "AMD Instinct MI300X" and ch[0]["seqlen_max"] == 1024
     kept = ch[1:]

@@ -2,15 +2,21 @@
 by the real builders from this source tree stamped with another version, and
 small real archives (tests/support/real_archives.py; package verifies what it ships).
 
-Each (version, local label) is built once per test session and shared by the
+Each (version, local label) is built once per test run and shared by the
 modules that import this helper (tests/test_publish_index.py,
-tests/test_conda_pins.py, tests/test_release.py).
+tests/test_conda_pins.py, tests/test_release.py, tests/test_sbom.py), across
+the xdist workers too: they build into one directory (tests/conftest.py
+makes it) under a file lock per build, so a build one worker made is reused
+by the others.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -29,20 +35,47 @@ ROOT = Path(__file__).resolve().parents[2]
 ROCM = "6.4"
 ARCH = "gfx942"
 
-_BASE = Path(tempfile.mkdtemp(prefix="aotriton-toy-releases-"))
-atexit.register(shutil.rmtree, _BASE, True)
+SHARED_ENV = "AOTRITON_TEST_SHARED_DIR"
+
+
+def _base() -> Path:
+    shared = os.environ.get(SHARED_ENV)
+    if shared:  # the test run's directory, removed when the run ends (tests/conftest.py)
+        d = Path(shared) / "toy-releases"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+    d = Path(tempfile.mkdtemp(prefix="aotriton-toy-releases-"))
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+_BASE = _base()
 _LOCK = threading.Lock()
 _KEY_LOCKS: Dict[Tuple, threading.Lock] = {}
 _DONE: Dict[Tuple, object] = {}
 
 
 def _once(key: Tuple, make):
+    """``make()`` once per test run: a Path or a list of Paths, recorded
+    beside the builds so that the other workers of the run read it back."""
     with _LOCK:
         lock = _KEY_LOCKS.setdefault(key, threading.Lock())
     with lock:
-        if key not in _DONE:
-            _DONE[key] = make()
-        return _DONE[key]
+        if key in _DONE:
+            return _DONE[key]
+        name = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+        record = _BASE / f".{name}.json"
+        with open(_BASE / f".{name}.lock", "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # another worker may be making it
+            if record.is_file():
+                made = json.loads(record.read_text())
+                value = [Path(p) for p in made] if isinstance(made, list) else Path(made)
+            else:
+                value = make()
+                record.write_text(json.dumps([str(p) for p in value] if isinstance(value, list)
+                                             else str(value)))
+        _DONE[key] = value
+        return value
 
 
 def source_tree(version: str) -> Path:

@@ -37,7 +37,7 @@ whose kernel, which GPU, which database, tag and commit): apart from our own
 ``tune`` measurements, which carry ``measured`` and replace them point by
 point. ``--drops`` lists the (arch, kernel, point, config)s that spill or
 overflow in our kernel (``--check-spills`` compiles and validates them as
-the build does, and updates that list): those configs are left out (a
+the build does, and updates that list; upstream_drops.py): those configs are left out (a
 lower-voted config we compile, or the static choice, takes their buckets)
 and listed in the file's ``dropped``. Only the CDNA points that matter most
 compile upstream's own config (:func:`admitted_point`); elsewhere an entry
@@ -57,9 +57,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..build.tuning import SEQLEN_BUCKETS, dump_measured
+from .upstream_drops import check_spills, drops_by_key, dropped_key, load_drops, merge_drops, point_key
 
 __all__ = ["SOURCE", "KERNELS", "ARCHS", "HEAD_DIMS", "convert", "entries_for", "admitted_point",
-           "our_candidates", "load_drops", "check_spills", "main"]
+           "our_candidates", "main"]
 
 SOURCE = "upstream-aotriton"
 REPO = "ROCm/aotriton"
@@ -238,17 +239,9 @@ def admitted_point(arch: str, point: Mapping[str, Any]) -> bool:
             and (point["head_dim"] in (64, 128) or (point["head_dim"] == 256 and point["pad_head"])))
 
 
-def _point_key(kernel: str, point: Mapping[str, Any]) -> str:
-    return kernel + "|" + ",".join(f"{k}={point[k]}" for k in sorted(point))
-
-
-def _dropped_key(arch: str, kernel: str, point: Mapping[str, Any], config: Mapping[str, Any]) -> str:
-    return f"{arch}|{_point_key(kernel, point)}|" + ",".join(f"{k}={config[k]}" for k in sorted(config))
-
-
 def admitted_configs(rows: Sequence[Mapping[str, Any]], kernel: str, arch: str,
                      points: Iterable[Mapping[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """Per admitted point (its :func:`_point_key`) the one upstream config
+    """Per admitted point (its :func:`point_key`) the one upstream config
     compiled for it: the one most of the point's rows chose, over every
     length and causal or not."""
     out = {}
@@ -264,7 +257,7 @@ def admitted_configs(rows: Sequence[Mapping[str, Any]], kernel: str, arch: str,
         if voters:
             _, axis, other = KERNELS[kernel]
             ranked, _ = _ranked(voters, kernel, other, max(int(r[axis]) for r in voters))
-            out[_point_key(kernel, point)] = dict(ranked[0])
+            out[point_key(kernel, point)] = dict(ranked[0])
     return out
 
 
@@ -281,7 +274,7 @@ def our_candidates(kernels_dir: Path, targets_path: Path, arch: str) -> Dict[str
     out: Dict[str, List[Dict[str, Any]]] = {}
     for v in load_variants(Path(kernels_dir)).variants_for(specs[0]):
         if v.kernel in KERNELS:
-            out.setdefault(_point_key(v.kernel, v.functional), []).append(dict(v.config))
+            out.setdefault(point_key(v.kernel, v.functional), []).append(dict(v.config))
     return out
 
 
@@ -289,8 +282,8 @@ def _chooser(arch: str, kernel: str, admitted: Mapping[str, Mapping[str, Any]],
              candidates: Mapping[str, Sequence[Mapping[str, Any]]], drops: Mapping[str, str]):
     def ours(point, up):
         config = dict(up)
-        pk = _point_key(kernel, point)
-        if admitted.get(pk) == config and _dropped_key(arch, kernel, point, config) not in drops:
+        pk = point_key(kernel, point)
+        if admitted.get(pk) == config and dropped_key(arch, kernel, point, config) not in drops:
             return config
         tile = {k: config[k] for k in ("BLOCK_M", "BLOCK_N")}
         if any(all(c.get(k) == v for k, v in tile.items()) for c in candidates.get(pk, ())):
@@ -332,8 +325,8 @@ def convert(db_root: Path, arch: str, *, tag: str, commit: str = "",
             points = points_of(kernel)
             admitted = admitted_configs(rows, kernel, arch, points)
             for pk, config in sorted(admitted.items()):
-                point = next(p for p in points if _point_key(kernel, p) == pk)
-                why = drops.get(_dropped_key(arch, kernel, point, config))
+                point = next(p for p in points if point_key(kernel, p) == pk)
+                why = drops.get(dropped_key(arch, kernel, point, config))
                 if why is not None:
                     dropped.append({"kernel": kernel, "functional": {k: [v] for k, v in point.items()},
                                     "config": config, "why": why})
@@ -376,69 +369,6 @@ def convert(db_root: Path, arch: str, *, tag: str, commit: str = "",
     return doc
 
 
-def load_drops(path: Optional[Path]) -> Dict[str, str]:
-    """``{key: why}`` from a drops file (:func:`check_spills` writes it): a
-    JSON list of ``{"arch", "kernel", "functional", "config", "why"}``."""
-    if path is None or not Path(path).is_file():
-        return {}
-    out = {}
-    for d in json.loads(Path(path).read_text(encoding="utf-8")):
-        point = {k: v[0] if isinstance(v, list) else v for k, v in d["functional"].items()}
-        out[_dropped_key(d["arch"], d["kernel"], point, d["config"])] = d["why"]
-    return out
-
-
-AMD_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
-
-
-def uses_amd_options(config: Mapping[str, Any]) -> bool:
-    """Does a config set one of the AMD backend's options or PRE_LOAD_V?"""
-    return any(k in config for k in AMD_OPTIONS) or bool(config.get("PRE_LOAD_V"))
-
-
-def check_spills(archs: Sequence[str], *, kernels_dir: Path, targets_path: Path, out: Path,
-                 jobs: Optional[int] = None, only: Sequence[str] = ()) -> List[Dict[str, Any]]:
-    """Compile and validate, per arch, every candidate (tuning file and
-    variants.toml) that sets an AMD option or PRE_LOAD_V, as the build does;
-    returns the ones with an unwaived validator finding (a spill, scratch,
-    LDS), in the drops file's form; ``only``: ``build --only``'s subset.
-    Build-time: needs the pinned triton."""
-    from ..build.cache import CompileCache
-    from ..build.compile import Executor, compile_plan
-    from ..build.plan import Sources, Subset, plan_build
-    from ..build.validate import validate_plan
-    from ..common.targets import TargetError, load_targets
-    sources = Sources.find(kernels_dir=kernels_dir, targets_path=targets_path)
-    targets = load_targets(Path(targets_path))
-    found: List[Dict[str, Any]] = []
-    for arch in archs:
-        try:
-            targets.resolve(None, [arch])
-            profile = None
-        except TargetError:
-            profile = "7.2"
-        plan = plan_build(profile, [arch], sources, Subset.parse(only))
-        declared = {v.key for v in plan.spec.variants_for(plan.archs[0])}  # variants.toml's own
-        mine = [t.cache_key for v, t in plan.items[arch] if uses_amd_options(v.config)]
-        plan = plan.restricted_to(mine)
-        compiled = compile_plan(plan, CompileCache(Path(out) / "cache"), Path(out), Executor(jobs=jobs))
-        validation = validate_plan(plan, compiled)
-        for v, _ in plan.items[arch]:
-            stats, resources = validation.checked.get((arch, v.key), ({}, []))
-            bad = [m for k, m in resources if k not in v.allow]
-            if bad and v.key in declared:
-                found.append({"arch": arch, "error": f"{v.key}: a variants.toml config with AMD "
-                              f"options does not ship here: {'; '.join(bad)}"})
-            elif bad:
-                found.append({"arch": arch, "kernel": v.kernel,
-                              "functional": {k: [x] for k, x in v.functional.items()},
-                              "config": dict(v.config), "why": "; ".join(bad)})
-        found.extend({"arch": arch, "error": e} for e in validation.errors + compiled.errors
-                     if isinstance(e, str))
-        print(f"{arch}: {len(mine)} candidates with AMD options checked", file=sys.stderr)
-    return found
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m aotriton_rocm.tooling.tune.upstream",
                                 description=__doc__.split("\n\n")[0])
@@ -468,26 +398,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          out=args.check_spills, jobs=args.jobs, only=args.only)
     errors = [d for d in found if "error" in d]
     earlier = json.loads(args.drops.read_text(encoding="utf-8")) if args.drops and args.drops.is_file() else []
-    # keep the earlier drops of what this run did not check (other archs, or outside --only)
-    merged = [d for d in earlier if d["arch"] not in archs or not _in_subset(d, args.only)]
-    merged += [d for d in found if "error" not in d and d not in merged]
-    merged.sort(key=lambda d: (d["arch"], d["kernel"], json.dumps(d["functional"], sort_keys=True),
-                               json.dumps(d["config"], sort_keys=True)))
+    merged = merge_drops(earlier, found, archs, args.only)
     if args.drops is not None:
         args.drops.parent.mkdir(parents=True, exist_ok=True)
         args.drops.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    _write_all(args, archs, out_dir, load_drops(args.drops) if args.drops else {
-        _dropped_key(d["arch"], d["kernel"], {k: v[0] for k, v in d["functional"].items()}, d["config"]):
-        d["why"] for d in merged})
+    _write_all(args, archs, out_dir, drops_by_key(merged))
     for e in errors:
         print(f"error: {e['arch']}: {e['error']}", file=sys.stderr)
     return 1 if errors else 0
-
-
-def _in_subset(drop: Mapping[str, Any], only: Sequence[str]) -> bool:
-    from ..build.plan import Subset
-    point = {k: v[0] for k, v in drop["functional"].items()}
-    return Subset.parse(only).accepts_point(drop["kernel"], point)
 
 
 def _write_all(args, archs: Sequence[str], out_dir: Path, drops: Mapping[str, str]) -> None:
