@@ -705,7 +705,7 @@ def _activate_native(overrides: _Overrides, kernels: dict):
     try:
         with span("archive_search", "(the archives handed to the C++ runtime)"):
             archives = _native_archives()
-        with span("rng_layout", "(torch's meta kernel)"):
+        with span("rng_layout", "(by torch's meta-kernel rule)"):
             layout = _rng_layout()
         return activate_torch_native(
             {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=layout,

@@ -238,7 +238,7 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
     ``python_kernels``: per op name (``OPS``), the Python route's kernel
     ``(keyset, *args, **kwargs)``, registered as ``aotriton_rocm::py_<op>``
     on ``python_keys``. ``rng_layout``: the flash ops' RNG-state outputs as
-    ``torch_integration._rng_layout()`` reads them off torch's meta kernel;
+    ``torch_integration._rng_layout()`` gives them (torch's meta-kernel rule);
     ``efficient_lse_align``: the efficient op's logsumexp row rounding. The
     runtime options and ``archives`` go to the extension's aotr_runtime.
     Replaces an earlier activation. RuntimeError if the extension refuses.
