@@ -139,10 +139,13 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
 
 
 @triton.jit
-def program_batch_head(heads):
+def program_batch_head(num_heads, group):
     """This program's (zh, z, h), int32: program id 1 + program id 2 * (grid
-    size 1) is ``zh = z * heads + h`` (see the module docstring)."""
+    size 1) is ``zh = z * heads + h`` (see the module docstring), over
+    ``heads = num_heads // group`` heads (the query heads with group 1, the
+    key/value heads with group = gqa_group)."""
     zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    heads = num_heads // group
     return zh, zh // heads, zh % heads
 
 
@@ -191,17 +194,20 @@ def query_program_sequence(CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, ma
 
 
 @triton.jit
-def key_program_sequence(CU_Q, CU_K, off_z32, start_n, batch, max_seqlen_q, max_seqlen_k, varlen):
+def key_program_sequence(CU_Q, CU_K, off_z32, start_n, batch, max_seqlen_q, max_seqlen_k, varlen, bottom_right):
     """The sequence of a program over key rows [start_n, start_n + BLOCK_N)
-    of batch entry ``off_z32``, as :func:`query_program_sequence`: past the
-    batch seqlen_k = 0, past the batch or past its sequence's keys seqlen_q
-    = 0 (empty loops, masked stores)."""
+    of batch entry ``off_z32`` (see :func:`batch_entry_sequence`). Returns
+    (z_last, q_start, k_start, seqlen_q, seqlen_k, causal_shift, seqlen_k -
+    seqlen_q), the shifts of the whole sequence; past the batch seqlen_k =
+    0, past the batch or past its sequence's keys seqlen_q = 0 (empty loops,
+    masked stores)."""
     z_last, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
         CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen)
     diagonal = seqlen_k - seqlen_q
+    causal_shift = bottom_right * diagonal
     seqlen_k = tl.where(off_z32 < batch, seqlen_k, 0)
     seqlen_q = tl.where(start_n < seqlen_k, seqlen_q, 0)
-    return z_last, q_start, k_start, seqlen_q, seqlen_k, diagonal
+    return z_last, q_start, k_start, seqlen_q, seqlen_k, causal_shift, diagonal
 
 
 @triton.jit
@@ -234,13 +240,11 @@ def row_ptr(T, z, h, row, stride_z, stride_h, stride_row):
 
 
 @triton.jit
-def row_tile(start, seqlen, head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, PAD_HEAD: tl.constexpr):
-    """A (BLOCK, BLOCK_D) tile of rows start + [0, BLOCK): (offs0, offs,
-    offs_d, valid, d_valid, mask), where offs = start + offs0, valid says
-    offs < seqlen, d_valid d < head_dim, and mask is their product (valid
-    alone without PAD_HEAD)."""
-    offs0 = tl.arange(0, BLOCK)
-    offs = start + offs0
+def row_masks(offs, seqlen, head_dim, BLOCK_D: tl.constexpr, PAD_HEAD: tl.constexpr):
+    """The masks of a (rows, BLOCK_D) tile at sequence positions ``offs``:
+    (offs_d, valid, d_valid, mask), where valid says offs < seqlen, d_valid
+    d < head_dim, and mask is their product (valid alone without
+    PAD_HEAD)."""
     offs_d = tl.arange(0, BLOCK_D)
     valid = offs < seqlen
     d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
@@ -248,14 +252,7 @@ def row_tile(start, seqlen, head_dim, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr
         mask = valid[:, None] & d_valid[None, :]
     else:
         mask = valid[:, None]
-    return offs0, offs, offs_d, valid, d_valid, mask
-
-
-@triton.jit
-def dropout_setup(RNG_SEED, RNG_OFFSET, dropout_p):
-    """(seed, offset, 1 / (1 - dropout_p)): the Philox key and high counter
-    words, read from device memory, and the scale of kept probabilities."""
-    return tl.load(RNG_SEED), tl.load(RNG_OFFSET), 1.0 / (1.0 - dropout_p)
+    return offs_d, valid, d_valid, mask
 
 
 @triton.jit
@@ -364,7 +361,7 @@ def attn_fwd(
     PRE_LOAD_V: tl.constexpr = False,
 ):
     start_m = heavy_first_row_block(BLOCK_M)
-    off_zh, off_z32, off_h32 = program_batch_head(num_heads)
+    off_zh, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
@@ -384,9 +381,10 @@ def attn_fwd(
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
-    offs_m0, offs_m, offs_d, m_valid, d_valid, q_mask = row_tile(
-        start_m, seqlen_q, head_dim, BLOCK_M, BLOCK_D, PAD_HEAD)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_n = tl.arange(0, BLOCK_N)
+    offs_d, m_valid, d_valid, q_mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, PAD_HEAD)
 
     q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=q_mask, other=0.0)
     if UPCAST_DOT:
@@ -396,12 +394,14 @@ def attn_fwd(
     if HAS_BIAS:
         b_blk = row_ptr(BIAS, off_z, off_h, m_off64, stride_bz, stride_bh, stride_bm)
     if ENABLE_DROPOUT:
-        seed, rng_offset, drop_scale = dropout_setup(RNG_SEED, RNG_OFFSET, dropout_p)
+        seed = tl.load(RNG_SEED)
         # Element (z, h, i, j) of the (B, H, max_seqlen_q, max_seqlen_k)
         # score matrix has the index e = ((z * H + h) * max_seqlen_q + i) *
         # max_seqlen_k + j; its Philox counter is (e, RNG_OFFSET), and e is
         # where the debug mask stores it.
         rng_row = philox_row(off_zh, start_m, max_seqlen_q, max_seqlen_k)
+        rng_offset = tl.load(RNG_OFFSET)
+        drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
     # Without score modifiers the raw scores go straight into the softmax and
@@ -517,13 +517,15 @@ def attn_bwd_preprocess(
     BLOCK_M: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
-    _, off_z32, off_h32 = program_batch_head(num_heads)
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     _, q_start, seqlen_q = batch_entry_rows(CU_Q, off_z32, batch, max_seqlen_q, varlen)
     # Memory-bound and run once per backward: always masked along d (the mask
     # comes in runs of 8 elements, so loads stay 16-byte vectors).
-    offs_m0, offs_m, offs_d, m_valid, _, mask = row_tile(start_m, seqlen_q, head_dim, BLOCK_M, BLOCK_D, True)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
+    offs_d, m_valid, _, mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, True)
     m_off64 = tl.cast(q_start + start_m, tl.int64)
 
     o_blk = row_ptr(O, off_z, off_h, m_off64, stride_oz, stride_oh, stride_om)
@@ -548,7 +550,7 @@ def attn_bwd_dq_convert(
     """dQ = sm_scale * the fp32 sum ``flash_attention_sm90_bwd_fused`` added
     up in ``DQ_ACC`` (strided like dQ), in dQ's dtype."""
     start_m = tl.program_id(0) * BLOCK_M
-    _, off_z32, off_h32 = program_batch_head(num_heads)
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     _, q_start, seqlen_q = batch_entry_rows(CU_Q, off_z32, batch, max_seqlen_q, varlen)
@@ -593,14 +595,12 @@ def attn_bwd_dkdv(
     # fit in registers and spills in every tile. The second sweep recomputes
     # P (one more dot per block: 5 instead of 4), cheaper than the spills.
     start_n = tl.program_id(0) * BLOCK_N
-    _, off_z32, off_hk32 = program_batch_head(num_heads // gqa_group)
+    _, off_z32, off_hk32 = program_batch_head(num_heads, gqa_group)
     off_z = off_z32.to(tl.int64)
     off_hk = off_hk32.to(tl.int64)
 
-    z_last, q_start, k_start, seqlen_q, seqlen_k, diagonal = key_program_sequence(
-        CU_Q, CU_K, off_z32, start_n, batch, max_seqlen_q, max_seqlen_k, varlen)
-    causal_shift = bottom_right * diagonal
-    alibi_shift = diagonal
+    z_last, q_start, k_start, seqlen_q, seqlen_k, causal_shift, alibi_shift = key_program_sequence(
+        CU_Q, CU_K, off_z32, start_n, batch, max_seqlen_q, max_seqlen_k, varlen, bottom_right)
 
     # Scalar int64 base pointers; offsets inside one block stay int32.
     n_off64 = tl.cast(k_start + start_n, tl.int64)
@@ -612,9 +612,10 @@ def attn_bwd_dkdv(
     stride_dom64 = stride_dom.to(tl.int64)
     q_start64 = tl.cast(q_start, tl.int64)
 
-    offs_n0, offs_n, offs_d, n_valid, d_valid, kv_mask = row_tile(
-        start_n, seqlen_k, head_dim, BLOCK_N, BLOCK_D, PAD_HEAD)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_n = start_n + offs_n0
     offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d, n_valid, d_valid, kv_mask = row_masks(offs_n, seqlen_k, head_dim, BLOCK_D, PAD_HEAD)
 
     k = tl.load(k_blk + (offs_n0[:, None] * stride_kn + offs_d[None, :]), mask=kv_mask, other=0.0)
     if UPCAST_DOT:
@@ -622,7 +623,9 @@ def attn_bwd_dkdv(
     q_offs = offs_m0[:, None] * stride_qm + offs_d[None, :]
     do_offs = offs_m0[:, None] * stride_dom + offs_d[None, :]
     if ENABLE_DROPOUT:
-        seed, rng_offset, drop_scale = dropout_setup(RNG_SEED, RNG_OFFSET, dropout_p)
+        seed = tl.load(RNG_SEED)
+        rng_offset = tl.load(RNG_OFFSET)
+        drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
     cap2 = softcap * LOG2E
@@ -770,7 +773,7 @@ def attn_bwd_dq(
     UPCAST_DOT: tl.constexpr,
 ):
     start_m = heavy_first_row_block(BLOCK_M)
-    off_zh, off_z32, off_h32 = program_batch_head(num_heads)
+    off_zh, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
@@ -790,9 +793,10 @@ def attn_bwd_dq(
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
-    offs_m0, offs_m, offs_d, m_valid, d_valid, q_mask = row_tile(
-        start_m, seqlen_q, head_dim, BLOCK_M, BLOCK_D, PAD_HEAD)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
     offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d, m_valid, d_valid, q_mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, PAD_HEAD)
 
     q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=q_mask, other=0.0)
     do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]), mask=q_mask, other=0.0)
@@ -809,9 +813,11 @@ def attn_bwd_dq(
         b_blk = row_ptr(BIAS, off_z, off_h, m_off64, stride_bz, stride_bh, stride_bm)
         db_blk = row_ptr(DBIAS, off_z, off_h, m_off64, stride_dbz, stride_dbh, stride_dbm)
     if ENABLE_DROPOUT:
-        seed, rng_offset, drop_scale = dropout_setup(RNG_SEED, RNG_OFFSET, dropout_p)
+        seed = tl.load(RNG_SEED)
         # See attn_fwd: the counter of (z, h, i, j) is (e, RNG_OFFSET).
+        rng_offset = tl.load(RNG_OFFSET)
         rng_row = philox_row(off_zh, start_m, max_seqlen_q, max_seqlen_k)
+        drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
     cap2 = softcap * LOG2E
@@ -904,7 +910,7 @@ def dropout_uniform(
     ``encode_keep`` it writes 0.5 where the element is kept and -0.5 where
     it is dropped instead (torch's ROCm encoding of the same mask)."""
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh, _, _ = program_batch_head(num_heads)
+    off_zh, _, _ = program_batch_head(num_heads, 1)
     # Programs past batch * heads (the grid is rounded up) store nothing.
     rows = tl.where(off_zh < batch * num_heads, max_seqlen_q, 0)
     seed = tl.load(RNG_SEED)

@@ -273,7 +273,7 @@ def attn_fwd(
                                                    rank=2)
 
     start_m = heavy_first_row_block(BLOCK_M)
-    _, off_z32, off_h32 = program_batch_head(num_heads)
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(gl.int64)
     off_h = off_h32.to(gl.int64)
     off_hk = (off_h32 // gqa_group).to(gl.int64)

@@ -58,10 +58,9 @@ def _key_block(CU_Q, CU_K, batch, num_heads, gqa_group, max_seqlen_q, max_seqlen
     sequence's bounds (seqlen_q is 0 for a block past the keys, seqlen_k 0
     past the batch) and its query block ranges (``query_block_ranges``)."""
     start_n = gl.program_id(0) * BLOCK_N
-    _, off_z, off_hk = program_batch_head(num_heads // gqa_group)
-    _, q_start, k_start, seqlen_q, seqlen_k, diagonal = key_program_sequence(
-        CU_Q, CU_K, off_z, start_n, batch, max_seqlen_q, max_seqlen_k, varlen)
-    causal_shift = bottom_right * diagonal
+    _, off_z, off_hk = program_batch_head(num_heads, gqa_group)
+    _, q_start, k_start, seqlen_q, seqlen_k, causal_shift, _ = key_program_sequence(
+        CU_Q, CU_K, off_z, start_n, batch, max_seqlen_q, max_seqlen_k, varlen, bottom_right)
     lo_shift, hi_shift, lo, up, f_lo, f_hi = query_block_ranges(
         start_n, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
     return start_n, off_z, off_hk, q_start, k_start, seqlen_q, seqlen_k, lo_shift, hi_shift, lo, up, f_lo, f_hi

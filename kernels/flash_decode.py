@@ -64,7 +64,7 @@ interpreter backend imports these sources with the interpreter on (see
 import triton
 import triton.language as tl
 
-from .flash_attention import batch_entry_rows, packed_rows, program_batch_head, row_tile
+from .flash_attention import packed_rows, program_batch_head, row_masks
 from .score_mod import softcap_scores
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
@@ -105,7 +105,7 @@ def attn_fwd_kvcache(
     pid0 = tl.program_id(0)
     split = pid0 % num_splits
     start_r = (pid0 // num_splits) * BLOCK_M
-    _, off_z32, off_hk32 = program_batch_head(num_heads // gqa_group)
+    _, off_z32, off_hk32 = program_batch_head(num_heads, gqa_group)
     z_last = tl.minimum(off_z32, batch - 1)
     off_z = z_last.to(tl.int64)
 
@@ -229,11 +229,14 @@ def attn_fwd_kvcache_combine(
     a key of: O = 0, LSE = +inf). Grid: (cdiv(max_seqlen_q, BLOCK_M),
     min(batch * heads, 65535), cdiv(batch * heads, 65535))."""
     start_m = tl.program_id(0) * BLOCK_M
-    _, off_z32, off_h32 = program_batch_head(num_heads)
-    z_last, q_start, seqlen_q = batch_entry_rows(CU_Q, off_z32, batch, max_seqlen_q, varlen)
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
+    z_last = tl.minimum(off_z32, batch - 1)
     off_z = z_last.to(tl.int64)
     off_h = off_h32.to(tl.int64)
-    _, offs_m, offs_d, m_valid, _, mask = row_tile(start_m, seqlen_q, head_dim, BLOCK_M, BLOCK_D, True)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, max_seqlen_q, varlen)
+    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d, m_valid, _, mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, True)
     first = (off_z * num_heads + off_h) * num_splits * max_seqlen_q + offs_m
 
     lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
