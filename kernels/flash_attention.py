@@ -16,14 +16,15 @@ unit key stride (broadcast dims have stride 0). DMASK is a contiguous
 Conventions shared by all kernels:
 
 * program id 1 + program id 2 * (grid size 1) is ``z * heads + h`` (query
-  heads, except in ``attn_bwd_dkdv`` where it is the key/value head): the y
-  grid dimension holds at most 65535, the rest continues along z, and
+  heads, except in ``attn_bwd_dkdv`` where it is the key/value head;
+  :func:`program_batch_head`): the y grid dimension holds at most 65535,
+  the rest continues along z, and
   programs past ``batch`` do nothing; program id 0 is the row block (from
   the last in the forward and dQ kernels: :func:`heavy_first_row_block`);
 * variable-length batches (``varlen != 0``): Q/K/V are packed (total, heads,
   head_dim) with no z stride; sequence z holds rows ``CU_Q[z] ..
-  CU_Q[z + 1]`` of Q (``CU_K`` for K/V) and its own seqlens;
-  ``max_seqlen_q/k`` size the grid. Dense batches have ``varlen = 0`` and
+  CU_Q[z + 1]`` of Q (``CU_K`` for K/V) and its own seqlens
+  (:func:`packed_rows`); ``max_seqlen_q/k`` size the grid. Dense batches have ``varlen = 0`` and
   ``seqlen = max_seqlen``; a program past its sequence's end does nothing;
 * GQA/MQA: query head ``h`` reads key/value head ``h // gqa_group``
   (``gqa_group = num_heads // num_heads_k``, 1 without GQA). ``attn_bwd_dkdv``
@@ -62,8 +63,9 @@ Conventions shared by all kernels:
   ``seqlen_q + seqlen_k`` so that no bound overflows int32;
 * offsets that grow with the tensor (batch, head, row-block start) are
   computed in int64 on scalars (program ids and strides are cast before they
-  are multiplied); the element offsets inside one block (< BLOCK * row stride)
-  stay int32, which keeps register use low on the GPU;
+  are multiplied: :func:`row_ptr`); the element offsets inside one block
+  (< BLOCK * row stride) stay int32, which keeps register use low on the
+  GPU;
 * softmax is evaluated in the log2 domain: scores are multiplied by
   ``sm_scale * log2(e)`` and exponentiated with ``exp2``; LSE is stored as a
   natural-log value;
@@ -137,6 +139,27 @@ LN2 = tl.constexpr(0.6931471805599453)  # ln(2) = 1 / log2(e)
 
 
 @triton.jit
+def program_batch_head(num_heads, group):
+    """This program's (zh, z, h), int32: program id 1 + program id 2 * (grid
+    size 1) is ``zh = z * heads + h`` (see the module docstring), over
+    ``heads = num_heads // group`` heads (the query heads with group 1, the
+    key/value heads with group = gqa_group)."""
+    zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    heads = num_heads // group
+    return zh, zh // heads, zh % heads
+
+
+@triton.jit
+def packed_rows(CU, z, max_seqlen, varlen):
+    """(start, seqlen) of batch entry ``z``: rows ``CU[z] .. CU[z + 1]`` of a
+    packed batch (varlen), (0, max_seqlen) of a dense one."""
+    is_varlen = varlen != 0
+    start = tl.load(CU + z, mask=is_varlen, other=0)
+    seqlen = tl.where(is_varlen, tl.load(CU + z + 1, mask=is_varlen, other=0) - start, max_seqlen)
+    return start, seqlen
+
+
+@triton.jit
 def batch_entry_sequence(CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen):
     """Where batch entry ``off_z32`` (clamped to the last: the grid is rounded
     up) lies: rows [q_start, q_start + seqlen_q) and [k_start, k_start +
@@ -171,6 +194,33 @@ def query_program_sequence(CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, ma
 
 
 @triton.jit
+def key_program_sequence(CU_Q, CU_K, off_z32, start_n, batch, max_seqlen_q, max_seqlen_k, varlen, bottom_right):
+    """The sequence of a program over key rows [start_n, start_n + BLOCK_N)
+    of batch entry ``off_z32`` (see :func:`batch_entry_sequence`). Returns
+    (z_last, q_start, k_start, seqlen_q, seqlen_k, causal_shift, seqlen_k -
+    seqlen_q), the shifts of the whole sequence; past the batch seqlen_k =
+    0, past the batch or past its sequence's keys seqlen_q = 0 (empty loops,
+    masked stores)."""
+    z_last, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
+        CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen)
+    diagonal = seqlen_k - seqlen_q
+    causal_shift = bottom_right * diagonal
+    seqlen_k = tl.where(off_z32 < batch, seqlen_k, 0)
+    seqlen_q = tl.where(start_n < seqlen_k, seqlen_q, 0)
+    return z_last, q_start, k_start, seqlen_q, seqlen_k, causal_shift, diagonal
+
+
+@triton.jit
+def batch_entry_rows(CU_Q, off_z32, batch, max_seqlen_q, varlen):
+    """(z_last, q_start, seqlen_q) of batch entry ``off_z32`` for the kernels
+    that only read query rows (see :func:`batch_entry_sequence`); seqlen_q
+    = 0 past the batch."""
+    z_last = tl.minimum(off_z32, batch - 1)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, max_seqlen_q, varlen)
+    return z_last, q_start, tl.where(off_z32 < batch, seqlen_q, 0)
+
+
+@triton.jit
 def heavy_first_row_block(BLOCK_M: tl.constexpr):
     """This program's first query row. Program id 0 counts the row blocks
     from the last: under a causal mask (either corner) a later block sees
@@ -178,6 +228,39 @@ def heavy_first_row_block(BLOCK_M: tl.constexpr):
     ones run first and the short ones fill the end of the grid instead of a
     long one running alone there."""
     return (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+
+
+@triton.jit
+def row_ptr(T, z, h, row, stride_z, stride_h, stride_row):
+    """T's address of row ``row`` of head ``h`` of batch entry ``z``, the
+    offsets in int64 (program ids and strides are cast before they are
+    multiplied)."""
+    return T + z.to(tl.int64) * stride_z.to(tl.int64) + h.to(tl.int64) * stride_h.to(tl.int64) \
+        + row.to(tl.int64) * stride_row.to(tl.int64)
+
+
+@triton.jit
+def row_masks(offs, seqlen, head_dim, BLOCK_D: tl.constexpr, PAD_HEAD: tl.constexpr):
+    """The masks of a (rows, BLOCK_D) tile at sequence positions ``offs``:
+    (offs_d, valid, d_valid, mask), where valid says offs < seqlen, d_valid
+    d < head_dim, and mask is their product (valid alone without
+    PAD_HEAD)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    valid = offs < seqlen
+    d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
+    if PAD_HEAD:
+        mask = valid[:, None] & d_valid[None, :]
+    else:
+        mask = valid[:, None]
+    return offs_d, valid, d_valid, mask
+
+
+@triton.jit
+def philox_row(zh, start_m, max_seqlen_q, max_seqlen_k):
+    """Index e of score (z, h, start_m, 0) in the (B, H, max_seqlen_q,
+    max_seqlen_k) score matrix (``zh = z * H + h``), in int64: the low words
+    of its Philox counter (see ``ENABLE_DROPOUT`` in the module docstring)."""
+    return (zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
 
 
 @triton.jit
@@ -220,16 +303,37 @@ def query_block_ranges(start_n, seqlen_q, seqlen_k, causal_shift, window_left, w
 
 
 @triton.jit
-def load_kv_block(blk, offs, cols, seqlen_k, d_valid, phase: tl.constexpr, PAD_HEAD: tl.constexpr):
-    """A K or V block of the forward's key loop: whole blocks in the first
-    phase, masked by key in the second; masked by head dim where padded."""
+def phase_bounds(lo, hi, f_lo, f_hi, phase: tl.constexpr):
+    """The loop bounds of a phase over the blocks [lo, hi): phase 0 walks
+    the unmasked blocks [f_lo, f_hi), phase 1 the masked blocks [lo, f_lo)
+    and [f_hi, hi) as one range (x >= f_lo jumps over the unmasked blocks)."""
+    if phase == 0:
+        return f_lo, f_hi
+    else:
+        return lo, hi - (f_hi - f_lo)
+
+
+@triton.jit
+def visible_keys(rows, cols, seqlen_k, lo_shift, hi_shift):
+    """The (rows, cols) mask of the scores a masked block keeps: real keys
+    in each row's window [row + lo_shift, row + hi_shift]."""
+    return (cols < seqlen_k)[None, :] & (cols[None, :] <= (rows + hi_shift)[:, None]) \
+        & (cols[None, :] >= (rows + lo_shift)[:, None])
+
+
+@triton.jit
+def load_seq_block(blk, offs, seq, seqlen, d_valid, phase: tl.constexpr, PAD_HEAD: tl.constexpr):
+    """A (rows, BLOCK_D) block of a loop over the sequence (K or V of a key
+    loop, Q or dO of a query loop) at positions ``seq``: whole blocks in the
+    first phase, masked by ``seq < seqlen`` in the second; masked by head
+    dim where padded."""
     if phase == 0:
         if PAD_HEAD:
             return tl.load(blk + offs, mask=d_valid[None, :], other=0.0)
         else:
             return tl.load(blk + offs)
     else:
-        mask = (cols < seqlen_k)[:, None]
+        mask = (seq < seqlen)[:, None]
         if PAD_HEAD:
             mask = mask & d_valid[None, :]
         return tl.load(blk + offs, mask=mask, other=0.0)
@@ -257,9 +361,7 @@ def attn_fwd(
     PRE_LOAD_V: tl.constexpr = False,
 ):
     start_m = heavy_first_row_block(BLOCK_M)
-    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    off_z32 = off_zh // num_heads
-    off_h32 = off_zh % num_heads
+    off_zh, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
@@ -272,27 +374,17 @@ def attn_fwd(
     # Scalar int64 base pointers (this head, this query block); the offsets
     # inside one block are small and stay int32.
     m_off64 = tl.cast(q_start + start_m, tl.int64)
-    q_blk = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
-        + m_off64 * stride_qm.to(tl.int64)
-    o_blk = O + off_z * stride_oz.to(tl.int64) + off_h * stride_oh.to(tl.int64) \
-        + m_off64 * stride_om.to(tl.int64)
-    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64) \
-        + tl.cast(k_start, tl.int64) * stride_kn.to(tl.int64)
-    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64) \
-        + tl.cast(k_start, tl.int64) * stride_vn.to(tl.int64)
+    q_blk = row_ptr(Q, off_z, off_h, m_off64, stride_qz, stride_qh, stride_qm)
+    o_blk = row_ptr(O, off_z, off_h, m_off64, stride_oz, stride_oh, stride_om)
+    k_base = row_ptr(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = row_ptr(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_m = start_m + offs_m0
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < seqlen_q
-    d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
-    if PAD_HEAD:
-        q_mask = m_valid[:, None] & d_valid[None, :]
-    else:
-        q_mask = m_valid[:, None]
+    offs_d, m_valid, d_valid, q_mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, PAD_HEAD)
 
     q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=q_mask, other=0.0)
     if UPCAST_DOT:
@@ -300,17 +392,15 @@ def attn_fwd(
     k_offs = offs_n[:, None] * stride_kn + offs_d[None, :]
     v_offs = offs_n[:, None] * stride_vn + offs_d[None, :]
     if HAS_BIAS:
-        b_blk = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
-            + m_off64 * stride_bm.to(tl.int64)
+        b_blk = row_ptr(BIAS, off_z, off_h, m_off64, stride_bz, stride_bh, stride_bm)
     if ENABLE_DROPOUT:
         seed = tl.load(RNG_SEED)
         # Element (z, h, i, j) of the (B, H, max_seqlen_q, max_seqlen_k)
         # score matrix has the index e = ((z * H + h) * max_seqlen_q + i) *
         # max_seqlen_k + j; its Philox counter is (e, RNG_OFFSET), and e is
         # where the debug mask stores it.
-        elem_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
+        rng_row = philox_row(off_zh, start_m, max_seqlen_q, max_seqlen_k)
         rng_offset = tl.load(RNG_OFFSET)
-        rng_row = elem_row
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
@@ -334,15 +424,10 @@ def attn_fwd(
         start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
 
     for phase in tl.static_range(2):
-        if phase == 0:
-            lo_p = f_lo
-            up_p = f_hi
-        else:
-            # The masked blocks [lo, f_lo) and [f_hi, hi), walked as one range
-            # (x >= f_lo jumps over the unmasked blocks).
-            lo_p = lo
-            up_p = hi - (f_hi - f_lo)
+        lo_p, up_p = phase_bounds(lo, hi, f_lo, f_hi, phase)
         for start_x in range(lo_p, up_p, BLOCK_N):
+            # (the multiple_of hint stays in the kernel: set in a helper, on its
+            # argument or its result, it would be lost when the helper is inlined)
             if phase == 0:
                 start_n = start_x
             else:
@@ -350,25 +435,14 @@ def attn_fwd(
             start_n = tl.multiple_of(start_n, BLOCK_N)
             cols = start_n + offs_n
             n_off64 = tl.cast(start_n, tl.int64)
-            k_blk = k_base + n_off64 * stride_kn64
-            if phase == 0:
-                if PAD_HEAD:
-                    kv_mask = d_valid[None, :]
-                    k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
-                else:
-                    k = tl.load(k_blk + k_offs)
-            else:
-                kv_mask = (cols < seqlen_k)[:, None]
-                if PAD_HEAD:
-                    kv_mask = kv_mask & d_valid[None, :]
-                k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
+            k = load_seq_block(k_base + n_off64 * stride_kn64, k_offs, cols, seqlen_k, d_valid, phase, PAD_HEAD)
             if UPCAST_DOT:
                 k = k.to(tl.float32)
             if PRE_LOAD_V:
                 # AMD's early V load: V's load issues before the QK dot, its
                 # latency hidden behind the dot and the softmax.
-                v = load_kv_block(v_base + n_off64 * stride_vn64, v_offs, cols, seqlen_k, d_valid,
-                                  phase, PAD_HEAD)
+                v = load_seq_block(v_base + n_off64 * stride_vn64, v_offs, cols, seqlen_k, d_valid,
+                                   phase, PAD_HEAD)
             qk = tl.dot(q, tl.trans(k), input_precision="ieee")
             if PAD_HEAD or HAS_BIAS:
                 # Score modifiers work on the scaled scores.
@@ -387,9 +461,7 @@ def attn_fwd(
                 if has_alibi != 0:
                     qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
             if phase == 1:
-                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
-                    & (cols[None, :] >= (offs_m + lo_shift)[:, None])
-                qk = tl.where(keep, qk, float("-inf"))
+                qk = tl.where(visible_keys(offs_m, cols, seqlen_k, lo_shift, hi_shift), qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(qk, 1, tl.standard._elementwise_max) * exp_scale)
             if phase == 1 or HAS_BIAS:
                 # A row may have seen no key yet (m_new = -inf): shift by 0
@@ -403,8 +475,8 @@ def attn_fwd(
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
             acc = acc * alpha[:, None]
             if not PRE_LOAD_V:
-                v = load_kv_block(v_base + n_off64 * stride_vn64, v_offs, cols, seqlen_k, d_valid,
-                                  phase, PAD_HEAD)
+                v = load_seq_block(v_base + n_off64 * stride_vn64, v_offs, cols, seqlen_k, d_valid,
+                                   phase, PAD_HEAD)
             if ENABLE_DROPOUT:
                 # the element's draw at its counter (philox.py)
                 inner = offs_m0[:, None] * max_seqlen_k + cols[None, :]
@@ -412,7 +484,7 @@ def attn_fwd(
                 kept = philox_uniform(seed, rng_offset, cnt) > dropout_p
                 if store_dmask != 0:
                     # The debug mask: the unnormalised probability, negated where dropped.
-                    tl.store(DMASK + elem_row + inner, tl.where(kept, p, -p).to(
+                    tl.store(DMASK + rng_row + inner, tl.where(kept, p, -p).to(
                         DMASK.dtype.element_ty), mask=m_valid[:, None] & (cols < seqlen_k)[None, :])
                 p_lp = (tl.where(kept, p, 0.0) * drop_scale).to(V.dtype.element_ty)
             else:
@@ -445,29 +517,19 @@ def attn_bwd_preprocess(
     BLOCK_M: tl.constexpr,
 ):
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    off_z32 = off_zh // num_heads
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
-    off_h = (off_zh % num_heads).to(tl.int64)
-    z_last = tl.minimum(off_z32, batch - 1)
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
-    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
-    offs_m0 = tl.arange(0, BLOCK_M)
-    offs_m = start_m + offs_m0
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < seqlen_q
+    off_h = off_h32.to(tl.int64)
+    _, q_start, seqlen_q = batch_entry_rows(CU_Q, off_z32, batch, max_seqlen_q, varlen)
     # Memory-bound and run once per backward: always masked along d (the mask
     # comes in runs of 8 elements, so loads stay 16-byte vectors).
-    mask = m_valid[:, None] & (offs_d < (head_dim // 8) * 8)[None, :]
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_m = start_m + offs_m0
+    offs_d, m_valid, _, mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, True)
     m_off64 = tl.cast(q_start + start_m, tl.int64)
 
-    o_blk = O + off_z * stride_oz.to(tl.int64) + off_h * stride_oh.to(tl.int64) \
-        + m_off64 * stride_om.to(tl.int64)
-    do_blk = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
-        + m_off64 * stride_dom.to(tl.int64)
+    o_blk = row_ptr(O, off_z, off_h, m_off64, stride_oz, stride_oh, stride_om)
+    do_blk = row_ptr(DO, off_z, off_h, m_off64, stride_doz, stride_doh, stride_dom)
     o = tl.load(o_blk + (offs_m0[:, None] * stride_om + offs_d[None, :]),
                 mask=mask, other=0.0).to(tl.float32)
     do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]),
@@ -488,26 +550,19 @@ def attn_bwd_dq_convert(
     """dQ = sm_scale * the fp32 sum ``flash_attention_sm90_bwd_fused`` added
     up in ``DQ_ACC`` (strided like dQ), in dQ's dtype."""
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    off_z32 = off_zh // num_heads
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
-    off_h = (off_zh % num_heads).to(tl.int64)
-    z_last = tl.minimum(off_z32, batch - 1)
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
-    seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
+    off_h = off_h32.to(tl.int64)
+    _, q_start, seqlen_q = batch_entry_rows(CU_Q, off_z32, batch, max_seqlen_q, varlen)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = ((start_m + offs_m) < seqlen_q)[:, None] & (offs_d < head_dim)[None, :]
     m_off64 = tl.cast(q_start + start_m, tl.int64)
-    acc = tl.load(DQ_ACC + off_z * stride_dqaz.to(tl.int64) + off_h * stride_dqah.to(tl.int64)
-                  + m_off64 * stride_dqam.to(tl.int64) + (offs_m[:, None] * stride_dqam + offs_d[None, :]),
-                  mask=mask, other=0.0)
-    tl.store(DQ + off_z * stride_dqz.to(tl.int64) + off_h * stride_dqh.to(tl.int64)
-             + m_off64 * stride_dqm.to(tl.int64) + (offs_m[:, None] * stride_dqm + offs_d[None, :]),
-             (acc * sm_scale).to(DQ.dtype.element_ty), mask=mask)
+    acc = tl.load(row_ptr(DQ_ACC, off_z, off_h, m_off64, stride_dqaz, stride_dqah, stride_dqam)
+                  + (offs_m[:, None] * stride_dqam + offs_d[None, :]), mask=mask, other=0.0)
+    tl.store(row_ptr(DQ, off_z, off_h, m_off64, stride_dqz, stride_dqh, stride_dqm)
+             + (offs_m[:, None] * stride_dqm + offs_d[None, :]), (acc * sm_scale).to(DQ.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
@@ -540,31 +595,19 @@ def attn_bwd_dkdv(
     # fit in registers and spills in every tile. The second sweep recomputes
     # P (one more dot per block: 5 instead of 4), cheaper than the spills.
     start_n = tl.program_id(0) * BLOCK_N
-    off_zhk = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    num_heads_k = num_heads // gqa_group
-    off_z32 = off_zhk // num_heads_k
+    _, off_z32, off_hk32 = program_batch_head(num_heads, gqa_group)
     off_z = off_z32.to(tl.int64)
-    off_hk32 = off_zhk % num_heads_k
     off_hk = off_hk32.to(tl.int64)
 
-    z_last, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
-        CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k, varlen)
-    causal_shift = bottom_right * (seqlen_k - seqlen_q)
-    alibi_shift = seqlen_k - seqlen_q
-    # Past the batch or past this sequence's keys: empty loops, masked stores.
-    seqlen_k = tl.where(off_z32 < batch, seqlen_k, 0)
-    seqlen_q = tl.where(start_n < seqlen_k, seqlen_q, 0)
+    z_last, q_start, k_start, seqlen_q, seqlen_k, causal_shift, alibi_shift = key_program_sequence(
+        CU_Q, CU_K, off_z32, start_n, batch, max_seqlen_q, max_seqlen_k, varlen, bottom_right)
 
     # Scalar int64 base pointers; offsets inside one block stay int32.
     n_off64 = tl.cast(k_start + start_n, tl.int64)
-    k_blk = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64) \
-        + n_off64 * stride_kn.to(tl.int64)
-    v_blk = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64) \
-        + n_off64 * stride_vn.to(tl.int64)
-    dk_blk = DK + off_z * stride_dkz.to(tl.int64) + off_hk * stride_dkh.to(tl.int64) \
-        + n_off64 * stride_dkn.to(tl.int64)
-    dv_blk = DV + off_z * stride_dvz.to(tl.int64) + off_hk * stride_dvh.to(tl.int64) \
-        + n_off64 * stride_dvn.to(tl.int64)
+    k_blk = row_ptr(K, off_z, off_hk, n_off64, stride_kz, stride_kh, stride_kn)
+    v_blk = row_ptr(V, off_z, off_hk, n_off64, stride_vz, stride_vh, stride_vn)
+    dk_blk = row_ptr(DK, off_z, off_hk, n_off64, stride_dkz, stride_dkh, stride_dkn)
+    dv_blk = row_ptr(DV, off_z, off_hk, n_off64, stride_dvz, stride_dvh, stride_dvn)
     stride_qm64 = stride_qm.to(tl.int64)
     stride_dom64 = stride_dom.to(tl.int64)
     q_start64 = tl.cast(q_start, tl.int64)
@@ -572,13 +615,7 @@ def attn_bwd_dkdv(
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_n = start_n + offs_n0
     offs_m0 = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    n_valid = offs_n < seqlen_k
-    d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
-    if PAD_HEAD:
-        kv_mask = n_valid[:, None] & d_valid[None, :]
-    else:
-        kv_mask = n_valid[:, None]
+    offs_d, n_valid, d_valid, kv_mask = row_masks(offs_n, seqlen_k, head_dim, BLOCK_D, PAD_HEAD)
 
     k = tl.load(k_blk + (offs_n0[:, None] * stride_kn + offs_d[None, :]), mask=kv_mask, other=0.0)
     if UPCAST_DOT:
@@ -619,27 +656,18 @@ def attn_bwd_dkdv(
         for g in range(0, gqa_group):
             off_h = off_hk * gqa_group + g
             off_zh = off_z * num_heads + off_h
-            q_base = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
-                + q_start64 * stride_qm64
-            do_base = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
-                + q_start64 * stride_dom64
+            q_base = row_ptr(Q, off_z, off_h, q_start64, stride_qz, stride_qh, stride_qm)
+            do_base = row_ptr(DO, off_z, off_h, q_start64, stride_doz, stride_doh, stride_dom)
             lse_base = LSE + off_z * stride_lz + off_h * stride_lh + q_start
             delta_base = Delta + off_z * stride_lz + off_h * stride_lh + q_start
             slope2 = alibi_slope(ALIBI, stride_az, stride_ah, z_last, off_h, has_alibi) * LOG2E
             if HAS_BIAS:
-                b_base = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
-                    + q_start64 * stride_bm.to(tl.int64) + start_n
+                b_base = row_ptr(BIAS, off_z, off_h, q_start64, stride_bz, stride_bh, stride_bm) + start_n
             if ENABLE_DROPOUT:
                 # See attn_fwd: the counter of (z, h, i, j) is (e, RNG_OFFSET).
                 rng_head = off_zh.to(tl.int64) * max_seqlen_q * max_seqlen_k + start_n
             for phase in tl.static_range(2):
-                if phase == 0:
-                    lo_p = f_lo
-                    hi_p = f_hi
-                else:
-                    # [lo, f_lo) and [f_hi, up) as one range (x >= f_lo jumps).
-                    lo_p = lo
-                    hi_p = up - (f_hi - f_lo)
+                lo_p, hi_p = phase_bounds(lo, up, f_lo, f_hi, phase)
                 # Split sweeps also rebuild their (BLOCK_M, BLOCK_D) address
                 # tiles in each block instead of holding them in registers
                 # across the loop (no hoisting): at head dim 256 that is
@@ -654,23 +682,13 @@ def attn_bwd_dkdv(
                     m_off64 = tl.cast(start_m, tl.int64)
                     q_blk = q_base + m_off64 * stride_qm64
                     do_blk = do_base + m_off64 * stride_dom64
+                    q = load_seq_block(q_blk, q_offs, rows, seqlen_q, d_valid, phase, PAD_HEAD)
+                    do = load_seq_block(do_blk, do_offs, rows, seqlen_q, d_valid, phase, PAD_HEAD)
                     if phase == 0:
-                        if PAD_HEAD:
-                            q = tl.load(q_blk + q_offs, mask=d_valid[None, :], other=0.0)
-                            do = tl.load(do_blk + do_offs, mask=d_valid[None, :], other=0.0)
-                        else:
-                            q = tl.load(q_blk + q_offs)
-                            do = tl.load(do_blk + do_offs)
                         lse = tl.load(lse_base + rows)
                         delta = tl.load(delta_base + rows)
                     else:
                         r_valid = rows < seqlen_q
-                        if PAD_HEAD:
-                            qd_mask = r_valid[:, None] & d_valid[None, :]
-                        else:
-                            qd_mask = r_valid[:, None]
-                        q = tl.load(q_blk + q_offs, mask=qd_mask, other=0.0)
-                        do = tl.load(do_blk + do_offs, mask=qd_mask, other=0.0)
                         # lse = +inf makes P exactly 0 on padded query rows.
                         lse = tl.load(lse_base + rows, mask=r_valid, other=float("inf"))
                         delta = tl.load(delta_base + rows, mask=r_valid, other=0.0)
@@ -755,9 +773,7 @@ def attn_bwd_dq(
     UPCAST_DOT: tl.constexpr,
 ):
     start_m = heavy_first_row_block(BLOCK_M)
-    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    off_z32 = off_zh // num_heads
-    off_h32 = off_zh % num_heads
+    off_zh, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(tl.int64)
     off_h = off_h32.to(tl.int64)
     off_hk = (off_h32 // gqa_group).to(tl.int64)
@@ -769,29 +785,18 @@ def attn_bwd_dq(
 
     # Scalar int64 base pointers; offsets inside one block stay int32.
     m_off64 = tl.cast(q_start + start_m, tl.int64)
-    q_blk = Q + off_z * stride_qz.to(tl.int64) + off_h * stride_qh.to(tl.int64) \
-        + m_off64 * stride_qm.to(tl.int64)
-    do_blk = DO + off_z * stride_doz.to(tl.int64) + off_h * stride_doh.to(tl.int64) \
-        + m_off64 * stride_dom.to(tl.int64)
-    dq_blk = DQ + off_z * stride_dqz.to(tl.int64) + off_h * stride_dqh.to(tl.int64) \
-        + m_off64 * stride_dqm.to(tl.int64)
-    k_base = K + off_z * stride_kz.to(tl.int64) + off_hk * stride_kh.to(tl.int64) \
-        + tl.cast(k_start, tl.int64) * stride_kn.to(tl.int64)
-    v_base = V + off_z * stride_vz.to(tl.int64) + off_hk * stride_vh.to(tl.int64) \
-        + tl.cast(k_start, tl.int64) * stride_vn.to(tl.int64)
+    q_blk = row_ptr(Q, off_z, off_h, m_off64, stride_qz, stride_qh, stride_qm)
+    do_blk = row_ptr(DO, off_z, off_h, m_off64, stride_doz, stride_doh, stride_dom)
+    dq_blk = row_ptr(DQ, off_z, off_h, m_off64, stride_dqz, stride_dqh, stride_dqm)
+    k_base = row_ptr(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = row_ptr(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
     stride_kn64 = stride_kn.to(tl.int64)
     stride_vn64 = stride_vn.to(tl.int64)
 
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_m = start_m + offs_m0
     offs_n0 = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < seqlen_q
-    d_valid = offs_d < (head_dim // 8) * 8  # == head_dim; the form tells Triton masks come in runs of 8
-    if PAD_HEAD:
-        q_mask = m_valid[:, None] & d_valid[None, :]
-    else:
-        q_mask = m_valid[:, None]
+    offs_d, m_valid, d_valid, q_mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, PAD_HEAD)
 
     q = tl.load(q_blk + (offs_m0[:, None] * stride_qm + offs_d[None, :]), mask=q_mask, other=0.0)
     do = tl.load(do_blk + (offs_m0[:, None] * stride_dom + offs_d[None, :]), mask=q_mask, other=0.0)
@@ -805,15 +810,13 @@ def attn_bwd_dq(
     k_offs = offs_n0[:, None] * stride_kn + offs_d[None, :]
     v_offs = offs_n0[:, None] * stride_vn + offs_d[None, :]
     if HAS_BIAS:
-        b_blk = BIAS + off_z * stride_bz.to(tl.int64) + off_h * stride_bh.to(tl.int64) \
-            + m_off64 * stride_bm.to(tl.int64)
-        db_blk = DBIAS + off_z * stride_dbz.to(tl.int64) + off_h * stride_dbh.to(tl.int64) \
-            + m_off64 * stride_dbm.to(tl.int64)
+        b_blk = row_ptr(BIAS, off_z, off_h, m_off64, stride_bz, stride_bh, stride_bm)
+        db_blk = row_ptr(DBIAS, off_z, off_h, m_off64, stride_dbz, stride_dbh, stride_dbm)
     if ENABLE_DROPOUT:
         seed = tl.load(RNG_SEED)
         # See attn_fwd: the counter of (z, h, i, j) is (e, RNG_OFFSET).
         rng_offset = tl.load(RNG_OFFSET)
-        rng_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
+        rng_row = philox_row(off_zh, start_m, max_seqlen_q, max_seqlen_k)
         drop_scale = 1.0 / (1.0 - dropout_p)
 
     qk_scale = sm_scale * LOG2E
@@ -828,14 +831,7 @@ def attn_bwd_dq(
         start_m, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
 
     for phase in tl.static_range(2):
-        if phase == 0:
-            lo_p = f_lo
-            up_p = f_hi
-        else:
-            # The masked blocks [lo, f_lo) and [f_hi, hi), walked as one range
-            # (x >= f_lo jumps over the unmasked blocks).
-            lo_p = lo
-            up_p = hi - (f_hi - f_lo)
+        lo_p, up_p = phase_bounds(lo, hi, f_lo, f_hi, phase)
         for start_x in range(lo_p, up_p, BLOCK_N):
             if phase == 0:
                 start_n = start_x
@@ -846,19 +842,8 @@ def attn_bwd_dq(
             n_off64 = tl.cast(start_n, tl.int64)
             k_blk = k_base + n_off64 * stride_kn64
             v_blk = v_base + n_off64 * stride_vn64
-            if phase == 0:
-                if PAD_HEAD:
-                    k = tl.load(k_blk + k_offs, mask=d_valid[None, :], other=0.0)
-                    v = tl.load(v_blk + v_offs, mask=d_valid[None, :], other=0.0)
-                else:
-                    k = tl.load(k_blk + k_offs)
-                    v = tl.load(v_blk + v_offs)
-            else:
-                kv_mask = (cols < seqlen_k)[:, None]
-                if PAD_HEAD:
-                    kv_mask = kv_mask & d_valid[None, :]
-                k = tl.load(k_blk + k_offs, mask=kv_mask, other=0.0)
-                v = tl.load(v_blk + v_offs, mask=kv_mask, other=0.0)
+            k = load_seq_block(k_blk, k_offs, cols, seqlen_k, d_valid, phase, PAD_HEAD)
+            v = load_seq_block(v_blk, v_offs, cols, seqlen_k, d_valid, phase, PAD_HEAD)
             if UPCAST_DOT:
                 k = k.to(tl.float32)
                 v = v.to(tl.float32)
@@ -877,9 +862,7 @@ def attn_bwd_dq(
                     qk = alibi_scores(qk, slope2, offs_m[:, None], cols[None, :], alibi_shift)
             p = tl.math.exp2(qk - lse2[:, None])
             if phase == 1:
-                keep = (cols < seqlen_k)[None, :] & (cols[None, :] <= (offs_m + hi_shift)[:, None]) \
-                    & (cols[None, :] >= (offs_m + lo_shift)[:, None])
-                p = tl.where(keep, p, 0.0)
+                p = tl.where(visible_keys(offs_m, cols, seqlen_k, lo_shift, hi_shift), p, 0.0)
             if not HAS_BIAS:
                 if PAD_HEAD:
                     if softcap > 0.0:
@@ -927,11 +910,11 @@ def dropout_uniform(
     ``encode_keep`` it writes 0.5 where the element is kept and -0.5 where
     it is dropped instead (torch's ROCm encoding of the same mask)."""
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+    off_zh, _, _ = program_batch_head(num_heads, 1)
     # Programs past batch * heads (the grid is rounded up) store nothing.
     rows = tl.where(off_zh < batch * num_heads, max_seqlen_q, 0)
     seed = tl.load(RNG_SEED)
-    elem_row = (off_zh.to(tl.int64) * max_seqlen_q + start_m) * max_seqlen_k
+    elem_row = philox_row(off_zh, start_m, max_seqlen_q, max_seqlen_k)
     rng_offset = tl.load(RNG_OFFSET)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)

@@ -43,7 +43,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .flash_attention import LN2, LOG2E, heavy_first_row_block, key_block_ranges, query_program_sequence
+from .flash_attention import (LN2, LOG2E, heavy_first_row_block, key_block_ranges, program_batch_head,
+                              query_program_sequence, row_ptr)
 
 # TMA copy into shared memory: async_load from triton 3.9, the older name before
 TMA_LOAD = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -272,9 +273,7 @@ def attn_fwd(
                                                    rank=2)
 
     start_m = heavy_first_row_block(BLOCK_M)
-    off_zh = gl.program_id(1) + gl.program_id(2) * gl.num_programs(1)
-    off_z32 = off_zh // num_heads
-    off_h32 = off_zh % num_heads
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
     off_z = off_z32.to(gl.int64)
     off_h = off_h32.to(gl.int64)
     off_hk = (off_h32 // gqa_group).to(gl.int64)
@@ -283,14 +282,10 @@ def attn_fwd(
         CU_Q, CU_K, off_z32, start_m, batch, max_seqlen_q, max_seqlen_k, varlen)
     causal_shift = bottom_right * diagonal
 
-    m_off64 = (q_start + start_m).to(gl.int64)
-    q_seq = Q + off_z * stride_qz.to(gl.int64) + off_h * stride_qh.to(gl.int64) \
-        + q_start.to(gl.int64) * stride_qm.to(gl.int64)
-    o_blk = O + off_z * stride_oz.to(gl.int64) + off_h * stride_oh.to(gl.int64) + m_off64 * stride_om.to(gl.int64)
-    k_base = K + off_z * stride_kz.to(gl.int64) + off_hk * stride_kh.to(gl.int64) \
-        + k_start.to(gl.int64) * stride_kn.to(gl.int64)
-    v_base = V + off_z * stride_vz.to(gl.int64) + off_hk * stride_vh.to(gl.int64) \
-        + k_start.to(gl.int64) * stride_vn.to(gl.int64)
+    q_seq = row_ptr(Q, off_z, off_h, q_start, stride_qz, stride_qh, stride_qm)
+    o_blk = row_ptr(O, off_z, off_h, q_start + start_m, stride_oz, stride_oh, stride_om)
+    k_base = row_ptr(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = row_ptr(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_D], sh_layout)
     k_smem = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_N, BLOCK_D], sh_layout)

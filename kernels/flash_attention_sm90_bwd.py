@@ -39,7 +39,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .flash_attention import LOG2E, batch_entry_sequence, query_block_ranges
+from .flash_attention import LOG2E, key_program_sequence, program_batch_head, query_block_ranges, row_ptr
 from .flash_attention_sm90 import TMA_LOAD, _block_start, _rows_descriptor
 
 # a CTA-wide barrier of the calling partition: gl.barrier from triton 3.9, the older name before
@@ -58,25 +58,12 @@ def _key_block(CU_Q, CU_K, batch, num_heads, gqa_group, max_seqlen_q, max_seqlen
     sequence's bounds (seqlen_q is 0 for a block past the keys, seqlen_k 0
     past the batch) and its query block ranges (``query_block_ranges``)."""
     start_n = gl.program_id(0) * BLOCK_N
-    off_zhk = gl.program_id(1) + gl.program_id(2) * gl.num_programs(1)
-    num_heads_k = num_heads // gqa_group
-    off_z = off_zhk // num_heads_k
-    off_hk = off_zhk % num_heads_k
-    _, q_start, k_start, seqlen_q, seqlen_k = batch_entry_sequence(
-        CU_Q, CU_K, off_z, batch, max_seqlen_q, max_seqlen_k, varlen)
-    causal_shift = bottom_right * (seqlen_k - seqlen_q)
-    seqlen_k = gl.where(off_z < batch, seqlen_k, 0)
-    seqlen_q = gl.where(start_n < seqlen_k, seqlen_q, 0)
+    _, off_z, off_hk = program_batch_head(num_heads, gqa_group)
+    _, q_start, k_start, seqlen_q, seqlen_k, causal_shift, _ = key_program_sequence(
+        CU_Q, CU_K, off_z, start_n, batch, max_seqlen_q, max_seqlen_k, varlen, bottom_right)
     lo_shift, hi_shift, lo, up, f_lo, f_hi = query_block_ranges(
         start_n, seqlen_q, seqlen_k, causal_shift, window_left, window_right, BLOCK_M, BLOCK_N)
     return start_n, off_z, off_hk, q_start, k_start, seqlen_q, seqlen_k, lo_shift, hi_shift, lo, up, f_lo, f_hi
-
-
-@gluon.jit
-def _row_base(T, off_z, head, row, stride_z, stride_h, stride_row):
-    """T's address at batch entry OFF_Z, HEAD and ROW, in 64-bit offsets."""
-    return T + off_z.to(gl.int64) * stride_z.to(gl.int64) + head.to(gl.int64) * stride_h.to(gl.int64) \
-        + row.to(gl.int64) * stride_row.to(gl.int64)
 
 
 @gluon.jit
@@ -356,12 +343,12 @@ def attn_bwd_dkdv(
                    window_left, window_right, BLOCK_M, BLOCK_N)
     h0 = off_hk * gqa_group  # the group's first query head
     n_off = k_start.to(gl.int64) + start_n
-    k_base = _row_base(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
-    v_base = _row_base(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
-    dk_blk = _row_base(DK, off_z, off_hk, n_off, stride_dkz, stride_dkh, stride_dkn)
-    dv_blk = _row_base(DV, off_z, off_hk, n_off, stride_dvz, stride_dvh, stride_dvn)
-    q_base = _row_base(Q, off_z, h0, q_start, stride_qz, stride_qh, stride_qm)
-    do_base = _row_base(DO, off_z, h0, q_start, stride_doz, stride_doh, stride_dom)
+    k_base = row_ptr(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = row_ptr(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
+    dk_blk = row_ptr(DK, off_z, off_hk, n_off, stride_dkz, stride_dkh, stride_dkn)
+    dv_blk = row_ptr(DV, off_z, off_hk, n_off, stride_dvz, stride_dvh, stride_dvn)
+    q_base = row_ptr(Q, off_z, h0, q_start, stride_qz, stride_qh, stride_qm)
+    do_base = row_ptr(DO, off_z, h0, q_start, stride_doz, stride_doh, stride_dom)
     lse_zq = off_z.to(gl.int64) * stride_lz + q_start
 
     sh_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_D * 2), element_bitwidth=16,

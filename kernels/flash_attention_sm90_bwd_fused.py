@@ -35,10 +35,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
-from .flash_attention import LOG2E
+from .flash_attention import LOG2E, row_ptr
 from .flash_attention_sm90 import _block_start
 from .flash_attention_sm90_bwd import (BARRIER, PRODUCER_REGS, PRODUCER_WARPS, SLOTS, _box, _key_block,
-                                       _probabilities, _producer, _ring_wait, _row_base, _store_rows)
+                                       _probabilities, _producer, _ring_wait, _store_rows)
 
 MMA_REGS = gl.constexpr(240)
 
@@ -205,13 +205,13 @@ def attn_bwd_fused(
                    window_left, window_right, BLOCK_M, BLOCK_N)
     h0 = off_hk * gqa_group  # the group's first query head
     n_off = k_start.to(gl.int64) + start_n
-    k_base = _row_base(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
-    v_base = _row_base(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
-    dk_blk = _row_base(DK, off_z, off_hk, n_off, stride_dkz, stride_dkh, stride_dkn)
-    dv_blk = _row_base(DV, off_z, off_hk, n_off, stride_dvz, stride_dvh, stride_dvn)
-    q_base = _row_base(Q, off_z, h0, q_start, stride_qz, stride_qh, stride_qm)
-    do_base = _row_base(DO, off_z, h0, q_start, stride_doz, stride_doh, stride_dom)
-    dqa_base = _row_base(DQ_ACC, off_z, h0, q_start, stride_dqaz, stride_dqah, stride_dqam)
+    k_base = row_ptr(K, off_z, off_hk, k_start, stride_kz, stride_kh, stride_kn)
+    v_base = row_ptr(V, off_z, off_hk, k_start, stride_vz, stride_vh, stride_vn)
+    dk_blk = row_ptr(DK, off_z, off_hk, n_off, stride_dkz, stride_dkh, stride_dkn)
+    dv_blk = row_ptr(DV, off_z, off_hk, n_off, stride_dvz, stride_dvh, stride_dvn)
+    q_base = row_ptr(Q, off_z, h0, q_start, stride_qz, stride_qh, stride_qm)
+    do_base = row_ptr(DO, off_z, h0, q_start, stride_doz, stride_doh, stride_dom)
+    dqa_base = row_ptr(DQ_ACC, off_z, h0, q_start, stride_dqaz, stride_dqah, stride_dqam)
     lse_zq = off_z.to(gl.int64) * stride_lz + q_start
 
     sh_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=min(128, BLOCK_D * 2), element_bitwidth=16,

@@ -55,14 +55,16 @@ The head dim is always masked (``d < head_dim``, written so that Triton knows
 the mask comes in runs of 8): the kernel is bound by reading the cache, and
 one variant per padded width is enough.
 
-The CPU interpreter runs the nested ``@triton.jit`` helper below through
-``aotriton_rocm.backends`` (it substitutes interpreted copies of a kernel's
-helpers while the kernel runs).
+The CPU interpreter runs the nested ``@triton.jit`` helpers (the one below
+and the prologue helpers of ``flash_attention``) as nested calls: the
+interpreter backend imports these sources with the interpreter on (see
+``aotriton_rocm.kernel_spec.interpreted_function``).
 """
 
 import triton
 import triton.language as tl
 
+from .flash_attention import packed_rows, program_batch_head, row_masks
 from .score_mod import softcap_scores
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
@@ -103,18 +105,12 @@ def attn_fwd_kvcache(
     pid0 = tl.program_id(0)
     split = pid0 % num_splits
     start_r = (pid0 // num_splits) * BLOCK_M
-    off_zhk = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    num_heads_k = num_heads // gqa_group
-    off_z32 = off_zhk // num_heads_k
-    off_hk32 = off_zhk % num_heads_k
+    _, off_z32, off_hk32 = program_batch_head(num_heads, gqa_group)
     z_last = tl.minimum(off_z32, batch - 1)
     off_z = z_last.to(tl.int64)
 
     # This program's queries and keys.
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, max_seqlen_q, varlen)
     k_first = tl.load(K_START + z_last, mask=has_k_start != 0, other=0)
     seqlen_k = tl.maximum(tl.load(K_END + z_last) - k_first, 0)
     rows_total = tl.where(off_z32 < batch, seqlen_q * gqa_group, 0)
@@ -233,20 +229,14 @@ def attn_fwd_kvcache_combine(
     a key of: O = 0, LSE = +inf). Grid: (cdiv(max_seqlen_q, BLOCK_M),
     min(batch * heads, 65535), cdiv(batch * heads, 65535))."""
     start_m = tl.program_id(0) * BLOCK_M
-    off_zh = tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
-    off_z32 = off_zh // num_heads
+    _, off_z32, off_h32 = program_batch_head(num_heads, 1)
     z_last = tl.minimum(off_z32, batch - 1)
     off_z = z_last.to(tl.int64)
-    off_h = (off_zh % num_heads).to(tl.int64)
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
+    off_h = off_h32.to(tl.int64)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, max_seqlen_q, varlen)
     seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < seqlen_q
-    mask = m_valid[:, None] & (offs_d < (head_dim // 8) * 8)[None, :]
+    offs_d, m_valid, _, mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, True)
     first = (off_z * num_heads + off_h) * num_splits * max_seqlen_q + offs_m
 
     lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
