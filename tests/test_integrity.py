@@ -286,6 +286,15 @@ def test_package_argument_errors(tmp_path):
     assert "Traceback" not in proc.stderr and f.read_text() == "x"
 
 
+def _default_sigint():
+    """A shell that starts a job in the background without job control
+    ignores SIGINT in it, and Python then never installs its handler: give
+    the command under test the default disposition, as in a terminal."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_package_interrupt_leaves_out_untouched(tmp_path, sig, code):
     import signal
@@ -300,7 +309,8 @@ def test_package_interrupt_leaves_out_untouched(tmp_path, sig, code):
     proc = subprocess.Popen([sys.executable, "-m", "aotriton_rocm", "package", "--source-root",
                              str(ROOT), "--archives", str(d), "--out", str(out), "--no-conda",
                              "--clean"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_sigint)
     staging = tmp_path / f".dist.package-staging-{proc.pid}"
     deadline = time.monotonic() + 120
     while not staging.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -560,7 +570,7 @@ def test_build_interrupt_ends_the_build(tmp_path, sig, code, group):
                              "--source-root", str(root), "--rocm", "6.4", "--arch", "gfx942,sm_90",
                              "--only", "dtype=fp16", "--out", str(out), "-j", "2"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 180
         while len(_session_pids(proc.pid)) < 2 and proc.poll() is None \
