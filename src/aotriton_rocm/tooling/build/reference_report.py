@@ -38,6 +38,7 @@ from .cycle_model import (CALIBRATION, PUBLISHED, SOURCES, TRITON_GAP, Calibrati
 from .gcn_decode import MFMA_SHAPES, code_object_text
 from .reference import ReferenceWheel
 from .reference_compile import RefShape, amd_config, amd_task, compile_reference
+from .reference_gaps import REASONS_FILE, Gap, Reason, find_gaps, load_reasons
 from .report_model import ArchReport, Figures, code_object_figures, config_text
 
 __all__ = ["STANDARD_SHAPES", "RefRow", "ReferenceReport", "build_reference", "format_reference",
@@ -98,6 +99,7 @@ class ReferenceReport:
     rows: List[RefRow] = field(default_factory=list)
     calibration: Calibration = CALIBRATION
     notes: List[str] = field(default_factory=list)
+    reasons: List[Reason] = field(default_factory=list)  # kernels/tuning/gap-reasons.toml
 
 
 def _figures(code: bytes, symbol: str, arch: str, num_warps: int, shared: int,
@@ -223,7 +225,7 @@ def build_reference(wheel: ReferenceWheel, arch_reports: Sequence[ArchReport], l
     (compiled now, cached), aiter's assembly kernel; and the calibration
     recomputed from the wheel's assembly kernels."""
     triton_version = importlib.metadata.version("triton")
-    report = ReferenceReport(wheel=f"{wheel.wheel.name}")
+    report = ReferenceReport(wheel=f"{wheel.wheel.name}", reasons=_reasons(source_root))
     report.calibration = calibration_from_wheel(wheel, limits["gfx942"])
     k = report.calibration.factor
     shapes = [s for s in shapes if s.arch in limits]
@@ -273,6 +275,17 @@ def build_reference(wheel: ReferenceWheel, arch_reports: Sequence[ArchReport], l
         for who in ("ours", "amd-triton", "ours @AMD cfg", "aiter-asm"):
             _set_pass([r for r in report.rows if r.shape == s and r.who == who])
     return report
+
+
+def _reasons(source_root: Optional[Path]) -> List[Reason]:
+    """The checkout's written gap reasons; none outside a checkout (every gap
+    is then unexplained)."""
+    from .plan import Sources
+    from ...errors import UsageError
+    try:
+        return load_reasons(Sources.find(source_root).kernels_dir / REASONS_FILE)
+    except UsageError:
+        return []
 
 
 def calibration_from_wheel(wheel: ReferenceWheel, limits: ArchLimits) -> Calibration:
@@ -339,8 +352,11 @@ def format_reference(rep: ReferenceReport) -> str:
     found = gaps(rep)
     if found:
         text.append("ours below AMD's Triton kernel (occupancy; other instructions, global or LDS loads per "
-                    "16 KFLOP of MFMA work, i.e. per 32x32x8-equivalent MFMA), gfx942/gfx950, head dims 64/128:")
-        text.extend(f"  {g}" for g in found)
+                    "16 KFLOP of MFMA work, i.e. per 32x32x8-equivalent MFMA), gfx942/gfx950, head dims 64/128; "
+                    f"reasons from kernels/{REASONS_FILE.as_posix()}:")
+        text.extend(f"  {line}" for g in found for line in g.lines())
+        n = sum(1 for g in found if g.unexplained)
+        text.append(f"{len(found)} gap(s), {n} with unexplained figures")
     return "\n".join(text)
 
 
@@ -358,34 +374,10 @@ def triton_check(rep: ReferenceReport) -> Optional[str]:
             f"{ratio:.2f}x, published {lo:.2f}-{hi:.2f}x ({source}): {verdict}")
 
 
-def gaps(rep: ReferenceReport) -> List[str]:
-    """Where our kernel is below AMD's Triton kernel for the same shape (the
-    same loop of a backward): lower occupancy, or more other instructions,
-    global or LDS loads per MFMA, counted per 16 KFLOP of MFMA work so
-    that 16x16x16 and 32x32x8 MFMAs compare (5% slack)."""
-    out = []
-    by_shape: Dict[RefShape, List[RefRow]] = {}
-    for r in rep.rows:
-        by_shape.setdefault(r.shape, []).append(r)
-    for s, rows in by_shape.items():
-        if s.head_dim not in (64, 128) or s.causal:
-            continue
-        for r in rows:
-            amd = next((a for a in rows if a.who == "amd-triton" and a.figures and a.loop == r.loop), None)
-            if r.who != "ours" or r.figures is None or amd is None:
-                continue
-            worse = []
-            if r.figures.occupancy < amd.figures.occupancy:
-                worse.append(f"occupancy {r.figures.occupancy} < {amd.figures.occupancy}")
-            for kind, label in (("instructions", "other instr"), ("global_loads", "global loads"),
-                                ("ds_reads", "LDS reads")):
-                a, b = r.per_kflop(kind), amd.per_kflop(kind)
-                if a is not None and b is not None and a > b * 1.05:
-                    worse.append(f"{label} {a:.2f} > {b:.2f}")
-            if worse:
-                out.append(f"{s.text} {r.kernel} ({r.config}; {r.mfma_shape} vs AMD {amd.mfma_shape}): "
-                           + "; ".join(worse))
-    return out
+def gaps(rep: ReferenceReport) -> List[Gap]:
+    """Where our kernel is below AMD's Triton kernel (reference_gaps.py),
+    each figure with its written reason or unexplained."""
+    return find_gaps(rep.rows, rep.reasons)
 
 
 def reference_json(rep: ReferenceReport) -> Dict[str, Any]:
@@ -398,6 +390,6 @@ def reference_json(rep: ReferenceReport) -> Dict[str, Any]:
                 "estimate": asdict(r.estimate) if r.estimate else None, "loop": r.loop,
                 "pass_tflops": r.pass_tflops, "note": r.note}
     cal = rep.calibration
-    return {"wheel": rep.wheel, "rows": [row(r) for r in rep.rows], "gaps": gaps(rep), "check": triton_check(rep),
+    return {"wheel": rep.wheel, "rows": [row(r) for r in rep.rows], "gaps": [g.to_json() for g in gaps(rep)], "check": triton_check(rep),
             "calibration": {"factor": cal.factor, "errors": cal.errors, "max_error": cal.max_error,
                             "sources": list(cal.sources), "published": PUBLISHED}}
