@@ -57,7 +57,7 @@ print(json.dumps({"ms": (t4 - t0) * 1e3, "import_ms": (t1 - t0) * 1e3,
 
 _TRACE = re.compile(r"^aotriton-rocm: trace: (\S+) ([0-9.]+) ms ?(.*)$")
 # where each phase belongs, for the breakdown (the rest is in the first call)
-_ENABLE = ("runtime_import", "overrides", "torch_kernels", "archive_search", "rng_layout",
+_ENABLE = ("runtime_import", "overrides", "torch_kernels", "archive_search",
            "extension_load", "python_route_ops", "native_activate")
 
 

@@ -8,12 +8,8 @@ import tempfile
 
 import pytest
 
+from support import SHARED_ENV
 from support.toy_build import make_root
-
-# A directory for the whole test run, made by the process that starts the run
-# and inherited by its xdist workers: builds shared across test files
-# (tests/support/toy_release.py) go there.
-SHARED_ENV = "AOTRITON_TEST_SHARED_DIR"
 
 
 def pytest_configure(config):

@@ -705,10 +705,8 @@ def _activate_native(overrides: _Overrides, kernels: dict):
     try:
         with span("archive_search", "(the archives handed to the C++ runtime)"):
             archives = _native_archives()
-        with span("rng_layout", "(by torch's meta-kernel rule)"):
-            layout = _rng_layout()
         return activate_torch_native(
-            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=layout,
+            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=_rng_layout(),
             efficient_lse_align=1 if torch.version.hip else 32, archives=archives)
     except (OSError, RuntimeError) as exc:
         warnings.warn(f"aotriton-rocm: the C++ route is unavailable ({exc}); "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from . import SHARED_ENV
 from . import real_archives as RA
 from aotriton_rocm.tooling.package import snapshot as S
 from aotriton_rocm.tooling.common import source_tree as ST
@@ -35,12 +37,11 @@ ROOT = Path(__file__).resolve().parents[2]
 ROCM = "6.4"
 ARCH = "gfx942"
 
-SHARED_ENV = "AOTRITON_TEST_SHARED_DIR"
-
-
+@functools.lru_cache(maxsize=None)
 def _base() -> Path:
+    """The test run's directory (SHARED_ENV); without one, this process's own."""
     shared = os.environ.get(SHARED_ENV)
-    if shared:  # the test run's directory, removed when the run ends (tests/conftest.py)
+    if shared:  # removed when the run ends (tests/conftest.py)
         d = Path(shared) / "toy-releases"
         d.mkdir(parents=True, exist_ok=True)
         return d
@@ -49,7 +50,6 @@ def _base() -> Path:
     return d
 
 
-_BASE = _base()
 _LOCK = threading.Lock()
 _KEY_LOCKS: Dict[Tuple, threading.Lock] = {}
 _DONE: Dict[Tuple, object] = {}
@@ -64,8 +64,8 @@ def _once(key: Tuple, make):
         if key in _DONE:
             return _DONE[key]
         name = hashlib.sha256(repr(key).encode()).hexdigest()[:16]
-        record = _BASE / f".{name}.json"
-        with open(_BASE / f".{name}.lock", "w") as held:
+        record = _base() / f".{name}.json"
+        with open(_base() / f".{name}.lock", "w") as held:
             fcntl.flock(held, fcntl.LOCK_EX)  # another worker may be making it
             if record.is_file():
                 made = json.loads(record.read_text())
@@ -85,7 +85,7 @@ def source_tree(version: str) -> Path:
         return ROOT
 
     def make() -> Path:
-        tree = S.snapshot_source(ROOT, _BASE / f"src-{version}")
+        tree = S.snapshot_source(ROOT, _base() / f"src-{version}")
         v = tree / "src" / "aotriton_rocm" / "_version.py"
         v.write_text(re.sub(r'__version__ = "[^"]*"', f'__version__ = "{version}"', v.read_text()))
         abi = abi_line(version)
@@ -104,7 +104,7 @@ def source_tree(version: str) -> Path:
 
 def archives(version: str, archs: Sequence[str] = (ARCH,), rocm: str = ROCM) -> Path:
     def make() -> Path:
-        d = _BASE / f"archives-{version}-rocm{rocm}-{'-'.join(archs)}"
+        d = _base() / f"archives-{version}-rocm{rocm}-{'-'.join(archs)}"
         d.mkdir(parents=True)
         for arch in archs:  # real archives: package verifies what it ships
             RA.write(d, arch, version=version, rocm=rocm, size=2048)
@@ -117,7 +117,7 @@ def wheels(version: str, local: bool = False) -> List[Path]:
     """``[runtime wheel, image wheel, sdist]`` of a toy release (``local``: the
     per-ROCm build, ``X.Y.Z+rocm6.4``)."""
     def make() -> List[Path]:
-        out = _BASE / f"wheels-{version}{'-local' if local else ''}"
+        out = _base() / f"wheels-{version}{'-local' if local else ''}"
         return W.build_wheels(source_tree(version), archives(version), out, [ARCH], ROCM, local)
 
     return _once(("wheels", version, local), make)
@@ -138,7 +138,7 @@ def conda_packages(version: str) -> List[Path]:
 
         import sys
 
-        out = _BASE / f"conda-{version}"
+        out = _base() / f"conda-{version}"
         return build_conda(source_tree(version), archives(version), out, [ARCH], ROCM,
                            python_versions=["%d.%d" % sys.version_info[:2]],
                            runtime_wheel=wheels(version)[0], run_tests=False)
