@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ...elf_dynamic import read_dynamic
 from .c_header import NativeAbiError
 
 LIB_PREFIX = "libaotriton_v2.so."
@@ -75,29 +76,21 @@ class ApiLib:
 def _elf(lib: Path) -> Tuple[Optional[str], List[str], List[str]]:
     """(soname, DT_NEEDED, exported defined symbols)."""
     try:
-        from elftools.elf.dynamic import DynamicSection
         from elftools.elf.elffile import ELFFile
     except ImportError as e:
         raise NativeAbiError(f"reading {lib.name} needs pyelftools ({e}): "
                              "pip install 'aotriton-rocm[build]'") from None
-    soname, needed, exports = None, [], []
+    dynamic = read_dynamic(lib)
+    exports = []
     with open(lib, "rb") as f:
-        elf = ELFFile(f)
-        for sec in elf.iter_sections():
-            if isinstance(sec, DynamicSection):
-                for tag in sec.iter_tags():
-                    if tag.entry.d_tag == "DT_SONAME":
-                        soname = tag.soname
-                    elif tag.entry.d_tag == "DT_NEEDED":
-                        needed.append(tag.needed)
-        dynsym = elf.get_section_by_name(".dynsym")
+        dynsym = ELFFile(f).get_section_by_name(".dynsym")
         for sym in dynsym.iter_symbols() if dynsym else []:
             e = sym.entry
             if (sym.name and e.st_shndx != "SHN_UNDEF" and e.st_other.visibility == "STV_DEFAULT"
                     and e.st_info.bind in ("STB_GLOBAL", "STB_WEAK", "STB_GNU_UNIQUE")
                     and e.st_info.type not in ("STT_SECTION", "STT_FILE")):
                 exports.append(sym.name)
-    return soname, needed, sorted(set(exports))
+    return dynamic.soname, list(dynamic.needed), sorted(set(exports))
 
 
 def _demangle(names: List[str]) -> Dict[str, str]:
