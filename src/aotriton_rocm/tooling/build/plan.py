@@ -18,7 +18,7 @@ from .triton_compile import COMPILE_ENV, CompileTask
 from ..common.source_tree import find_source_root
 from ..common.targets import ArchSpec, Profile, load_targets
 from .tuning import TuningError, load_measured, measured_configs
-from ..common.inputs_hash import build_inputs_hash
+from ..common.inputs_hash import build_inputs_hash, module_sources_hash
 
 __all__ = ["BuildError", "Sources", "Subset", "BuildPlan", "plan_build", "build_inputs_hash",
            "compile_task_for", "plan_variants",
@@ -224,7 +224,7 @@ def plan_build(profile: Optional[str], archs: Optional[Sequence[str]], sources: 
                 f"{spec.path}: no config matches {a.name} (family {a.family}); add "
                 f"[[kernels.*.configs]] with archs = [\"{a.family}\"] or [\"{a.name}\"], or drop {a.name}")
         warnings[a.name] = [f"kernel {k} has no config for {a.name}" for k in spec.kernels_without_variants(a)]
-        items[a.name] = _items(vs, params_of, a, sources, sources_hash, triton_version)
+        items[a.name] = _items(vs, params_of, a, sources, triton_version)
     return BuildPlan(profile=prof, archs=list(arch_specs), spec=spec, sources=sources,
                      triton_version=triton_version, sources_hash=sources_hash,
                      inputs_hash=inputs_hash, items=items, warnings=warnings,
@@ -232,9 +232,17 @@ def plan_build(profile: Optional[str], archs: Optional[Sequence[str]], sources: 
 
 
 def _items(variants: Sequence[Variant], params_of: Dict[str, List[str]], arch: ArchSpec,
-           sources: Sources, sources_hash: str, triton_version: str) -> List[Tuple[Variant, CompileTask]]:
-    return [(v, compile_task_for(v, params_of[v.kernel], arch, sources.kernels_dir, sources_hash,
-                                 triton_version)) for v in variants]
+           sources: Sources, triton_version: str) -> List[Tuple[Variant, CompileTask]]:
+    """The compile tasks of ``variants``; each cache key covers the sources
+    its module reads (module_sources_hash), not the whole kernels/ tree."""
+    hashes: Dict[str, str] = {}
+    items = []
+    for v in variants:
+        if v.module not in hashes:
+            hashes[v.module] = module_sources_hash(sources.kernels_dir, v.module)
+        items.append((v, compile_task_for(v, params_of[v.kernel], arch, sources.kernels_dir,
+                                          hashes[v.module], triton_version)))
+    return items
 
 
 def plan_variants(variants: Sequence[Variant], arch: ArchSpec, spec: VariantSpec,
@@ -248,5 +256,4 @@ def plan_variants(variants: Sequence[Variant], arch: ArchSpec, spec: VariantSpec
     sources_hash = kernel_sources_hash(sources.kernels_dir)
     return BuildPlan(profile=profile, archs=[arch], spec=spec, sources=sources,
                      triton_version=version, sources_hash=sources_hash, inputs_hash="",
-                     items={arch.name: _items(variants, params_of, arch, sources, sources_hash,
-                                              version)})
+                     items={arch.name: _items(variants, params_of, arch, sources, version)})

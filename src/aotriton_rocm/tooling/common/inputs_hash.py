@@ -6,10 +6,12 @@ refuse archives of other inputs. Build-time only, standard library only.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 from pathlib import Path
 
-__all__ = ["kernel_sources_hash", "tuning_files_bytes", "build_inputs_hash", "source_tree_inputs_hash"]
+__all__ = ["kernel_sources_hash", "module_sources_hash", "tuning_files_bytes", "build_inputs_hash",
+           "source_tree_inputs_hash"]
 
 
 def kernel_sources_hash(kernels_dir) -> str:
@@ -22,6 +24,48 @@ def kernel_sources_hash(kernels_dir) -> str:
         data = p.read_bytes()
         h.update(len(rel).to_bytes(8, "little") + rel)
         h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def _local_imports(path: Path, module: str) -> list:
+    """The kernels/ modules that ``module`` (at ``path``) imports relatively
+    (``from .x import``, ``from . import x``), as dotted names relative to
+    kernels/."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        package = module.split(".")[:-node.level]  # the package the dots name
+        if node.module:
+            names.append(".".join(package + [node.module]))
+        else:
+            names.extend(".".join(package + [a.name]) for a in node.names)
+    return names
+
+
+def module_sources_hash(kernels_dir, module: str) -> str:
+    """sha256 over kernel module ``module`` (dotted, relative to
+    ``kernels_dir``) and every kernels/ module it imports, transitively: what
+    the compile of a function of that module reads. A compile-cache key of
+    it stays valid when an unrelated kernel module changes or is added."""
+    kd = Path(kernels_dir)
+    todo, seen = [module], set()
+    h = hashlib.sha256()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = kd.joinpath(*name.split(".")).with_suffix(".py")
+        if not path.is_file():
+            continue  # ``from . import x`` of a name that is not a module
+        todo.extend(_local_imports(path, name))
+    for name in sorted(seen):
+        path = kd.joinpath(*name.split(".")).with_suffix(".py")
+        if path.is_file():
+            data = path.read_bytes()
+            h.update(len(name).to_bytes(8, "little") + name.encode())
+            h.update(len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
 
 
