@@ -193,11 +193,11 @@ def test_real_variant_counts(targets, spec):
             assert len(vs) >= len(points) + len(fwd_64_128), arch
     # RDNA covers every fp16/bf16 attention point up to head dim 256 (fp32
     # falls back to torch there), several with two candidates, and the
-    # (fp32) dropout draws
+    # (fp32-labelled) dropout draws and dropout state
     for arch in ("gfx1100", "gfx1101", "gfx1102", "gfx1150", "gfx1151", "gfx1200", "gfx1201"):
         vs, got = covered(arch)
         assert got == {p for p in points if dict(p[1])["head_dim"] <= 256 and (
-            dict(p[1])["dtype"] != "fp32" or p[0] == "dropout_uniform")}, arch
+            dict(p[1])["dtype"] != "fp32" or p[0] in ("dropout_uniform", "philox_state"))}, arch
         assert len(vs) > len(got)
     # waivers only where no candidate compiles clean: RDNA backward at head dim
     # 128 (gfx11) and 256, the gfx11 forward at 256

@@ -1,6 +1,7 @@
 /* FlashAttention forward and backward: request checks, the kernels'
  * argument values by name, grids, and the launches. */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +28,7 @@ enum {
     /* softcap and ALiBi (appended; optional in a kernel's argument list) */
     A_ALIBI, A_SAZ, A_SAH, A_HAS_ALIBI, A_SOFTCAP,
     A_DQ_ACC, A_SDQAZ, A_SDQAH, A_SDQAM, /* the fused backward's dQ accumulator */
+    A_OFFSET_ADD, A_SEED_OUT, A_OFFSET_OUT, /* philox_state */
     A_COUNT
 };
 _Static_assert(A_COUNT <= AOTR_KV_FIRST_SLOT, "AOTR_KV_FIRST_SLOT is too small");
@@ -46,14 +48,46 @@ static const char *const slot_names[A_COUNT] = {
     "R", "encode_keep",
     "ALIBI", "stride_az", "stride_ah", "has_alibi", "softcap",
     "DQ_ACC", "stride_dqaz", "stride_dqah", "stride_dqam",
+    "offset_add", "SEED_OUT", "OFFSET_OUT",
 };
+
+/* Name -> slot through an open-addressing table (a runtime start binds
+ * tens of thousands of argument names: a linear search showed). */
+#define NAME_TABLE 256
+_Static_assert(NAME_TABLE >= 2 * AOTR_ARG_SLOTS, "NAME_TABLE is too small");
+static int16_t name_table[NAME_TABLE];
+static pthread_once_t name_table_once = PTHREAD_ONCE_INIT;
+
+static uint32_t name_hash(const char *s)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
+
+static void fill_name_table(void)
+{
+    for (int i = 0; i < NAME_TABLE; i++)
+        name_table[i] = -1;
+    for (int slot = 0; slot < AOTR_ARG_SLOTS; slot++) {
+        const char *name = aotr_arg_slot_name(slot);
+        if (strcmp(name, "?") == 0)
+            continue;
+        uint32_t h = name_hash(name) % NAME_TABLE;
+        while (name_table[h] >= 0)
+            h = (h + 1) % NAME_TABLE;
+        name_table[h] = (int16_t)slot;
+    }
+}
 
 int aotr_arg_slot(const char *name)
 {
-    for (int i = 0; i < A_COUNT; i++)
-        if (strcmp(name, slot_names[i]) == 0)
-            return i;
-    return aotr_kv_arg_slot(name);
+    pthread_once(&name_table_once, fill_name_table);
+    for (uint32_t h = name_hash(name) % NAME_TABLE; name_table[h] >= 0; h = (h + 1) % NAME_TABLE)
+        if (strcmp(name, aotr_arg_slot_name(name_table[h])) == 0)
+            return name_table[h];
+    return -1;
 }
 
 const char *aotr_arg_slot_name(int slot)
@@ -67,8 +101,11 @@ aotr_arg_kind aotr_arg_slot_kind(int slot)
 {
     if (slot >= AOTR_KV_FIRST_SLOT)
         return aotr_kv_arg_slot_kind(slot);
-    if (slot <= A_DBIAS || slot == A_R || slot == A_ALIBI || slot == A_DQ_ACC)
+    if (slot <= A_DBIAS || slot == A_R || slot == A_ALIBI || slot == A_DQ_ACC ||
+        slot == A_SEED_OUT || slot == A_OFFSET_OUT)
         return AOTR_ARG_POINTER;
+    if (slot == A_OFFSET_ADD)
+        return AOTR_ARG_I64;
     return slot == A_SM_SCALE || slot == A_DROPOUT_P || slot == A_SOFTCAP ? AOTR_ARG_FP32
                                                                           : AOTR_ARG_I32;
 }
@@ -108,6 +145,8 @@ static const int dq_convert_slots[] = {
 static const int uniform_slots[] = {
     A_R, A_RNG_SEED, A_RNG_OFFSET, A_BATCH, A_NUM_HEADS, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
     A_DROPOUT_P, A_ENCODE_KEEP, -1};
+static const int philox_state_slots[] = {A_RNG_SEED, A_RNG_OFFSET, A_OFFSET_ADD, A_SEED_OUT,
+                                         A_OFFSET_OUT, -1};
 
 const int *aotr_kernel_required_slots(int kernel_id)
 {
@@ -117,6 +156,8 @@ const int *aotr_kernel_required_slots(int kernel_id)
         return aotr_kv_required_slots(kernel_id);
     if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM)
         return uniform_slots;
+    if (kernel_id == AOTR_KERNEL_PHILOX_STATE)
+        return philox_state_slots;
     if (kernel_id == AOTR_KERNEL_BWD_FUSED)
         return fused_slots;
     if (kernel_id == AOTR_KERNEL_BWD_DQ_CONVERT)
@@ -337,6 +378,8 @@ static uint32_t kernels_needed(uint32_t needs, int kernels[AOTR_KERNEL_COUNT])
         kernels[n++] = AOTR_KERNEL_BWD_FUSED;
         kernels[n++] = AOTR_KERNEL_BWD_DQ_CONVERT;
     }
+    if (needs & AOTR_NEED_PHILOX_STATE)
+        kernels[n++] = AOTR_KERNEL_PHILOX_STATE;
     return n;
 }
 
@@ -985,4 +1028,37 @@ aotr_status aotr_dropout_uniform(aotr_runtime *rt, const aotr_dropout_uniform_pa
         return AOTR_UNSUPPORTED;
     return launch(rt, dev, k, cdiv(n[2], aotr_launchable_block_m(k)), n[0] * n[1],
                   params->stream, v);
+}
+
+aotr_status aotr_philox_state(aotr_runtime *rt, const aotr_philox_state_params *params)
+{
+    if (!params)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_philox_state: `params` is NULL");
+    if (!rt)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_philox_state: `runtime` is NULL");
+    if (params->struct_size < sizeof *params)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_philox_state: params->struct_size is "
+                         "%u, at least %zu (set it to sizeof the params struct)",
+                         params->struct_size, sizeof *params);
+    aotr_status st;
+    if ((st = check_philox(&params->philox_seed, "philox_seed")) ||
+        (st = check_philox(&params->philox_offset, "philox_offset")) ||
+        (st = check_philox(&params->seed_out, "seed_out")) ||
+        (st = check_philox(&params->offset_out, "offset_out")))
+        return st;
+    aotr_arg_value v[A_COUNT];
+    memset(v, 0, sizeof v);
+    v[A_RNG_SEED].p = params->philox_seed.data;
+    v[A_RNG_OFFSET].p = params->philox_offset.data;
+    v[A_OFFSET_ADD].i64 = params->offset_add;
+    v[A_SEED_OUT].p = params->seed_out.data;
+    v[A_OFFSET_OUT].p = params->offset_out.data;
+    aotr_device *dev = NULL;
+    if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
+        return st;
+    const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_PHILOX_STATE, AOTR_FP32, 16,
+                                                0, 1, 1);
+    if (!k)
+        return AOTR_UNSUPPORTED;
+    return launch(rt, dev, k, 1, 1, params->stream, v);
 }

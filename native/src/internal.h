@@ -190,7 +190,8 @@ AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out)
 /* ---------------------------------------------- runtime.c / attention.c */
 enum { AOTR_KERNEL_FWD, AOTR_KERNEL_BWD_PRE, AOTR_KERNEL_BWD_DKDV, AOTR_KERNEL_BWD_DQ,
        AOTR_KERNEL_KVCACHE, AOTR_KERNEL_KVCACHE_COMBINE, AOTR_KERNEL_DROPOUT_UNIFORM,
-       AOTR_KERNEL_BWD_FUSED, AOTR_KERNEL_BWD_DQ_CONVERT, AOTR_KERNEL_COUNT };
+       AOTR_KERNEL_BWD_FUSED, AOTR_KERNEL_BWD_DQ_CONVERT, AOTR_KERNEL_PHILOX_STATE,
+       AOTR_KERNEL_COUNT };
 AOTR_HIDDEN extern const char *const aotr_kernel_names[AOTR_KERNEL_COUNT];
 
 /* The value of every kernel argument name the library knows (attention.c
@@ -215,7 +216,6 @@ AOTR_HIDDEN const int *aotr_kernel_required_slots(int kernel_id);
  * AOTR_KV_FIRST_SLOT.. (attention.c's aotr_arg_slot* fall through to these),
  * and the names each KV-cache kernel must declare. */
 #define AOTR_KV_FIRST_SLOT 80
-AOTR_HIDDEN int aotr_kv_arg_slot(const char *name);
 AOTR_HIDDEN const char *aotr_kv_arg_slot_name(int slot);
 AOTR_HIDDEN aotr_arg_kind aotr_kv_arg_slot_kind(int slot);
 AOTR_HIDDEN const int *aotr_kv_required_slots(int kernel_id);

@@ -21,7 +21,8 @@
 
 const char *const aotr_kernel_names[AOTR_KERNEL_COUNT] = {
     "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_fwd_kvcache",
-    "attn_fwd_kvcache_combine", "dropout_uniform", "attn_bwd_fused", "attn_bwd_dq_convert"};
+    "attn_fwd_kvcache_combine", "dropout_uniform", "attn_bwd_fused", "attn_bwd_dq_convert",
+    "philox_state"};
 
 struct aotr_launchable {
     const aotr_kernel_record *record;
@@ -595,8 +596,8 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
         block_d *= 2;
     int bias = !!(features & AOTR_PICK_BIAS), dropout = !!(features & AOTR_PICK_DROPOUT);
     int slots[2], n = 0;
-    if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM) {
-        /* Element-wise: one fp32 variant, head_dim a fixed label (variants.toml). */
+    if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM || kernel_id == AOTR_KERNEL_PHILOX_STATE) {
+        /* One variant, dtype fp32 and head_dim 16 fixed labels (variants.toml). */
         slots[n++] = group_slot(kernel_id, AOTR_FP32, 16, -1, -1, -1);
     } else if (kernel_id == AOTR_KERNEL_BWD_PRE || kernel_id == AOTR_KERNEL_KVCACHE ||
                kernel_id == AOTR_KERNEL_KVCACHE_COMBINE || kernel_id == AOTR_KERNEL_BWD_DQ_CONVERT) {

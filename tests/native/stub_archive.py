@@ -34,12 +34,17 @@ def record(v, symbol: str, config=None) -> KernelRecord:
         args=tuple(v.args) + SCRATCH, divisible_16=tuple(v.divisible_16), grid=tuple(v.grid))
 
 
-def variants(head_dims=(64,), bias=(False, True), dropout=(False,)):
-    """One fp16 variant per functional point (the first config)."""
+def variants(head_dims=(64,), bias=(False, True), dropout=(False,), labelled=()):
+    """One fp16 variant per functional point (the first config), and the
+    variants of the ``labelled`` kernels (those whose dtype and head_dim are
+    fixed labels: dropout_uniform, philox_state)."""
     spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
     seen = {}
     for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH):
         f = v.functional
+        if v.kernel in labelled:
+            seen.setdefault((v.kernel,), v)
+            continue
         if f["dtype"] != "fp16" or f["head_dim"] not in head_dims:
             continue
         if f.get("has_bias", False) not in bias or f.get("enable_dropout", False) not in dropout:
@@ -79,7 +84,8 @@ def decode(args, raw) -> dict:
     declare their parameters)."""
     values, off = {}, 0
     for name, typ in args:
-        size, fmt = (8, "<Q") if typ.startswith("*") else (4, "<f" if typ == "fp32" else "<i")
+        size, fmt = ((8, "<Q") if typ.startswith("*") else (8, "<q") if typ == "i64"
+                     else (4, "<f" if typ == "fp32" else "<i"))
         off = -(-off // size) * size
         values[name] = struct.unpack_from(fmt, raw, off)[0]
         off += size

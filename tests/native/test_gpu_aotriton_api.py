@@ -5,7 +5,8 @@ AOTRITON_INSTALLED_PREFIX-style prefix whose lib/aotriton.images/ holds the
 installed image of the GPU, computes forward and backward like the float32
 math reference: permuted (B, S, H, D) views, both causal alignments, a
 window, GQA, bias and its gradient, dropout (checked through the debug mask
-it returns), compact varlen, staged layouts, deterministic backward.
+it returns, and under CUDA-graph capture), compact varlen, staged layouts,
+deterministic backward.
 
 Head dims 40 and 72 (multiples of 8 but not of 16: staged by the layer),
 100 (not a multiple of 8: run by the core on zero-padded copies), 160 and 512.
@@ -213,6 +214,49 @@ def test_dropout_through_the_debug_mask(api):
         pytest.skip("this image has no dropout_uniform kernel")
     assert rc == HIP_SUCCESS
     assert torch.equal(r >= 0, keep.bool())
+
+
+def test_dropout_under_graph_capture(api):
+    """PyTorch's graph-safe RNG state: the seed and the graph's base offset
+    are device scalars each replay refills, the call's offset within the
+    graph is philox_offset2. Every replay draws at base + offset2, returns
+    that state in the philox outputs, and matches the reference with the
+    mask the simulated draws give for it."""
+    line, c = api
+    d, p, intra = 64, 0.2, 96
+    q, k, v = _inputs(d, seed=3)
+    scale = 1 / math.sqrt(d)
+    seed = torch.tensor(1234, dtype=torch.int64, device="cuda")
+    base = torch.tensor(0, dtype=torch.int64, device="cuda")
+    seed_out, offset_out = (torch.zeros((), dtype=torch.int64, device="cuda") for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(B * HQ, SQ, device="cuda")
+    case = make_case(scale=scale, dropout_p=p, q=q, k=k, v=v, out=out, lse=lse, seed=seed,
+                     offset=base, philox_offset2=intra, seed_output=seed_out,
+                     offset_output=offset_out)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # loads the modules before the capture
+        assert c.forward(case, _stream()) == HIP_SUCCESS
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert c.check_gpu(_stream()) == HIP_SUCCESS
+        rc = c.forward(case, _stream())
+    assert rc == HIP_SUCCESS
+    outs = []
+    for b in (4096, 8192):
+        base.fill_(b)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert (seed_out.item(), offset_out.item()) == (1234, b + intra)
+        r = torch.empty(B, HQ, SQ, SK, device="cuda")
+        used = torch.tensor(b + intra, dtype=torch.int64, device="cuda")
+        assert c.simulate(r, p, seed, used, _stream()) == HIP_SUCCESS
+        keep = (r >= 0).float()
+        ref, _ = reference(q, k, v, scale=scale, keep=keep, p=p)
+        _close("out", out, ref)
+        outs.append(out.clone())
+    assert not torch.equal(outs[0], outs[1]), "a replay at another base draws another mask"
 
 
 @pytest.mark.parametrize("max_k", [100, 0])  # 0: what PyTorch's efficient op passes

@@ -3,7 +3,9 @@
 #include "layer.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <utility>
 
 namespace aotriton {
 /* The instantiations the header declares `extern template`. */
@@ -14,6 +16,43 @@ template class TensorView<4>;
 }  // namespace aotriton
 
 namespace aotriton_rocm_v2 {
+
+aotr_tensor int64_scalar(void *data) {
+  aotr_tensor t{};
+  t.data = data;
+  t.dtype = AOTR_INT64; /* PyTorch passes int64 or uint64 */
+  return t;
+}
+
+aotr_status philox_inputs(Session &s, uint64_t offset2, std::pair<void *, void *> outputs,
+                          aotr_tensor *seed, aotr_tensor *offset) {
+  if (offset2 == 0 && !outputs.first && !outputs.second) return AOTR_OK;
+  aotr_philox_state_params ps{};
+  ps.struct_size = sizeof ps;
+  ps.device = s.device();
+  ps.stream = s.stream();
+  ps.philox_seed = *seed;
+  ps.philox_offset = *offset;
+  ps.offset_add = static_cast<int64_t>(offset2);
+  ps.seed_out = int64_scalar(outputs.first);
+  ps.offset_out = int64_scalar(outputs.second);
+  aotr_status st = AOTR_OK;
+  if (!outputs.first || !outputs.second) {
+    void *pair = nullptr;
+    st = s.alloc(2 * sizeof(int64_t), &pair);
+    if (!outputs.first) ps.seed_out.data = pair;
+    if (!outputs.second) ps.offset_out.data = static_cast<int64_t *>(pair) + 1;
+  }
+  if (st == AOTR_OK) st = aotr_philox_state(runtime(), &ps);
+  if (st == AOTR_UNSUPPORTED)
+    return fail(AOTR_UNSUPPORTED, "dropout with philox_offset2 (graph capture) needs the "
+                                  "philox_state kernel, which this kernel image predates: "
+                                  "install the image wheel of this release");
+  *seed = ps.seed_out;
+  *offset = ps.offset_out;
+  return st;
+}
+
 namespace {
 
 using namespace aotriton::v3::flash;
@@ -63,6 +102,12 @@ bool core_stages(const aotr_tensor &t) {
   return d % 8 != 0 && (d == 1 || t.strides[t.rank - 1] == 1);
 }
 
+/* Where the forward returns the (seed, offset) it used; the backward does not. */
+std::pair<void *, void *> philox_outputs(const attn_fwd_params &in) {
+  return {in.philox_seed_output.data_ptr(), in.philox_offset_output.data_ptr()};
+}
+std::pair<void *, void *> philox_outputs(const attn_bwd_params &) { return {nullptr, nullptr}; }
+
 /* What the forward and backward params share. */
 template <typename Params>
 aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bool *varlen) {
@@ -86,10 +131,20 @@ aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bo
     p->max_seqlen_k = in.Max_seqlen_k;
     /* PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens (its
      * TODO): upstream's kernels never needed it, the core does. */
+    int capturing = 0;
     for (int side = 0; side < 2; side++) {
       int32_t *longest = side ? &p->max_seqlen_k : &p->max_seqlen_q;
       const aotr_tensor &cu = side ? p->cu_seqlens_k : p->cu_seqlens_q;
       if (*longest > 0 || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32) continue;
+      /* reading the bounds synchronises, which breaks a graph capture: there
+       * the total bounds every sequence (more programs, same result) */
+      if (!capturing && aotr_stream_capturing(runtime(), s.device(), s.stream(), &capturing) != AOTR_OK)
+        capturing = 0;
+      if (capturing) {
+        const int64_t total = side ? p->k.sizes[0] : p->q.sizes[0];
+        *longest = static_cast<int32_t>(std::min<int64_t>(total, INT32_MAX));
+        continue;
+      }
       std::vector<int32_t> bounds;
       aotr_status st = s.read_i32(cu.data, static_cast<size_t>(cu.sizes[0]), &bounds);
       if (st != AOTR_OK) return st;
@@ -101,15 +156,14 @@ aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bo
     p->bias = core_tensor(in.B);
   p->scale = in.Sm_scale;
   p->dropout_p = in.dropout_p;
+  aotr_status st = AOTR_OK;
   if (in.dropout_p > 0.0f) {
-    if (in.philox_offset2 != 0)
-      return fail(AOTR_UNSUPPORTED, "philox_offset2 != 0 (dropout under graph capture) is not "
-                                    "covered yet");
-    p->philox_seed = core_tensor(in.philox_seed_ptr);
-    p->philox_offset = core_tensor(in.philox_offset1);
-    p->philox_seed.dtype = p->philox_offset.dtype = AOTR_INT64; /* int64 or uint64 */
+    p->philox_seed = int64_scalar(in.philox_seed_ptr.data_ptr());
+    p->philox_offset = int64_scalar(in.philox_offset1.data_ptr());
+    st = philox_inputs(s, in.philox_offset2, philox_outputs(in), &p->philox_seed,
+                       &p->philox_offset);
   }
-  aotr_status st = map_mask(in.causal_type, in.window_left, in.window_right, p);
+  if (st == AOTR_OK) st = map_mask(in.causal_type, in.window_left, in.window_right, p);
   if (st == AOTR_OK && !core_stages(p->q)) st = s.input(&p->q);
   if (st == AOTR_OK && !core_stages(p->k)) st = s.input(&p->k);
   if (st == AOTR_OK && !core_stages(p->v)) st = s.input(&p->v);
@@ -195,15 +249,6 @@ bool same_shape(const aotr_tensor &a, const aotr_tensor &b) {
   return true;
 }
 
-void copy_philox(Session &s, const aotriton::TensorView<0> &out, const aotriton::TensorView<0> &in) {
-  if (!out || !in) return;
-  aotr_tensor d{}, v{};
-  d.data = out.data_ptr();
-  v.data = in.data_ptr();
-  d.dtype = v.dtype = AOTR_INT64;
-  (void)s.copy(d, v);
-}
-
 }  // namespace
 
 hipError_t forward(const attn_fwd_params &in, void *stream) {
@@ -242,11 +287,7 @@ hipError_t forward(const attn_fwd_params &in, void *stream) {
   if (st == AOTR_OK) st = s.finish();
   if (st == AOTR_OK && padded_lse && in.L)
     st = convert_padded_lse(s, f.problem, in.L.data_ptr(), f.lse, true);
-  if (st == AOTR_OK) {
-    copy_philox(s, in.philox_seed_output, in.philox_seed_ptr);
-    copy_philox(s, in.philox_offset_output, in.philox_offset1);
-    return hipSuccess;
-  }
+  if (st == AOTR_OK) return hipSuccess;
   hipError_t err = report(st, "attn_fwd");
   (void)s.poison(user_out);
   return err;

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace aotriton_rocm_v2 {
@@ -109,6 +110,18 @@ class Session {
 };
 
 bool is_contiguous(const aotr_tensor &t);
+
+/* An int64 device scalar at `data` (PyTorch passes int64 or uint64). */
+aotr_tensor int64_scalar(void *data);
+
+/* The kernels read one Philox offset; under graph capture PyTorch passes a
+ * base that each replay refills (*offset) plus the call's offset within the
+ * graph (offset2), and the forward wants the values used in `outputs`
+ * (seed, offset). Then the philox_state kernel writes (seed, base +
+ * offset2) there (workspace where the caller gave none) in stream order,
+ * and *seed and *offset are redirected to it. Nothing to do otherwise. */
+aotr_status philox_inputs(Session &s, uint64_t offset2, std::pair<void *, void *> outputs,
+                          aotr_tensor *seed, aotr_tensor *offset);
 
 }  // namespace aotriton_rocm_v2
 

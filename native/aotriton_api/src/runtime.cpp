@@ -230,7 +230,9 @@ bool covers_admitted_calls(int32_t device) {
               p.scale = 1.0f;
               p.dropout_p = dropout ? 0.5f : 0.0f;
               p.window_left = p.window_right = -1;
-              ok = aotr_attn_supported(rt, device, &p, AOTR_NEED_BACKWARD) == AOTR_OK;
+              /* dropout under graph capture runs the philox_state kernel too */
+              const uint32_t needs = dropout ? AOTR_NEED_BACKWARD | AOTR_NEED_PHILOX_STATE : AOTR_NEED_BACKWARD;
+              ok = aotr_attn_supported(rt, device, &p, needs) == AOTR_OK;
             }
   std::lock_guard<std::mutex> guard(s.lock);
   s.coverage[static_cast<size_t>(device)] = ok ? 1 : -1;

@@ -15,12 +15,7 @@ hipError_t check_gpu(aotriton::Stream stream) {
   int32_t device = 0;
   aotr_status st = current_device(&device);
   if (st != AOTR_OK) return report(st, "check_gpu");
-  /* Dropout under graph capture needs philox_offset2, which the kernels
-   * cannot add yet: while a stream captures, PyTorch takes another backend. */
-  int capturing = 0;
-  if (aotr_stream_capturing(runtime(), device, stream.native(), &capturing) != AOTR_OK ||
-      capturing)
-    return hipErrorNotSupported;
+  (void)stream;
   return covers_admitted_calls(device) ? hipSuccess : hipErrorNoBinaryForGpu;
 }
 
@@ -37,14 +32,12 @@ hipError_t debug_simulate_encoded_softmax(TensorView<4> r, float dropout_p,
   d.device = device;
   d.stream = stream.native();
   d.out = core_tensor(r);
-  d.philox_seed = core_tensor(philox_seed);
-  d.philox_offset = core_tensor(philox_offset1);
-  d.philox_seed.dtype = d.philox_offset.dtype = AOTR_INT64;
+  d.philox_seed = int64_scalar(philox_seed.data_ptr());
+  d.philox_offset = int64_scalar(philox_offset1.data_ptr());
   d.dropout_p = dropout_p;
   d.encode_keep = 1;
-  if (philox_offset2 != 0)
-    st = fail(AOTR_UNSUPPORTED, "philox_offset2 != 0 is not covered yet");
-  else if (d.out.dtype != AOTR_FP32)
+  st = philox_inputs(s, philox_offset2, {nullptr, nullptr}, &d.philox_seed, &d.philox_offset);
+  if (st == AOTR_OK && d.out.dtype != AOTR_FP32)
     st = fail(AOTR_UNSUPPORTED, "the draws are written to an fp32 tensor only");
   if (st == AOTR_OK) st = s.output(&d.out, false, true);
   if (st == AOTR_OK) st = aotr_dropout_uniform(runtime(), &d);

@@ -257,7 +257,10 @@ enum {
     AOTR_NEED_DEBUG_MASK = 2, /* the forward writes a debug mask */
     /* the backward would use aotr_attn_bwd_params.grad_q_accum: AOTR_OK
      * only where the image has the fused backward for the problem */
-    AOTR_NEED_DQ_ACCUM = 4
+    AOTR_NEED_DQ_ACCUM = 4,
+    /* the image has the philox_state kernel (aotr_philox_state): dropout
+     * under graph capture */
+    AOTR_NEED_PHILOX_STATE = 8
 };
 
 /* AOTR_OK if the kernels cover the request (aotr_attn_check passes and the
@@ -388,6 +391,26 @@ typedef struct aotr_dropout_uniform_params {
  * device's archive has no dropout_uniform kernel (an older image). */
 AOTR_API aotr_status aotr_dropout_uniform(aotr_runtime *runtime,
                                           const aotr_dropout_uniform_params *params);
+
+/* A dropout call's (seed, offset) made on the device, for graph capture:
+ * the caller's seed and base offset are device scalars that each replay
+ * refills (PyTorch's graph-safe RNG state), the call's offset within the
+ * graph a number. One kernel on `stream` writes *seed_out = *philox_seed
+ * and *offset_out = *philox_offset + offset_add; pass seed_out and
+ * offset_out as the attention call's philox_seed and philox_offset. */
+typedef struct aotr_philox_state_params {
+    uint32_t struct_size;
+    int32_t device;
+    void *stream;
+    aotr_tensor philox_seed, philox_offset; /* int64 device scalars, read */
+    int64_t offset_add;
+    aotr_tensor seed_out, offset_out;       /* int64 device scalars, written */
+} aotr_philox_state_params;
+
+/* Launch it (asynchronous). AOTR_UNSUPPORTED when the device's archive has
+ * no philox_state kernel (an image built before it). */
+AOTR_API aotr_status aotr_philox_state(aotr_runtime *runtime,
+                                       const aotr_philox_state_params *params);
 
 /* ----------------------------------------------- stream-ordered device memory */
 

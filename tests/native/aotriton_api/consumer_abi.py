@@ -30,7 +30,9 @@ class CCase(ctypes.Structure):
                 ("window_right", ctypes.c_int32), ("deterministic", ctypes.c_int32),
                 ("scale", ctypes.c_float), ("dropout_p", ctypes.c_float),
                 ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32)] + [
-                    (name, CTensor) for name in TENSORS]
+                    (name, CTensor) for name in TENSORS] + [
+                ("philox_offset2", ctypes.c_uint64), ("seed_output", CTensor),
+                ("offset_output", CTensor)]
 
 
 def ctensor(t) -> CTensor:
@@ -44,11 +46,13 @@ def ctensor(t) -> CTensor:
 
 
 def make_case(mask=None, window=(-1, -1), scale=0.125, dropout_p=0.0, deterministic=False,
-              max_seqlen=(0, 0), **tensors) -> CCase:
+              max_seqlen=(0, 0), philox_offset2=0, **tensors) -> CCase:
+    """``tensors``: TENSORS, and seed_output / offset_output (graph capture)."""
     c = CCase()
     c.mask, (c.window_left, c.window_right) = MASKS[mask], window
     c.scale, c.dropout_p, c.deterministic = scale, dropout_p, int(deterministic)
     c.max_seqlen_q, c.max_seqlen_k = max_seqlen
+    c.philox_offset2 = philox_offset2
     for name, t in tensors.items():
         setattr(c, name, ctensor(t))
     return c

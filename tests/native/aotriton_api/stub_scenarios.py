@@ -30,7 +30,7 @@ os.environ.update(AOTRITON_ROCM_DRIVER_LIBRARY=stub_path, AOTRITON_ROCM_BACKEND=
                   AOTR_STUB_CUDA_ARCH="9.0")
 os.environ.pop("AOTRITON_ROCM_ARCHIVE_DIR", None)
 # the image where PyTorch's build puts it: beside the library
-RECS = records(head_dims=(64,), bias=(False, True), dropout=(False, True))
+RECS = records(head_dims=(64,), bias=(False, True), dropout=(False, True), labelled=("philox_state",))
 images_dir.mkdir(parents=True, exist_ok=True)
 write_archive(images_dir / "sm_90.aotr", MANIFEST, RECS)
 ARGS = {r.symbol: r.args for r, _ in RECS}
@@ -112,6 +112,30 @@ a = ls[0][1]
 check(a["RNG_SEED"] == seed.data_ptr() and a["RNG_OFFSET"] == offset.data_ptr(), "philox scalars")
 check(math.isclose(a["dropout_p"], 0.2, rel_tol=1e-6), "dropout_p")
 check(a["BIAS"] == t["bias"].data_ptr() and a["stride_bm"] == SK, "bias in place")
+
+# -- dropout under graph capture: the intra-graph offset added on the device by the
+# philox_state kernel, whose outputs (the forward's philox outputs) the kernels read
+seed_out, offset_out = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+rc, ls = run(lambda: api.forward(make_case(dropout_p=0.2, philox_offset2=96, seed_output=seed_out,
+                                           offset_output=offset_out, **t)))
+check(rc == HIP_SUCCESS and [kernel(s) for s, _ in ls] == ["philox_state", "attn_fwd"],
+      f"captured dropout forward: {rc} {ls}")
+ps, a = ls[0][1], ls[1][1]
+check((ps["RNG_SEED"], ps["RNG_OFFSET"], ps["offset_add"]) == (seed.data_ptr(), offset.data_ptr(), 96),
+      f"philox_state reads the graph's base: {ps}")
+check((ps["SEED_OUT"], ps["OFFSET_OUT"]) == (seed_out.data_ptr(), offset_out.data_ptr()),
+      "philox_state writes the philox outputs")
+check(a["RNG_SEED"] == seed_out.data_ptr() and a["RNG_OFFSET"] == offset_out.data_ptr(),
+      "the attention kernel reads the offset made on the device")
+# the backward gets no outputs: its state goes to workspace, freed after the call
+t.update(dout=torch.randn_like(t["q"]), dq=torch.empty_like(t["q"]), dk=torch.empty_like(t["k"]),
+         dv=torch.empty_like(t["v"]), dbias=torch.empty(B, HQ, SQ, SK).half())
+rc, ls = run(lambda: api.backward(make_case(dropout_p=0.2, philox_offset2=96, deterministic=True, **t)))
+check(rc & 0xFFFFF == HIP_SUCCESS and kernel(ls[0][0]) == "philox_state", f"captured backward: {ls}")
+ps = ls[0][1]
+check(all(args["RNG_OFFSET"] == ps["OFFSET_OUT"] != offset.data_ptr() for s, args in ls[1:]
+          if "RNG_OFFSET" in args), "every backward kernel reads the workspace offset")
+check(stub.aotr_stub_scratch(None, None) == 0, "workspace freed")
 
 # -- a layout the kernels cannot read (rows of 264 elements): staged, computed, copied back
 t = dense()
@@ -195,6 +219,15 @@ check(rc == (HIP_SUCCESS if "dropout_uniform" in KERNELS else HIP_NOT_SUPPORTED)
 
 # -- check_gpu: this image covers head dim 64 only, so the arch is not vouched for
 check(api.check_gpu() == HIP_NO_BINARY_FOR_GPU, "check_gpu with a partial image")
+
+# -- while a stream captures nothing synchronises: the efficient op's Max_seqlen_k = 0 takes
+# the packed total as the bound instead of reading cu_seqlens back (the 0.11 line's padded
+# logsumexp still needs them: not checked there)
 os.environ["AOTR_STUB_CAPTURING"] = "1"
-check(api.check_gpu() == HIP_NOT_SUPPORTED, "check_gpu while capturing")
+if not LEGACY:
+    case = make_case(mask="bottom_right", max_seqlen=(56, 0), q=qv, k=kv, v=vv, out=outv,
+                     lse=lse_v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    rc, ls = run(lambda: api.forward(case))
+    check(rc == HIP_SUCCESS and ls[0][1]["max_seqlen_k"] == total, f"captured varlen: {rc} {ls}")
+    check(calls("cuStreamSynchronize") == 0, "no synchronisation while capturing")
 print("ok")

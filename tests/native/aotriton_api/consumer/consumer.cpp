@@ -34,6 +34,9 @@ struct consumer_case {
   consumer_tensor q, k, v, out, lse;   // (B, S, H, D) or (total, H, D); lse as the line wants
   consumer_tensor bias, cu_seqlens_q, cu_seqlens_k, seed, offset, encoded_softmax;
   consumer_tensor dout, dq, dk, dv, dbias;
+  // graph capture: PyTorch's intra-graph offset, and where the forward returns (seed, offset)
+  uint64_t philox_offset2;
+  consumer_tensor seed_output, offset_output;
 };
 
 // Allocates `bytes` of device memory (zeroed when asked); the caller keeps it alive.
@@ -116,9 +119,10 @@ v3::attn_fwd_params fwd_params(const consumer_case &c) {
   p.dropout_p = c.dropout_p;
   p.philox_seed_ptr = scalar(c.seed);
   p.philox_offset1 = scalar(c.offset);
-  p.philox_offset2 = 0;
-  p.philox_seed_output = TensorView<0>(0, aotriton::kUInt64);
-  p.philox_offset_output = TensorView<0>(0, aotriton::kUInt64);
+  p.philox_offset2 = c.philox_offset2;
+  p.philox_seed_output = c.seed_output.data ? scalar(c.seed_output) : TensorView<0>(0, aotriton::kUInt64);
+  p.philox_offset_output =
+      c.offset_output.data ? scalar(c.offset_output) : TensorView<0>(0, aotriton::kUInt64);
   p.encoded_softmax = c.encoded_softmax.data
                           ? view<4>(c.encoded_softmax)
                           : TensorView<4>(0, {0, 0, 0, 0}, {0, 0, 0, 0}, p.Q.dtype());
@@ -220,7 +224,7 @@ int consumer_backward(const consumer_case *c, void *stream, consumer_alloc alloc
   p.dropout_p = c->dropout_p;
   p.philox_seed_ptr = scalar(c->seed);
   p.philox_offset1 = scalar(c->offset);
-  p.philox_offset2 = 0;
+  p.philox_offset2 = c->philox_offset2;
   set_mask(*c, &p.causal_type, &p.window_left, &p.window_right);
   v3::attn_options options;
 #if AOTRITON_VERSION_MINOR >= 12
