@@ -222,19 +222,24 @@ static const char *parse_string(parser *ps, size_t *out_len)
 {
     size_t start = ++ps->pos;
     size_t end = start;
-    /* find the closing quote first to size the allocation */
+    /* find the closing quote first to size the allocation; a string of
+     * printable ASCII without escapes (most of an index) is copied as is */
+    int plain = 1;
     while (1) {
         if (end >= ps->len) {
             fail_at(ps, start - 1, "unterminated string");
             return NULL;
         }
-        char c = ps->p[end];
+        unsigned char c = (unsigned char)ps->p[end];
         if (c == '"')
             break;
         if (c == '\\') {
+            plain = 0;
             end += 2;
             continue;
         }
+        if (c < 0x20 || c >= 0x80)
+            plain = 0;
         end++;
     }
     char *out = arena_alloc(ps, end - start + 1);
@@ -242,6 +247,11 @@ static const char *parse_string(parser *ps, size_t *out_len)
         return NULL;
     size_t n = 0;
     size_t i = start;
+    if (plain) {
+        memcpy(out, ps->p + start, end - start);
+        n = end - start;
+        i = end;
+    }
     while (i < end) {
         unsigned char c = (unsigned char)ps->p[i];
         if (c < 0x20) {

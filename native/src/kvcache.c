@@ -29,14 +29,6 @@ static const char *const kv_names[K_END - AOTR_KV_FIRST_SLOT] = {
     "stride_btz", "paged", "page_size", "has_batch_idx", "has_k_start", "num_splits",
 };
 
-int aotr_kv_arg_slot(const char *name)
-{
-    for (int i = AOTR_KV_FIRST_SLOT; i < K_END; i++)
-        if (strcmp(name, kv_names[i - AOTR_KV_FIRST_SLOT]) == 0)
-            return i;
-    return -1;
-}
-
 const char *aotr_kv_arg_slot_name(int slot)
 {
     return slot >= AOTR_KV_FIRST_SLOT && slot < K_END ? kv_names[slot - AOTR_KV_FIRST_SLOT] : "?";

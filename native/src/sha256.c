@@ -1,7 +1,16 @@
-/* SHA-256 (FIPS 180-4). */
+/* SHA-256 (FIPS 180-4): portable C, and the x86 SHA extensions where the
+ * CPU has them (about 20x faster: the archive index is hashed at every
+ * runtime start, code objects at first load). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AOTR_SHA_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -50,6 +59,70 @@ static void compress(uint32_t h[8], const uint8_t *p)
     h[7] += k;
 }
 
+#ifdef AOTR_SHA_X86
+/* The SHA extensions keep the state as (a, b, e, f) and (c, d, g, h) and
+ * run two rounds per sha256rnds2; sha256msg1/msg2 extend the schedule four
+ * words at a time (Intel SHA Extensions, 2013). */
+__attribute__((target("sha,sse4.1,ssse3")))
+static void compress_blocks_x86(uint32_t h[8], const uint8_t *p, size_t blocks)
+{
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+    __m128i dcba = _mm_loadu_si128((const __m128i *)(const void *)&h[0]);
+    __m128i hgfe = _mm_loadu_si128((const __m128i *)(const void *)&h[4]);
+    __m128i cdab = _mm_shuffle_epi32(dcba, 0xB1);
+    __m128i efgh = _mm_shuffle_epi32(hgfe, 0x1B);
+    __m128i abef = _mm_alignr_epi8(cdab, efgh, 8);
+    __m128i cdgh = _mm_blend_epi16(efgh, cdab, 0xF0);
+    for (; blocks > 0; blocks--, p += 64) {
+        const __m128i abef_in = abef, cdgh_in = cdgh;
+        __m128i w[16];
+        for (int g = 0; g < 16; g++) {
+            if (g < 4) {
+                w[g] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * g)),
+                                        bswap);
+            } else {
+                __m128i t = _mm_sha256msg1_epu32(w[g - 4], w[g - 3]);
+                t = _mm_add_epi32(t, _mm_alignr_epi8(w[g - 1], w[g - 2], 4));
+                w[g] = _mm_sha256msg2_epu32(t, w[g - 1]);
+            }
+            __m128i m = _mm_add_epi32(w[g], _mm_loadu_si128((const __m128i *)(const void *)&K[4 * g]));
+            cdgh = _mm_sha256rnds2_epu32(cdgh, abef, m);
+            abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(m, 0x0E));
+        }
+        abef = _mm_add_epi32(abef, abef_in);
+        cdgh = _mm_add_epi32(cdgh, cdgh_in);
+    }
+    __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+    __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+    _mm_storeu_si128((__m128i *)(void *)&h[0], _mm_blend_epi16(feba, dchg, 0xF0));
+    _mm_storeu_si128((__m128i *)(void *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+static int cpu_has_sha(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_SSSE3) || !(c & bit_SSE4_1))
+        return 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 29)) != 0;
+}
+#endif
+
+/* `blocks` 64-byte blocks at `p` into the state. */
+static void compress_blocks(uint32_t h[8], const uint8_t *p, size_t blocks)
+{
+#ifdef AOTR_SHA_X86
+    static int has_sha = -1; /* a race only computes the same answer twice */
+    if (has_sha < 0)
+        has_sha = cpu_has_sha() && !getenv("AOTRITON_ROCM_PORTABLE_SHA256");
+    if (has_sha) {
+        compress_blocks_x86(h, p, blocks);
+        return;
+    }
+#endif
+    for (; blocks > 0; blocks--, p += 64)
+        compress(h, p);
+}
+
 void aotr_sha256_init(aotr_sha256 *ctx)
 {
     static const uint32_t h0[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
@@ -73,14 +146,12 @@ void aotr_sha256_update(aotr_sha256 *ctx, const void *data, size_t len)
         len -= take;
         if (ctx->used < 64)
             return;
-        compress(ctx->h, ctx->block);
+        compress_blocks(ctx->h, ctx->block, 1);
         ctx->used = 0;
     }
-    while (len >= 64) {
-        compress(ctx->h, p);
-        p += 64;
-        len -= 64;
-    }
+    compress_blocks(ctx->h, p, len / 64);
+    p += len / 64 * 64;
+    len %= 64;
     if (len > 0) {
         memcpy(ctx->block, p, len);
         ctx->used = len;
@@ -93,13 +164,13 @@ void aotr_sha256_final(aotr_sha256 *ctx, uint8_t digest[32])
     ctx->block[ctx->used++] = 0x80;
     if (ctx->used > 56) {
         memset(ctx->block + ctx->used, 0, 64 - ctx->used);
-        compress(ctx->h, ctx->block);
+        compress_blocks(ctx->h, ctx->block, 1);
         ctx->used = 0;
     }
     memset(ctx->block + ctx->used, 0, 56 - ctx->used);
     for (int i = 0; i < 8; i++)
         ctx->block[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
-    compress(ctx->h, ctx->block);
+    compress_blocks(ctx->h, ctx->block, 1);
     for (int i = 0; i < 8; i++) {
         digest[4 * i] = (uint8_t)(ctx->h[i] >> 24);
         digest[4 * i + 1] = (uint8_t)(ctx->h[i] >> 16);
