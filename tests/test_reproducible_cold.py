@@ -1,11 +1,11 @@
-"""Cold kernel builds are byte-identical: the 20 gfx942 code objects of fp16
-at head dim 128 (forward, preprocess, dK/dV and dQ, every flag), built twice
-from empty caches in separate processes and directories with 2 parallel
-workers. Before each compile ran in a fresh worker process, two such builds
+"""Cold kernel builds are byte-identical: the gfx942 forward and dK/dV
+kernels of fp16 at head dim 128 without bias (18 candidates: dropout on and
+off, every config), built twice from empty caches in separate processes and
+directories with 2 parallel workers. Before each compile ran in a fresh worker process, two such builds
 gave different dK/dV kernels (a worker's earlier compiles changed the
 register allocation of later ones).
 
-About a minute on 2 idle cores (several when busy); AOTRITON_COLD_REPRO=0
+Under a minute on 2 idle cores (several when busy); AOTRITON_COLD_REPRO=0
 skips it."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from aotriton_rocm.tooling.build.command import build
 
 if __name__ == "__main__":
     build("6.4", ["gfx942"], sys.argv[1], source_root=sys.argv[2], jobs=2, progress=False,
-          only=["dtype=fp16,head_dim=128"])
+          only=["kernel=attn_fwd|attn_bwd_dkdv,dtype=fp16,head_dim=128,has_bias=false"])
 """
 
 
