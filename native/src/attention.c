@@ -58,14 +58,6 @@ _Static_assert(NAME_TABLE >= 2 * AOTR_ARG_SLOTS, "NAME_TABLE is too small");
 static int16_t name_table[NAME_TABLE];
 static pthread_once_t name_table_once = PTHREAD_ONCE_INIT;
 
-static uint32_t name_hash(const char *s)
-{
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 16777619u;
-    return h;
-}
-
 static void fill_name_table(void)
 {
     for (int i = 0; i < NAME_TABLE; i++)
@@ -74,7 +66,7 @@ static void fill_name_table(void)
         const char *name = aotr_arg_slot_name(slot);
         if (strcmp(name, "?") == 0)
             continue;
-        uint32_t h = name_hash(name) % NAME_TABLE;
+        uint32_t h = aotr_str_hash(name) % NAME_TABLE;
         while (name_table[h] >= 0)
             h = (h + 1) % NAME_TABLE;
         name_table[h] = (int16_t)slot;
@@ -84,7 +76,7 @@ static void fill_name_table(void)
 int aotr_arg_slot(const char *name)
 {
     pthread_once(&name_table_once, fill_name_table);
-    for (uint32_t h = name_hash(name) % NAME_TABLE; name_table[h] >= 0; h = (h + 1) % NAME_TABLE)
+    for (uint32_t h = aotr_str_hash(name) % NAME_TABLE; name_table[h] >= 0; h = (h + 1) % NAME_TABLE)
         if (strcmp(name, aotr_arg_slot_name(name_table[h])) == 0)
             return name_table[h];
     return -1;

@@ -37,15 +37,23 @@ typedef enum aotr_json_type {
 } aotr_json_type;
 
 typedef struct aotr_json aotr_json;
+/* 32 bytes: an index holds about 100 000 values, and a fresh process pays
+ * for every page of the document (read the union's member of `type` only). */
 struct aotr_json {
     aotr_json_type type;
     int is_int;          /* NUMBER: the value is integral and fits int64 */
-    int64_t i;           /* NUMBER */
-    double d;            /* NUMBER */
-    const char *s;       /* STRING: value; */
     size_t n;            /* ARRAY/OBJECT: number of items; STRING: byte length */
-    aotr_json *items;    /* ARRAY: n values; OBJECT: n values, keys[i] names items[i] */
-    const char **keys;   /* OBJECT */
+    union {
+        struct {
+            int64_t i;   /* NUMBER */
+            double d;
+        };
+        const char *s;   /* STRING: value */
+        struct {
+            aotr_json *items;  /* ARRAY: n values; OBJECT: n values, keys[i] names items[i] */
+            const char **keys; /* OBJECT */
+        };
+    };
 };
 
 /* Parse `len` bytes (not NUL-terminated). Returns NULL with an aotr_fail
@@ -53,6 +61,8 @@ struct aotr_json {
  * allocation arena per document, freed by aotr_json_free(root). */
 AOTR_HIDDEN aotr_json *aotr_json_parse(const char *text, size_t len);
 AOTR_HIDDEN void aotr_json_free(aotr_json *root);
+/* FNV-1a of a NUL-terminated string (the runtime's name tables). */
+AOTR_HIDDEN uint32_t aotr_str_hash(const char *s);
 /* Object member or NULL (also NULL when `obj` is not an object). */
 AOTR_HIDDEN const aotr_json *aotr_json_get(const aotr_json *obj, const char *key);
 /* Typed getters: 1 on success. */

@@ -346,22 +346,66 @@ static aotr_status bind_arguments(aotr_launchable *k, int kernel_id)
     return AOTR_OK;
 }
 
-/* The tuning choice (manifest "tuning".choices[]) whose run list ("select")
- * names `key`. */
-static const aotr_json *choice_naming(const aotr_json *choices, const char *key)
+/* The tuning choices (manifest "tuning".choices[]) by the keys their run
+ * lists ("select") name: open addressing over twice as many slots. */
+typedef struct choice_index {
+    size_t size;
+    const char **keys;
+    const aotr_json **choices;
+} choice_index;
+
+static const aotr_json *run_key_json(const aotr_json *run)
 {
-    for (size_t c = 0; choices && c < choices->n; c++) {
+    return run->type == AOTR_JSON_ARRAY && run->n >= 2 ? &run->items[1] : NULL;
+}
+
+static aotr_status index_choices(const aotr_json *choices, choice_index *ix)
+{
+    memset(ix, 0, sizeof *ix);
+    if (!choices || choices->type != AOTR_JSON_ARRAY)
+        return AOTR_OK;
+    size_t runs = 0;
+    for (size_t c = 0; c < choices->n; c++) {
+        const aotr_json *sel = aotr_json_get(&choices->items[c], "select");
+        runs += sel && sel->type == AOTR_JSON_ARRAY ? sel->n : 0;
+    }
+    ix->size = 2 * runs + 1;
+    ix->keys = calloc(ix->size, sizeof *ix->keys);
+    ix->choices = calloc(ix->size, sizeof *ix->choices);
+    if (!ix->keys || !ix->choices)
+        return aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory building the kernel tables");
+    for (size_t c = 0; c < choices->n; c++) {
         const aotr_json *sel = aotr_json_get(&choices->items[c], "select");
         for (size_t i = 0; sel && sel->type == AOTR_JSON_ARRAY && i < sel->n; i++) {
-            const aotr_json *run = &sel->items[i];
-            if (run->type == AOTR_JSON_ARRAY && run->n >= 2) {
-                const char *k = aotr_json_str(&run->items[1]);
-                if (k && strcmp(k, key) == 0)
-                    return &choices->items[c];
+            const char *key = aotr_json_str(run_key_json(&sel->items[i]));
+            if (!key)
+                continue;
+            size_t h = aotr_str_hash(key) % ix->size;
+            while (ix->keys[h] && strcmp(ix->keys[h], key) != 0)
+                h = (h + 1) % ix->size;
+            if (!ix->keys[h]) { /* the first choice naming a key wins */
+                ix->keys[h] = key;
+                ix->choices[h] = &choices->items[c];
             }
         }
     }
+    return AOTR_OK;
+}
+
+static const aotr_json *choice_naming(const choice_index *ix, const char *key)
+{
+    if (ix->size == 0)
+        return NULL;
+    for (size_t h = aotr_str_hash(key) % ix->size; ix->keys[h]; h = (h + 1) % ix->size)
+        if (strcmp(ix->keys[h], key) == 0)
+            return ix->choices[h];
     return NULL;
+}
+
+static void free_choice_index(choice_index *ix)
+{
+    free(ix->keys);
+    free(ix->choices);
 }
 
 static aotr_launchable *find_in(aotr_launchable **members, size_t n, const char *key)
@@ -375,24 +419,24 @@ static aotr_launchable *find_in(aotr_launchable **members, size_t n, const char 
 /* Fill one group from its members (archive order) and the tuning data: the
  * runs the build chose for some seqlen bucket (and its decoding tile, if
  * any), else the first member. */
-static void fill_group(group *g, aotr_launchable **members, size_t n, const aotr_json *tuning)
+static void fill_group(group *g, aotr_launchable **members, size_t n, const aotr_json *tuning,
+                       const choice_index *ix)
 {
-    const aotr_json *choices = aotr_json_get(tuning, "choices");
     const aotr_json *axes = aotr_json_get(tuning, "axes");
     const aotr_json *choice = NULL;
     for (size_t i = 0; i < n && !choice; i++)
-        choice = choice_naming(choices, members[i]->record->key);
+        choice = choice_naming(ix, members[i]->record->key);
     const aotr_json *sel = aotr_json_get(choice, "select");
     g->num_runs = 1;
     g->runs[0] = members[0];
     g->on_k = 0;
-    if (!sel || sel->n == 0 || sel->n > MAX_RUNS)
+    if (!sel || sel->type != AOTR_JSON_ARRAY || sel->n == 0 || sel->n > MAX_RUNS)
         return;
     group t = {0};
     t.num_runs = sel->n;
     for (size_t i = 0; i < sel->n; i++) {
         const aotr_json *run = &sel->items[i];
-        const char *key = run->n >= 2 ? aotr_json_str(&run->items[1]) : NULL;
+        const char *key = aotr_json_str(run_key_json(run));
         t.runs[i] = key ? find_in(members, n, key) : NULL;
         if (!t.runs[i])
             return;
@@ -438,6 +482,9 @@ static aotr_status build_tables(aotr_device *dev)
             goto done;
     }
     const aotr_json *tuning = aotr_json_get(aotr_archive_manifest(dev->archive), "tuning");
+    choice_index ix;
+    if ((st = index_choices(aotr_json_get(tuning, "choices"), &ix)) != AOTR_OK)
+        goto done_index;
     for (size_t i = 0; i < n; i++) {
         int slot = slot_of[i];
         if (slot < 0 || dev->groups[slot])
@@ -449,11 +496,13 @@ static aotr_status build_tables(aotr_device *dev)
         group *g = calloc(1, sizeof *g);
         if (!g) {
             st = aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory building the kernel tables");
-            goto done;
+            goto done_index;
         }
-        fill_group(g, order, m, tuning);
+        fill_group(g, order, m, tuning, &ix);
         dev->groups[slot] = g;
     }
+done_index:
+    free_choice_index(&ix);
 done:
     free(order);
     free(slot_of);

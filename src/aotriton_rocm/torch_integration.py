@@ -23,15 +23,8 @@ import warnings
 
 import torch
 
-from .attention import (Varlen, flash_attn_window, new_bias_grad, new_rng_state,
-                        problem_dims)
-from .attention import backward as attention_backward, forward as attention_forward
-from .attention import unsupported_reason as attention_unsupported_reason
-from .backends import backend_for
 from .device import arch_of, gpu_available
-from .dropout_masks import fill_dropout_uniform
 from .images import find_archive, find_archives
-from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
 from .native import NativeError
 from .philox_state import efficient_dims, flash_dims, next_state_and_values
 from .registry import IMPL_NAME, has_registry
@@ -52,6 +45,20 @@ _FA_BWD = "aten::_flash_attention_backward"
 _EFF = "aten::_scaled_dot_product_efficient_attention"
 _EFF_BWD = "aten::_scaled_dot_product_efficient_attention_backward"
 _FILL = "aten::_fill_mem_eff_dropout_mask_"
+
+
+
+# The Python route's modules load on its first call: enable() on the C++
+# route never needs them (part of the cold-start budget, issue #30).
+def _attention():
+    from . import attention
+    return attention
+
+
+def _kvcache():
+    from . import kvcache
+    return kvcache
+
 
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
@@ -103,7 +110,7 @@ def _flash_rng_outputs(device: torch.device, batch: int, heads: int, dropout_p: 
     advance it; without (a debug mask at p = 0: nothing is dropped, any state
     gives the same mask) zeros, and the generator is left alone, as torch's."""
     if dropout_p:
-        state = new_rng_state(device, flash_dims(batch, heads))
+        state = _attention().new_rng_state(device, flash_dims(batch, heads))
     else:
         state = torch.zeros(2, dtype=torch.int64, device=device)
     (seed_shape, seed_dtype), (_, offset_dtype) = _rng_layout()
@@ -125,7 +132,7 @@ def _varlen(cum_seq_q, cum_seq_k, max_q, max_k):
         return None
     if cum_seq_q is None or cum_seq_k is None:
         raise Unsupported("cum_seq_q and cum_seq_k must be given together")
-    return Varlen(cum_seq_q, cum_seq_k, int(max_q), int(max_k))
+    return _attention().Varlen(cum_seq_q, cum_seq_k, int(max_q), int(max_k))
 
 
 class Unsupported(Exception):
@@ -145,7 +152,7 @@ def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
             return f"{name} is not supported yet"
     if varlen is None and (query.dim() != 4 or key.dim() != 4 or value.dim() != 4):
         return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
-    return attention_unsupported_reason(
+    return _attention().unsupported_reason(
         _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), dropout_p=dropout_p,
         return_debug_mask=return_debug_mask, varlen=varlen, alibi_slopes=alibi_slopes)
 
@@ -177,7 +184,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     if reason:
         raise Unsupported(reason)
     seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = _attention().flash_attn_window(window_size_left, window_size_right, seqlen_k)
     out = torch.empty_like(query)
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
     rng = None
@@ -188,14 +195,15 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     if return_debug_mask:
         # (B, H, Sq, Sk); a variable-length batch (B, H, max_q, max_k), sequence
         # b at the top left of [b].
-        b, h, _, sq, sk, _ = problem_dims(_bhsd(query, varlen), _bhsd(key, varlen), varlen)
+        b, h, _, sq, sk, _ = _attention().problem_dims(_bhsd(query, varlen), _bhsd(key, varlen),
+                                                       varlen)
         debug = torch.zeros((b, h, sq, sk), dtype=query.dtype, device=query.device)
-    _, lse = attention_forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
-                               is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
-                               causal_alignment="bottom_right", window_size=window,
-                               dropout_p=dropout_p, rng=rng,
-                               debug_mask=debug if return_debug_mask else None, varlen=varlen,
-                               alibi_slopes=alibi_slopes)
+    _, lse = _attention().forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
+                                  is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
+                                  causal_alignment="bottom_right", window_size=window,
+                                  dropout_p=dropout_p, rng=rng,
+                                  debug_mask=debug if return_debug_mask else None, varlen=varlen,
+                                  alibi_slopes=alibi_slopes)
     return out, lse, seed, offset, debug
 
 
@@ -250,15 +258,15 @@ def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
     if k_end is None:  # dense keys, num_splits alone: every key
         k_end = torch.full((query.shape[0],), key.shape[1], dtype=torch.int32, device=key.device)
     cu_q = None if varlen is None else varlen.cu_seqlens_q
-    reason = kvcache_unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
-                                        cache_batch_idx=batch_idx, block_table=block_table,
-                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q)
+    reason = _kvcache().unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
+                                           cache_batch_idx=batch_idx, block_table=block_table,
+                                           alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q)
     if reason:
         raise Unsupported(reason)
     capacity = block_table.shape[1] * key.shape[1] if paged else k_cache.shape[1]
-    window = flash_attn_window(window_size_left, window_size_right,
-                                         max_k if max_k > 0 else capacity)
-    out, lse, _ = kvcache_forward(
+    window = _attention().flash_attn_window(window_size_left, window_size_right,
+                                            max_k if max_k > 0 else capacity)
+    out, lse, _ = _kvcache().forward(
         query, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=batch_idx,
         block_table=block_table, alibi_slopes=alibi_slopes, scale=scale, causal=bool(is_causal),
         window_size=window, num_splits=int(num_splits or 0), cu_seqlens_q=cu_q,
@@ -287,14 +295,14 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     if reason:
         raise Unsupported(reason)
     seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = _attention().flash_attn_window(window_size_left, window_size_right, seqlen_k)
     grads = tuple(torch.empty_like(t) for t in (query, key, value))
-    attention_backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
-                       _bhsd(value, varlen), _bhsd(out, varlen), logsumexp,
-                       is_causal=is_causal, scale=scale,
-                       grads=tuple(_bhsd(g, varlen) for g in grads),
-                       causal_alignment="bottom_right", window_size=window, dropout_p=dropout_p,
-                       rng=_rng_inputs(rng_state, unused) if dropout_p else None, varlen=varlen)
+    _attention().backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
+                          _bhsd(value, varlen), _bhsd(out, varlen), logsumexp,
+                          is_causal=is_causal, scale=scale,
+                          grads=tuple(_bhsd(g, varlen) for g in grads),
+                          causal_alignment="bottom_right", window_size=window, dropout_p=dropout_p,
+                          rng=_rng_inputs(rng_state, unused) if dropout_p else None, varlen=varlen)
     return grads
 
 
@@ -304,8 +312,8 @@ def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp
     S, D) tensors of any covered dtype (fp32 too), an additive bias (attn_mask)
     broadcast to (B, H, Sq, Sk), top-left causal, dropout. Outputs are laid
     out as torch's meta kernel lays them out. Raises :class:`Unsupported`."""
-    reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
-                                          is_causal=is_causal, attn_mask=attn_bias)
+    reason = _attention().unsupported_reason(query, key, value, dropout_p=dropout_p,
+                                             is_causal=is_causal, attn_mask=attn_bias)
     if reason:
         raise Unsupported(reason)
     b, h, sq, _ = query.shape
@@ -320,10 +328,10 @@ def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp
         _note_our_philox(values)
     else:
         seed = offset = _unused_int64(query.device)
-    attention_forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
-                      causal_alignment="top_left", bias=attn_bias, dropout_p=dropout_p,
-                      rng=(seed, offset) if dropout_p else None,
-                      lse=lse if compute_log_sumexp else None)
+    _attention().forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
+                         causal_alignment="top_left", bias=attn_bias, dropout_p=dropout_p,
+                         rng=(seed, offset) if dropout_p else None,
+                         lse=lse if compute_log_sumexp else None)
     return out, lse, seed, offset
 
 
@@ -333,8 +341,8 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     """``aten::_scaled_dot_product_efficient_attention_backward`` on our
     kernels (see :func:`efficient_attention_forward`): dQ, dK, dV and, when
     asked for, the bias gradient. Raises :class:`Unsupported`."""
-    reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
-                                          is_causal=is_causal, attn_mask=attn_bias)
+    reason = _attention().unsupported_reason(query, key, value, dropout_p=dropout_p,
+                                             is_causal=is_causal, attn_mask=attn_bias)
     if reason:
         raise Unsupported(reason)
     grads = tuple(torch.empty_permuted(t.size(), (0, 2, 1, 3), dtype=t.dtype, device=t.device)
@@ -343,14 +351,14 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     if attn_bias is not None and grad_input_mask[3]:
         # Shaped like attn_bias (as torch's meta kernel); the kernels write
         # the full (B, H, Sq, Sk) gradient, summed over broadcast dims here.
-        bias_grad = new_bias_grad(attn_bias.shape, attn_bias.dtype, query.device)
+        bias_grad = _attention().new_bias_grad(attn_bias.shape, attn_bias.dtype, query.device)
         full = (*query.shape[:3], key.size(2))
         full_grad = (bias_grad if tuple(attn_bias.shape) == full
-                     else new_bias_grad(full, attn_bias.dtype, query.device))
-    attention_backward(grad_out, query, key, value, out, logsumexp, is_causal=is_causal,
-                       scale=scale, grads=grads, causal_alignment="top_left", bias=attn_bias,
-                       bias_grad=full_grad, dropout_p=dropout_p,
-                       rng=(philox_seed, philox_offset) if dropout_p else None)
+                     else _attention().new_bias_grad(full, attn_bias.dtype, query.device))
+    _attention().backward(grad_out, query, key, value, out, logsumexp, is_causal=is_causal,
+                          scale=scale, grads=grads, causal_alignment="top_left", bias=attn_bias,
+                          bias_grad=full_grad, dropout_p=dropout_p,
+                          rng=(philox_seed, philox_offset) if dropout_p else None)
     if full_grad is not None and full_grad is not bias_grad:
         bias_grad.copy_(full_grad.sum_to_size(attn_bias.shape))
     return (*grads, bias_grad)
@@ -404,12 +412,14 @@ def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
         raise Unsupported("the mask is not a contiguous float32 4-D tensor")
     if (int(seed), int(offset)) in _TORCH_PHILOX:
         raise Unsupported("torch's kernel drew this mask (the efficient op fell back to it)")
+    from .backends import backend_for
+    from .dropout_masks import fill_dropout_uniform
     backend = backend_for(mask)
     if backend is None or getattr(backend, "problem", None):
         raise Unsupported(getattr(backend, "problem", None) or f"no backend for {mask.device}")
     try:
         return fill_dropout_uniform(mask, seed, offset, dropout_p=dropout_p,
-                                                  encode_keep=bool(torch.version.hip))
+                                    encode_keep=bool(torch.version.hip))
     except NativeError as exc:
         raise RuntimeError(
             f"aotriton-rocm: cannot regenerate the dropout mask our kernels drew ({exc}); "
@@ -420,7 +430,7 @@ def _cpu_reason(query, key, value, dropout_p, attn_mask) -> str | None:
     if dropout_p:
         # The CPU op returns no RNG state for its backward to regenerate the mask from.
         return "dropout on the CPU op is not covered"
-    return attention_unsupported_reason(query, key, value, attn_mask=attn_mask)
+    return _attention().unsupported_reason(query, key, value, attn_mask=attn_mask)
 
 
 def _routed(op: str, implementation):
@@ -601,9 +611,9 @@ class _Overrides:
     # aten::_scaled_dot_product_flash_attention
     def _flash_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False,
                    return_debug_mask=False, *, scale=None):
-        reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
-                                              is_causal=is_causal,
-                                              return_debug_mask=return_debug_mask)
+        reason = _attention().unsupported_reason(query, key, value, dropout_p=dropout_p,
+                                                 is_causal=is_causal,
+                                                 return_debug_mask=return_debug_mask)
         if reason:
             return self._fallback(_FLASH, keyset, reason, query, key, value, dropout_p,
                                   is_causal, return_debug_mask, scale=scale)
@@ -619,25 +629,26 @@ class _Overrides:
         if return_debug_mask:
             debug = torch.zeros((*query.shape[:3], key.size(2)), dtype=query.dtype,
                                 device=query.device)
-        out, lse = attention_forward(query, key, value, is_causal=is_causal, scale=scale,
-                                     causal_alignment="bottom_right", dropout_p=dropout_p,
-                                     rng=rng, debug_mask=debug if return_debug_mask else None)
+        out, lse = _attention().forward(query, key, value, is_causal=is_causal, scale=scale,
+                                        causal_alignment="bottom_right", dropout_p=dropout_p,
+                                        rng=rng, debug_mask=debug if return_debug_mask else None)
         return out, lse, None, None, query.size(2), key.size(2), seed, offset, debug
 
     # aten::_scaled_dot_product_flash_attention_backward
     def _flash_bwd(self, keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q,
                    cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
                    *, scale=None):
-        reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
-                                              is_causal=is_causal)
+        reason = _attention().unsupported_reason(query, key, value, dropout_p=dropout_p,
+                                                 is_causal=is_causal)
         if reason:
             return self._fallback(_FLASH_BWD, keyset, reason, grad_out, query, key, value, out,
                                   logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                   is_causal, philox_seed, philox_offset, scale=scale)
-        return attention_backward(grad_out, query, key, value, out, logsumexp,
-                                  is_causal=is_causal, scale=scale,
-                                  causal_alignment="bottom_right", dropout_p=dropout_p,
-                                  rng=_rng_inputs(philox_seed, philox_offset) if dropout_p else None)
+        rng = _rng_inputs(philox_seed, philox_offset) if dropout_p else None
+        return _attention().backward(grad_out, query, key, value, out, logsumexp,
+                                     is_causal=is_causal, scale=scale,
+                                     causal_alignment="bottom_right", dropout_p=dropout_p,
+                                     rng=rng)
 
     # Ops whose implementation raises Unsupported: torch's kernel takes the
     # very same call then. _flash_attention_forward is (B, S, H, D); torch
@@ -661,8 +672,8 @@ class _Overrides:
             return self._fallback(_CPU_FLASH, keyset, reason, query, key, value, dropout_p,
                                   is_causal, attn_mask=attn_mask, scale=scale)
         # torch's CPU flash op (like its math backend) aligns causal top-left.
-        out, lse = attention_forward(query, key, value, is_causal=is_causal, scale=scale,
-                                     causal_alignment="top_left", bias=attn_mask)
+        out, lse = _attention().forward(query, key, value, is_causal=is_causal, scale=scale,
+                                        causal_alignment="top_left", bias=attn_mask)
         b, h, sq, _ = query.shape
         # torch's CPU kernel returns logsumexp as a (B, Sq, H) buffer viewed (B, H, Sq).
         lse_cpu = torch.empty((b, sq, h), dtype=torch.float32).transpose(1, 2)
@@ -680,9 +691,9 @@ class _Overrides:
         # torch's CPU meta kernel lays gradients out as (B, S, H, D).
         grads = tuple(torch.empty_permuted(t.size(), (0, 2, 1, 3), dtype=t.dtype)
                       for t in (query, key, value))
-        return attention_backward(grad_out, query, key, value, out, logsumexp,
-                                  is_causal=is_causal, scale=scale, grads=grads,
-                                  causal_alignment="top_left", bias=attn_mask)
+        return _attention().backward(grad_out, query, key, value, out, logsumexp,
+                                     is_causal=is_causal, scale=scale, grads=grads,
+                                     causal_alignment="top_left", bias=attn_mask)
 
 
 NATIVE_ENV = "AOTRITON_ROCM_TORCH_NATIVE"
