@@ -645,10 +645,10 @@ static aotr_status launch(aotr_runtime *rt, aotr_device *dev, const aotr_launcha
     return st;
 }
 
-/* What every entry point checks first: the runtime, the params' struct_size
- * and the problem; fills `d`. */
-static aotr_status begin(aotr_runtime *rt, const void *params, uint32_t struct_size,
-                         size_t minimum, const aotr_attn_problem *p, dims *d, const char *what)
+/* What every entry point checks first: the runtime and the params given, and
+ * their struct_size at least `minimum`. */
+static aotr_status check_call(const aotr_runtime *rt, const void *params, uint32_t struct_size,
+                              size_t minimum, const char *what)
 {
     if (!params)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `params` is NULL", what);
@@ -657,7 +657,16 @@ static aotr_status begin(aotr_runtime *rt, const void *params, uint32_t struct_s
     if (struct_size < minimum)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: params->struct_size is %u, at least %zu "
                          "(set it to sizeof the params struct)", what, struct_size, minimum);
-    aotr_status st = aotr_attn_check(p);
+    return AOTR_OK;
+}
+
+/* check_call, then the problem; fills `d`. */
+static aotr_status begin(aotr_runtime *rt, const void *params, uint32_t struct_size,
+                         size_t minimum, const aotr_attn_problem *p, dims *d, const char *what)
+{
+    aotr_status st = check_call(rt, params, struct_size, minimum, what);
+    if (st == AOTR_OK)
+        st = aotr_attn_check(p);
     if (st == AOTR_OK)
         problem_dims(p, d);
     return st;
@@ -978,16 +987,10 @@ static aotr_status check_draws_out(const aotr_tensor *t)
 
 aotr_status aotr_dropout_uniform(aotr_runtime *rt, const aotr_dropout_uniform_params *params)
 {
-    if (!params)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_dropout_uniform: `params` is NULL");
-    if (!rt)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_dropout_uniform: `runtime` is NULL");
-    if (params->struct_size < sizeof *params)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_dropout_uniform: params->struct_size is "
-                         "%u, at least %zu (set it to sizeof the params struct)",
-                         params->struct_size, sizeof *params);
     aotr_status st;
-    if ((st = check_draws_out(&params->out)) ||
+    if ((st = check_call(rt, params, params ? params->struct_size : 0, sizeof *params,
+                         "aotr_dropout_uniform")) ||
+        (st = check_draws_out(&params->out)) ||
         (st = check_philox(&params->philox_seed, "philox_seed")) ||
         (st = check_philox(&params->philox_offset, "philox_offset")))
         return st;
@@ -1024,16 +1027,10 @@ aotr_status aotr_dropout_uniform(aotr_runtime *rt, const aotr_dropout_uniform_pa
 
 aotr_status aotr_philox_state(aotr_runtime *rt, const aotr_philox_state_params *params)
 {
-    if (!params)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_philox_state: `params` is NULL");
-    if (!rt)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_philox_state: `runtime` is NULL");
-    if (params->struct_size < sizeof *params)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_philox_state: params->struct_size is "
-                         "%u, at least %zu (set it to sizeof the params struct)",
-                         params->struct_size, sizeof *params);
     aotr_status st;
-    if ((st = check_philox(&params->philox_seed, "philox_seed")) ||
+    if ((st = check_call(rt, params, params ? params->struct_size : 0, sizeof *params,
+                         "aotr_philox_state")) ||
+        (st = check_philox(&params->philox_seed, "philox_seed")) ||
         (st = check_philox(&params->philox_offset, "philox_offset")) ||
         (st = check_philox(&params->seed_out, "seed_out")) ||
         (st = check_philox(&params->offset_out, "offset_out")))
