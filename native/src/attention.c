@@ -76,7 +76,8 @@ static void fill_name_table(void)
 int aotr_arg_slot(const char *name)
 {
     pthread_once(&name_table_once, fill_name_table);
-    for (uint32_t h = aotr_str_hash(name) % NAME_TABLE; name_table[h] >= 0; h = (h + 1) % NAME_TABLE)
+    uint32_t h = aotr_str_hash(name) % NAME_TABLE;
+    for (; name_table[h] >= 0; h = (h + 1) % NAME_TABLE)
         if (strcmp(name, aotr_arg_slot_name(name_table[h])) == 0)
             return name_table[h];
     return -1;

@@ -78,14 +78,15 @@ static void compress_blocks_x86(uint32_t h[8], const uint8_t *p, size_t blocks)
         __m128i w[16];
         for (int g = 0; g < 16; g++) {
             if (g < 4) {
-                w[g] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * g)),
-                                        bswap);
+                const void *block = p + 16 * g;
+                w[g] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)block), bswap);
             } else {
                 __m128i t = _mm_sha256msg1_epu32(w[g - 4], w[g - 3]);
                 t = _mm_add_epi32(t, _mm_alignr_epi8(w[g - 1], w[g - 2], 4));
                 w[g] = _mm_sha256msg2_epu32(t, w[g - 1]);
             }
-            __m128i m = _mm_add_epi32(w[g], _mm_loadu_si128((const __m128i *)(const void *)&K[4 * g]));
+            const void *k = &K[4 * g];
+            __m128i m = _mm_add_epi32(w[g], _mm_loadu_si128((const __m128i *)k));
             cdgh = _mm_sha256rnds2_epu32(cdgh, abef, m);
             abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(m, 0x0E));
         }

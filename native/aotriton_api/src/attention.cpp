@@ -138,7 +138,8 @@ aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bo
       if (*longest > 0 || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32) continue;
       /* reading the bounds synchronises, which breaks a graph capture: there
        * the total bounds every sequence (more programs, same result) */
-      if (!capturing && aotr_stream_capturing(runtime(), s.device(), s.stream(), &capturing) != AOTR_OK)
+      if (!capturing &&
+          aotr_stream_capturing(runtime(), s.device(), s.stream(), &capturing) != AOTR_OK)
         capturing = 0;
       if (capturing) {
         const int64_t total = side ? p->k.sizes[0] : p->q.sizes[0];

@@ -231,7 +231,8 @@ bool covers_admitted_calls(int32_t device) {
               p.dropout_p = dropout ? 0.5f : 0.0f;
               p.window_left = p.window_right = -1;
               /* dropout under graph capture runs the philox_state kernel too */
-              const uint32_t needs = dropout ? AOTR_NEED_BACKWARD | AOTR_NEED_PHILOX_STATE : AOTR_NEED_BACKWARD;
+              const uint32_t needs =
+                  dropout ? AOTR_NEED_BACKWARD | AOTR_NEED_PHILOX_STATE : AOTR_NEED_BACKWARD;
               ok = aotr_attn_supported(rt, device, &p, needs) == AOTR_OK;
             }
   std::lock_guard<std::mutex> guard(s.lock);

@@ -3,10 +3,11 @@
 Key: sha256 over the kernel sources the function's module reads (the module
 and the kernels/ modules it imports, transitively: module_sources_hash), the
 function, its signature, constexprs, attrs, target, compile options, the
-triton version and the compile environment. An entry is ``<key[:2]>/<key>.bin`` (code object) plus
-``<key[:2]>/<key>.json`` (compile metadata, incl. the code object's sha256);
-both are written atomically (temp file + ``os.replace``), the JSON last, so a
-present JSON means a complete entry. Entries that fail their sha256 check are
+triton version and the compile environment. An entry is
+``<key[:2]>/<key>.bin`` (code object) plus ``<key[:2]>/<key>.json`` (compile
+metadata, incl. the code object's sha256); both are written atomically (temp
+file + ``os.replace``), the JSON last, so a present JSON means a complete
+entry. Entries that fail their sha256 check are
 treated as misses and overwritten.
 """
 from __future__ import annotations
