@@ -52,7 +52,8 @@ FA = _module()
 def test_signatures_match_variants_toml():
     for name, kern in SPEC["kernels"].items():
         module, fn_name = kern["function"].split(":")
-        assert module in ("flash_attention", "flash_decode", "flash_attention_sm90_bwd_fused")
+        assert module in ("flash_attention", "flash_decode", "flash_attention_sm90_bwd_fused",
+                          "rng_state")
         fn = getattr(FA if module == "flash_attention" else _module(module), fn_name)
         params = list(inspect.signature(fn.fn).parameters)
         assert params == [a for a, _ in kern["args"]] + list(kern["constexprs"]), name

@@ -29,8 +29,9 @@ __all__ = ["Workload", "workload_for", "DROPOUT_P", "KVCACHE_HEADS", "KVCACHE_SE
 # Kernels tune leaves alone: the fused backward has one tile by construction
 # (two warpgroups of 64 keys), and its MIN_SEQLEN, where it takes over from
 # the split kernels, is a comparison of routes (docs/PERFORMANCE-NOTEBOOK.md, "The fused
-# backward"), not of its own configs; its dQ conversion follows it.
-NOT_TUNED = ("attn_bwd_fused", "attn_bwd_dq_convert")
+# backward"), not of its own configs; its dQ conversion follows it. The
+# dropout state kernel is one program storing two numbers.
+NOT_TUNED = ("attn_bwd_fused", "attn_bwd_dq_convert", "philox_state")
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 DROPOUT_P = 0.1
