@@ -112,7 +112,9 @@ static int cpu_has_sha(void)
 static void compress_blocks(uint32_t h[8], const uint8_t *p, size_t blocks)
 {
 #ifdef AOTR_SHA_X86
-    static int has_sha = -1; /* a race only computes the same answer twice */
+    /* AOTRITON_ROCM_PORTABLE_SHA256 set: the portable code (its ctest run).
+     * A race only computes the same answer twice. */
+    static int has_sha = -1;
     if (has_sha < 0)
         has_sha = cpu_has_sha() && !getenv("AOTRITON_ROCM_PORTABLE_SHA256");
     if (has_sha) {
