@@ -33,6 +33,9 @@ from .torch_compat import check_torch
 from .torch_native import activate as activate_torch_native
 from .torch_native import available as torch_native_available
 from .trace import span
+# The Python route's modules (attention, backends, the KV cache) are imported
+# by the functions that use them: enable() on the C++ route never needs them
+# (part of its cold-start budget).
 
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
 
@@ -46,9 +49,6 @@ _EFF = "aten::_scaled_dot_product_efficient_attention"
 _EFF_BWD = "aten::_scaled_dot_product_efficient_attention_backward"
 _FILL = "aten::_fill_mem_eff_dropout_mask_"
 
-# The Python route's modules (attention, backends, the KV cache) are imported
-# by the functions that use them: enable() on the C++ route never needs them
-# (part of its cold-start budget).
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
 
