@@ -62,7 +62,13 @@ struct aotr_json {
 AOTR_HIDDEN aotr_json *aotr_json_parse(const char *text, size_t len);
 AOTR_HIDDEN void aotr_json_free(aotr_json *root);
 /* FNV-1a of a NUL-terminated string (the runtime's name tables). */
-AOTR_HIDDEN uint32_t aotr_str_hash(const char *s);
+static inline uint32_t aotr_str_hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h;
+}
 /* Object member or NULL (also NULL when `obj` is not an object). */
 AOTR_HIDDEN const aotr_json *aotr_json_get(const aotr_json *obj, const char *key);
 /* Typed getters: 1 on success. */

@@ -577,14 +577,6 @@ void aotr_json_free(aotr_json *root)
     free(doc);
 }
 
-uint32_t aotr_str_hash(const char *s)
-{
-    uint32_t h = 2166136261u;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 16777619u;
-    return h;
-}
-
 const aotr_json *aotr_json_get(const aotr_json *obj, const char *key)
 {
     if (obj == NULL || key == NULL || obj->type != AOTR_JSON_OBJECT)

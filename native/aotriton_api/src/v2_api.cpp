@@ -11,11 +11,10 @@ using v3::flash::CausalType;
 using v3::flash::VarlenType;
 using v3::flash::WindowValue;
 
-hipError_t check_gpu(aotriton::Stream stream) {
+hipError_t check_gpu(aotriton::Stream /*stream: any, capturing included*/) {
   int32_t device = 0;
   aotr_status st = current_device(&device);
   if (st != AOTR_OK) return report(st, "check_gpu");
-  (void)stream;
   return covers_admitted_calls(device) ? hipSuccess : hipErrorNoBinaryForGpu;
 }
 

@@ -27,12 +27,12 @@ def kernel_sources_hash(kernels_dir) -> str:
     return h.hexdigest()
 
 
-def _local_imports(path: Path, module: str) -> list:
-    """The kernels/ modules that ``module`` (at ``path``) imports relatively
-    (``from .x import``, ``from . import x``), as dotted names relative to
-    kernels/."""
+def _local_imports(source: bytes, path: Path, module: str) -> list:
+    """The kernels/ modules that ``module`` (``source``, read from ``path``)
+    imports relatively (``from .x import``, ``from . import x``), as dotted
+    names relative to kernels/."""
     names = []
-    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+    for node in ast.walk(ast.parse(source, filename=str(path))):
         if not isinstance(node, ast.ImportFrom) or node.level == 0:
             continue
         package = module.split(".")[:-node.level]  # the package the dots name
@@ -49,8 +49,7 @@ def module_sources_hash(kernels_dir, module: str) -> str:
     the compile of a function of that module reads. A compile-cache key of
     it stays valid when an unrelated kernel module changes or is added."""
     kd = Path(kernels_dir)
-    todo, seen = [module], set()
-    h = hashlib.sha256()
+    todo, seen, sources = [module], set(), {}
     while todo:
         name = todo.pop()
         if name in seen:
@@ -59,13 +58,13 @@ def module_sources_hash(kernels_dir, module: str) -> str:
         path = kd.joinpath(*name.split(".")).with_suffix(".py")
         if not path.is_file():
             continue  # ``from . import x`` of a name that is not a module
-        todo.extend(_local_imports(path, name))
-    for name in sorted(seen):
-        path = kd.joinpath(*name.split(".")).with_suffix(".py")
-        if path.is_file():
-            data = path.read_bytes()
-            h.update(len(name).to_bytes(8, "little") + name.encode())
-            h.update(len(data).to_bytes(8, "little") + data)
+        sources[name] = path.read_bytes()
+        todo.extend(_local_imports(sources[name], path, name))
+    h = hashlib.sha256()
+    for name in sorted(sources):
+        data = sources[name]
+        h.update(len(name).to_bytes(8, "little") + name.encode())
+        h.update(len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
 
 
