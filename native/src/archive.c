@@ -153,8 +153,25 @@ static int arg_kind(const char *type, aotr_arg_kind *kind)
     return 1;
 }
 
+/* Records of one kernel share their argument and divisible_16 lists in the
+ * parsed index (json.c shares repeated containers); they share the checked
+ * lists too. Direct-mapped by the JSON list's address; a miss only costs a
+ * second check. */
+#define SHARED_LISTS 64
+
+typedef struct list_cursor {
+    aotr_kernel_arg *args_next;
+    const char **div_next;
+    const aotr_json *args_json[SHARED_LISTS];
+    const aotr_kernel_arg *args[SHARED_LISTS];
+    const aotr_json *div_json[SHARED_LISTS];
+    const char *const *div[SHARED_LISTS];
+} list_cursor;
+
+static size_t list_slot(const aotr_json *items) { return ((uintptr_t)items >> 4) % SHARED_LISTS; }
+
 static aotr_status parse_record(aotr_archive *a, size_t index, const aotr_json *j,
-                                aotr_kernel_arg **args_next, const char ***div_next)
+                                list_cursor *lists)
 {
     aotr_kernel_record *r = &a->records[index];
     int64_t v;
@@ -232,32 +249,46 @@ static aotr_status parse_record(aotr_archive *a, size_t index, const aotr_json *
     const aotr_json *args = aotr_json_get(j, "args");
     if (args == NULL || args->type != AOTR_JSON_ARRAY)
         return BAD("no args list");
-    r->args = *args_next;
     r->num_args = args->n;
-    for (size_t i = 0; i < args->n; i++) {
-        const aotr_json *pair = &args->items[i];
-        aotr_kernel_arg *arg = &(*args_next)[i];
-        if (pair->type != AOTR_JSON_ARRAY || pair->n != 2 ||
-            (arg->name = aotr_json_str(&pair->items[0])) == NULL ||
-            (arg->type = aotr_json_str(&pair->items[1])) == NULL)
-            return invalid(a, "kernel '%s': argument %zu is not a [name, type] pair", k, i);
-        if (!arg_kind(arg->type, &arg->kind))
-            return invalid(a,
-                           "kernel '%s': argument '%s' has type '%s', which this library "
-                           "cannot pass (known: *<type>, i32, i64, fp32)",
-                           k, arg->name, arg->type);
+    size_t slot = list_slot(args->items);
+    if (args->n > 0 && lists->args_json[slot] == args->items) {
+        r->args = lists->args[slot];
+    } else {
+        r->args = lists->args_next;
+        for (size_t i = 0; i < args->n; i++) {
+            const aotr_json *pair = &args->items[i];
+            aotr_kernel_arg *arg = &lists->args_next[i];
+            if (pair->type != AOTR_JSON_ARRAY || pair->n != 2 ||
+                (arg->name = aotr_json_str(&pair->items[0])) == NULL ||
+                (arg->type = aotr_json_str(&pair->items[1])) == NULL)
+                return invalid(a, "kernel '%s': argument %zu is not a [name, type] pair", k, i);
+            if (!arg_kind(arg->type, &arg->kind))
+                return invalid(a,
+                               "kernel '%s': argument '%s' has type '%s', which this library "
+                               "cannot pass (known: *<type>, i32, i64, fp32)",
+                               k, arg->name, arg->type);
+        }
+        lists->args_next += args->n;
+        lists->args_json[slot] = args->items;
+        lists->args[slot] = r->args;
     }
-    *args_next += args->n;
 
     const aotr_json *div = aotr_json_get(j, "divisible_16");
     if (div == NULL || div->type != AOTR_JSON_ARRAY)
         return BAD("no divisible_16 list");
-    r->divisible_16 = *div_next;
     r->num_divisible = div->n;
-    for (size_t i = 0; i < div->n; i++)
-        if (((*div_next)[i] = aotr_json_str(&div->items[i])) == NULL)
-            return BAD("divisible_16 holds a non-string");
-    *div_next += div->n;
+    slot = list_slot(div->items);
+    if (div->n > 0 && lists->div_json[slot] == div->items) {
+        r->divisible_16 = lists->div[slot];
+    } else {
+        r->divisible_16 = lists->div_next;
+        for (size_t i = 0; i < div->n; i++)
+            if ((lists->div_next[i] = aotr_json_str(&div->items[i])) == NULL)
+                return BAD("divisible_16 holds a non-string");
+        lists->div_next += div->n;
+        lists->div_json[slot] = div->items;
+        lists->div[slot] = r->divisible_16;
+    }
 
     int64_t off, csize, size;
     if (!get_int(j, "offset", 0, INT64_MAX, &off) ||
@@ -302,13 +333,19 @@ static aotr_status parse_records(aotr_archive *a, const aotr_json *kernels)
     a->code = calloc(kernels->n ? kernels->n : 1, sizeof *a->code);
     if (!a->records || !a->args || !a->divisible || !a->code)
         return aotr_fail(AOTR_OUT_OF_MEMORY, "%s: out of memory", a->path);
-    aotr_kernel_arg *args_next = a->args;
-    const char **div_next = a->divisible;
+    list_cursor *lists = calloc(1, sizeof *lists);
+    if (lists == NULL)
+        return aotr_fail(AOTR_OUT_OF_MEMORY, "%s: out of memory", a->path);
+    lists->args_next = a->args;
+    lists->div_next = a->divisible;
     for (size_t i = 0; i < kernels->n; i++) {
-        aotr_status st = parse_record(a, i, &kernels->items[i], &args_next, &div_next);
-        if (st != AOTR_OK)
+        aotr_status st = parse_record(a, i, &kernels->items[i], lists);
+        if (st != AOTR_OK) {
+            free(lists);
             return st;
+        }
     }
+    free(lists);
     if (a->count > 1) {
         const aotr_kernel_record **sorted = malloc(a->count * sizeof *sorted);
         if (sorted == NULL)

@@ -3,7 +3,13 @@
  * Every value, string and array of a document lives in one arena (a list of
  * blocks) owned by the document; aotr_json_free(root) releases it all.
  * Children of the containers being parsed collect on a scratch stack and are
- * copied into the arena, contiguously, when their container closes. */
+ * copied into the arena, contiguously, when their container closes.
+ *
+ * An index repeats whole containers: every record of a kernel has the same
+ * argument list. A container of MEMO_MIN_LEN bytes or more is remembered by
+ * its source text; where the same bytes appear again at the same depth the
+ * parsed value is shared (the DOM is read-only), not parsed again. Equal
+ * bytes at equal depth parse to the same value, so this changes no result. */
 #include <errno.h>
 #include <locale.h>
 #include <pthread.h>
@@ -17,6 +23,15 @@
 
 #define MAX_DEPTH 64
 #define BLOCK_SIZE ((size_t)64 * 1024)
+#define MEMO_MIN_LEN 64 /* bytes of source text; also the length of the hashed prefix */
+#define MEMO_SLOTS 1024
+
+typedef struct memo_entry {
+    const char *text; /* NULL: empty slot */
+    size_t len;
+    int depth;
+    aotr_json value;
+} memo_entry;
 
 typedef struct block {
     struct block *next;
@@ -39,6 +54,7 @@ typedef struct parser {
     aotr_json *stack;
     const char **stack_keys;
     size_t top, capacity;
+    memo_entry *memo; /* MEMO_SLOTS entries, or NULL (no memo) */
     int failed;
 } parser;
 
@@ -430,6 +446,21 @@ static int parse_number(parser *ps, aotr_json *v)
 
 static int parse_value(parser *ps, aotr_json *v, int depth);
 
+/* The memo slot of the container at `at`: a hash of its first MEMO_MIN_LEN
+ * bytes (NULL when fewer are left: no container there is long enough). */
+static memo_entry *memo_slot(const parser *ps, size_t at)
+{
+    if (ps->memo == NULL || ps->len - at < MEMO_MIN_LEN)
+        return NULL;
+    uint64_t h = 0;
+    for (size_t i = 0; i < MEMO_MIN_LEN; i += 8) {
+        uint64_t w;
+        memcpy(&w, ps->p + at + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    }
+    return &ps->memo[(h >> 40) % MEMO_SLOTS];
+}
+
 /* At '[' or '{'. */
 static int parse_container(parser *ps, aotr_json *v, int depth)
 {
@@ -439,6 +470,13 @@ static int parse_container(parser *ps, aotr_json *v, int depth)
     if (depth >= MAX_DEPTH) {
         fail_at(ps, open_at, "nesting deeper than %d", MAX_DEPTH);
         return 0;
+    }
+    memo_entry *memo = memo_slot(ps, open_at);
+    if (memo != NULL && memo->text != NULL && memo->depth == depth &&
+        memo->len <= ps->len - open_at && memcmp(memo->text, ps->p + open_at, memo->len) == 0) {
+        *v = memo->value;
+        ps->pos = open_at + memo->len;
+        return 1;
     }
     ps->pos++;
     size_t base = ps->top;
@@ -502,6 +540,8 @@ static int parse_container(parser *ps, aotr_json *v, int depth)
         }
     }
     ps->top = base;
+    if (memo != NULL && ps->pos - open_at >= MEMO_MIN_LEN)
+        *memo = (memo_entry){ps->p + open_at, ps->pos - open_at, depth, *v};
     return 1;
 }
 
@@ -544,7 +584,8 @@ aotr_json *aotr_json_parse(const char *text, size_t len)
         aotr_fail(AOTR_OUT_OF_MEMORY, "json: out of memory");
         return NULL;
     }
-    parser ps = {.p = text, .len = len, .doc = doc};
+    /* without the memo (out of memory) the parse is only slower */
+    parser ps = {.p = text, .len = len, .doc = doc, .memo = calloc(MEMO_SLOTS, sizeof(memo_entry))};
     skip_ws(&ps);
     int ok = parse_value(&ps, &doc->root, 0);
     if (ok) {
@@ -556,6 +597,7 @@ aotr_json *aotr_json_parse(const char *text, size_t len)
     }
     free(ps.stack);
     free(ps.stack_keys);
+    free(ps.memo);
     if (!ok) {
         aotr_json_free(&doc->root);
         return NULL;
@@ -583,7 +625,7 @@ const aotr_json *aotr_json_get(const aotr_json *obj, const char *key)
         return NULL;
     /* the last duplicate wins, as in Python's json */
     for (size_t i = obj->n; i-- > 0;)
-        if (strcmp(obj->keys[i], key) == 0)
+        if (obj->keys[i][0] == key[0] && strcmp(obj->keys[i], key) == 0)
             return &obj->items[i];
     return NULL;
 }

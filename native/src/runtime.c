@@ -457,6 +457,20 @@ static void fill_group(group *g, aotr_launchable **members, size_t n, const aotr
     *g = t;
 }
 
+/* What bind_arguments decided for `from`, for a record with the same lists. */
+static void copy_binding(aotr_launchable *k, const aotr_launchable *from)
+{
+    memcpy(k->slots, from->slots, sizeof k->slots);
+    memcpy(k->offsets, from->offsets, sizeof k->offsets);
+    memcpy(k->sizes, from->sizes, sizeof k->sizes);
+    memcpy(k->divisible, from->divisible, sizeof k->divisible);
+    k->num_args = from->num_args;
+    k->args_size = from->args_size;
+    k->num_divisible = from->num_divisible;
+}
+
+#define BIND_MEMO 64
+
 static aotr_status build_tables(aotr_device *dev)
 {
     const aotr_kernel_record *records = NULL;
@@ -464,6 +478,7 @@ static aotr_status build_tables(aotr_device *dev)
     dev->launchables = calloc(n ? n : 1, sizeof *dev->launchables);
     aotr_launchable **order = calloc(n ? n : 1, sizeof *order);
     int *slot_of = calloc(n ? n : 1, sizeof *slot_of);
+    aotr_launchable *bound[BIND_MEMO] = {0};
     aotr_status st = AOTR_OK;
     if (!dev->launchables || !order || !slot_of) {
         st = aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory building the kernel tables");
@@ -478,8 +493,19 @@ static aotr_status build_tables(aotr_device *dev)
         int kid = kernel_id_of(r->kernel);
         slot_of[i] = group_slot(kid, r->dtype, r->head_dim, r->pad_head, r->has_bias,
                                 r->enable_dropout);
-        if (slot_of[i] >= 0 && (st = bind_arguments(k, kid)) != AOTR_OK)
-            goto done;
+        if (slot_of[i] < 0)
+            continue;
+        /* records sharing their argument lists (archive.c) bind alike */
+        aotr_launchable **same = &bound[((uintptr_t)r->args >> 4) % BIND_MEMO];
+        if (*same && (*same)->record->args == r->args &&
+            (*same)->record->divisible_16 == r->divisible_16 &&
+            strcmp((*same)->record->kernel, r->kernel) == 0 && !(*same)->bind_error) {
+            copy_binding(k, *same);
+        } else {
+            if ((st = bind_arguments(k, kid)) != AOTR_OK)
+                goto done;
+            *same = k;
+        }
     }
     const aotr_json *tuning = aotr_json_get(aotr_archive_manifest(dev->archive), "tuning");
     choice_index ix;

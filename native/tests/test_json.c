@@ -293,6 +293,58 @@ static void test_depth(void)
     free(deep);
 }
 
+/* Repeated containers (64 bytes or more) share their parsed value: equal
+ * text gives equal values, a difference late in the text does not, and the
+ * depth limit holds for a repeat nested deeper than its first occurrence. */
+static void test_repeats(void)
+{
+#define ARGS(last) "[[\"Q\",\"*fp16\"],[\"K\",\"*fp16\"],[\"V\",\"*fp16\"],[\"stride_qz\",\"" last "\"]]"
+    const char *text = "{\"k\":[{\"args\":" ARGS("i32") "},{\"args\":" ARGS("i32") "},{\"args\":" ARGS(
+        "i64") "},[" ARGS("i32") "]]}";
+#undef ARGS
+    aotr_json *doc = parse(text);
+    const aotr_json *k = aotr_json_get(doc, "k");
+    if (doc == NULL || k == NULL || k->n != 4) {
+        FAIL("repeats: %s", doc ? "wrong shape" : aotr_last_error());
+    } else {
+        static const char *const want[] = {"i32", "i32", "i64", "i32"};
+        for (size_t i = 0; i < 4; i++) {
+            const aotr_json *list = i < 3 ? aotr_json_get(&k->items[i], "args") : &k->items[i].items[0];
+            const char *got = list && list->n == 4 ? aotr_json_str(&list->items[3].items[1]) : NULL;
+            if (got == NULL || strcmp(got, want[i]) != 0)
+                FAIL("repeats: list %zu ends in %s, not %s", i, got ? got : "(none)", want[i]);
+        }
+    }
+    aotr_json_free(doc);
+    size_t len = strlen(text);
+    char *copy = malloc(len);
+    for (size_t i = 0; i < len; i++) {
+        memcpy(copy, text, len);
+        copy[i] = (char)(copy[i] == ']' ? ',' : ']');
+        aotr_json_free(parse_n(copy, len));
+    }
+    free(copy);
+
+    /* a 3-level container at depth 1, then again at depth 61 and 62 */
+    char inner[128] = "[[[";
+    for (int i = 0; i < 30; i++)
+        strcat(inner, "1,");
+    strcat(inner, "1]]]");
+    for (int depth = 61; depth <= 62; depth++) {
+        char buf[512];
+        size_t n = (size_t)sprintf(buf, "[%s,", inner);
+        for (int i = 1; i < depth; i++)
+            buf[n++] = '[';
+        n += (size_t)sprintf(buf + n, "%s", inner);
+        for (int i = 0; i < depth; i++)
+            buf[n++] = ']';
+        doc = parse_n(buf, n);
+        if ((doc != NULL) != (depth == 61))
+            FAIL("repeat at depth %d: %s", depth, doc ? "accepted" : aotr_last_error());
+        aotr_json_free(doc);
+    }
+}
+
 /* Every prefix and every single-byte corruption of a document parses or
  * fails cleanly (ASan/UBSan builds check the reads). */
 static void test_prefixes(void)
@@ -329,6 +381,7 @@ int main(void)
     test_strings();
     test_numbers();
     test_depth();
+    test_repeats();
     test_prefixes();
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
