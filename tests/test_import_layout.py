@@ -25,7 +25,8 @@ LAYERS = {
         "registry", "kvcache", "dropout_masks", "philox_state", "interpreter_compat"},
     2: {"__init__", "torch_integration", "flash_attn_interface", "kvcache_api", "function_mode",
         "_autoload"},
-    3: {"cli", "__main__", "smoke", "info", "install_checks", "aotriton_prefix", "torch_dropin"},
+    3: {"cli", "__main__", "smoke", "info", "config_command", "install_checks", "aotriton_prefix",
+        "torch_dropin"},
 }
 TOOLING = 4
 

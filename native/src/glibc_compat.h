@@ -1,5 +1,5 @@
 /* Binary compatibility with glibc 2.28 (manylinux_2_28): glibc 2.34 moved
- * the dl* and pthread_once functions into libc with new symbol versions, so
+ * the dl* and pthread_once/create/join functions into libc with new symbol versions, so
  * references are bound to their original versions (kept by newer glibc, and
  * found in libdl.so.2 / libpthread.so.0 by older ones, which the library
  * lists as needed). Included first by every source file (-include). */
@@ -18,6 +18,8 @@ __asm__(".symver dlclose,dlclose@" AOTR_GLIBC_BASE);
 __asm__(".symver dlerror,dlerror@" AOTR_GLIBC_BASE);
 __asm__(".symver dladdr,dladdr@" AOTR_GLIBC_BASE);
 __asm__(".symver pthread_once,pthread_once@" AOTR_GLIBC_BASE);
+__asm__(".symver pthread_create,pthread_create@" AOTR_GLIBC_BASE);
+__asm__(".symver pthread_join,pthread_join@" AOTR_GLIBC_BASE);
 #endif
 #endif
 #endif

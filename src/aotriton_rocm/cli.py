@@ -43,7 +43,7 @@ COMMANDS: Dict[str, Command] = {c.name: c for c in (
             "run_info"),
     Command("config", "paths of the C library, header, CMake and pkg-config files "
             "(--cmakedir, --includedir, --libdir, --pkgconfigdir, --library)",
-            ".paths", "ConfigOptions", "run_config"),
+            ".config_command", "ConfigOptions", "run_config"),
     Command("aotriton-prefix", "an AOTRITON_INSTALLED_PREFIX for a PyTorch source build: our "
             "libaotriton_v2 (AOTriton's API), its headers and the installed images",
             ".aotriton_prefix", "PrefixOptions", "run_aotriton_prefix"),

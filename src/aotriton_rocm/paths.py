@@ -1,8 +1,7 @@
 """Where the installed C library, its header and its CMake / pkg-config files
-are, and ``aotriton-rocm config``, which prints them for build systems (as
-``pybind11 --cmakedir`` and ``torch.utils.cmake_prefix_path`` do).
+are (``aotriton-rocm config`` prints them: config_command.py).
 
-Standard library only: ``config`` must start fast (no torch, no tooling).
+Standard library only: ``config`` and the runtime import this at start.
 
 Two layouts, the same tree under a root (``lib/``, ``lib/cmake/aotriton_rocm/``,
 ``lib/pkgconfig/``, ``include/aotriton_rocm/``):
@@ -16,12 +15,10 @@ Two layouts, the same tree under a root (``lib/``, ``lib/cmake/aotriton_rocm/``,
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Tuple
 
 from ._version import ABI_VERSION
-from .errors import CommandError, UsageError
+from .errors import UsageError
 
 SONAME = f"libaotriton_rocm.so.{ABI_VERSION}"
 _PACKAGE = Path(__file__).resolve().parent
@@ -68,44 +65,3 @@ def locations() -> dict:
             "libdir": root / "lib",
             "pkgconfigdir": root / "lib" / "pkgconfig",
             "library": root / "lib" / SONAME}
-
-
-CONFIG_LOCATIONS = (("cmakedir", "the CMake package config (aotriton_rocmConfig.cmake)"),
-                    ("includedir", "the include directory (holds aotriton_rocm/aotriton_rocm.h)"),
-                    ("libdir", "the directory of the library"),
-                    ("pkgconfigdir", "the directory of aotriton_rocm.pc"),
-                    ("library", "the library file"))
-
-
-@dataclass(frozen=True)
-class ConfigOptions:
-    wanted: Tuple[str, ...] = ()   # location names, in the order asked; () = all
-
-    @classmethod
-    def from_args(cls, args) -> "ConfigOptions":
-        return cls(tuple(args.wanted or ()))
-
-
-def add_config_arguments(parser) -> None:
-    parser.description = ("Print where libaotriton_rocm is installed, for C and C++ builds: "
-                          "cmake -Daotriton_rocm_DIR=\"$(aotriton-rocm config --cmakedir)\", "
-                          "PKG_CONFIG_PATH=\"$(aotriton-rocm config --pkgconfigdir)\". "
-                          "With no option, every location, one 'name: path' per line.")
-    for name, what in CONFIG_LOCATIONS:
-        parser.add_argument(f"--{name}", dest="wanted", action="append_const", const=name,
-                            help=what)
-
-
-def run_config(options: ConfigOptions) -> int:
-    where = locations()
-    missing = [str(p) for p in where.values() if not p.exists()]
-    if missing:
-        raise CommandError(f"this installation is incomplete ({', '.join(missing)} missing): "
-                           "reinstall aotriton-rocm")
-    if options.wanted:
-        for name in options.wanted:
-            print(where[name])
-    else:
-        for name, path in where.items():
-            print(f"{name}: {path}")
-    return 0
