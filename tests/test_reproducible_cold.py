@@ -1,6 +1,6 @@
 """Cold kernel builds are byte-identical: the gfx942 dK/dV kernels of fp16
-at head dim 128 without bias (6 candidates: dropout on and off, every
-config), built twice from empty caches in separate processes and
+at head dim 128, masked head dim, without bias (3 candidates: dropout on
+and off, every config), built twice from empty caches in separate processes and
 directories with 2 parallel workers. Before each compile ran in a fresh worker process, two such builds
 gave different dK/dV kernels (a worker's earlier compiles changed the
 register allocation of later ones).
@@ -29,7 +29,7 @@ from aotriton_rocm.tooling.build.command import build
 
 if __name__ == "__main__":
     build("6.4", ["gfx942"], sys.argv[1], source_root=sys.argv[2], jobs=2, progress=False,
-          only=["kernel=attn_bwd_dkdv,dtype=fp16,head_dim=128,has_bias=false"])
+          only=["kernel=attn_bwd_dkdv,dtype=fp16,head_dim=128,pad_head=true,has_bias=false"])
 """
 
 
