@@ -91,6 +91,17 @@ def test_report_text_and_json_carry_reasons(tmp_path):
     assert [g["unexplained"] for g in doc["gaps"]] == [[], ["global_loads"]]
 
 
+def test_a_shorter_buckets_kernel_is_a_gap_of_its_own_and_configs_narrow_a_reason(tmp_path):
+    # the kernel shipped for short sequences: twice the global loads per MFMA
+    bucket = RefRow(FWD, "ours", "attn_fwd", "64x64", _fig(2, 64, 64 + 400, 16, 32), bucket="q<=64")
+    narrowed = REASON.replace('metrics = ["occupancy"]', 'metrics = ["occupancy", "global_loads"]\nconfigs = ["64x64"]')
+    gaps = {g.config: g for g in find_gaps(_rows() + [bucket], _reasons(tmp_path, narrowed))}
+    assert gaps["64x64"].text.startswith("gfx942 fwd bf16 d128 attn_fwd [q<=64] (64x64;")
+    assert gaps["64x64"].unexplained == [] and gaps["64x64"].to_json()["bucket"] == "q<=64"
+    # the open bucket's 128x64 is not among the reason's configs
+    assert gaps["128x64"].unexplained == ["occupancy"]
+
+
 @pytest.mark.parametrize("body, message", [
     (REASON.replace('metrics = ["occupancy"]', 'metrics = ["speed"]'), "unknown metric"),
     (REASON.replace('head_dims = [128]\n', ''), "lacks head_dims"),
@@ -109,3 +120,4 @@ def test_checked_in_reasons_load_and_name_known_kernels():
         assert r.arch in ("gfx942", "gfx950", "gfx90a", "gfx908")
         assert r.kernel in ("attn_fwd", "attn_bwd_dkdv", "attn_bwd_dq")
         assert set(r.metrics) <= set(METRICS) and set(r.dtypes) <= {"fp16", "bf16"}
+        assert r.configs, f"{r.arch} {r.kernel}: name the configs the reason speaks of"

@@ -11,11 +11,13 @@ table each::
     dtypes = ["fp16", "bf16"]
     head_dims = [64, 128]
     metrics = ["occupancy"]      # occupancy | instructions | global_loads | ds_reads
+    configs = ["64x16 wpe2 w4 s1"]   # optional: only these shipped configs (report text)
     text = "why, from what the decoded loop or the config shows"
 
-A reason covers a gap's figure when arch, kernel, dtype, head dim and the
-figure all match; the first matching entry wins. A gap is explained only
-when every figure below AMD's has a reason.
+A reason covers a gap's figure when arch, kernel, dtype, head dim, the
+figure and (where the reason names configs) the config all match; the
+first matching entry wins. A gap is explained only when every figure
+below AMD's has a reason.
 """
 from __future__ import annotations
 
@@ -52,10 +54,13 @@ class Reason:
     head_dims: Tuple[int, ...]
     metrics: Tuple[str, ...]
     text: str
+    configs: Tuple[str, ...] = ()  # () = any config
 
-    def covers(self, arch: str, kernel: str, dtype: str, head_dim: int, metric: str) -> bool:
+    def covers(self, arch: str, kernel: str, dtype: str, head_dim: int, metric: str,
+               config: str = "") -> bool:
         return (self.arch == arch and self.kernel == kernel and dtype in self.dtypes
-                and head_dim in self.head_dims and metric in self.metrics)
+                and head_dim in self.head_dims and metric in self.metrics
+                and (not self.configs or config in self.configs))
 
 
 def load_reasons(path: Optional[Path]) -> List[Reason]:
@@ -78,7 +83,8 @@ def load_reasons(path: Optional[Path]) -> List[Reason]:
         if not str(t["text"]).strip():
             raise ReasonsError(f"{where}: empty text")
         out.append(Reason(str(t["arch"]), str(t["kernel"]), tuple(t["dtypes"]), tuple(int(h) for h in t["head_dims"]),
-                          tuple(t["metrics"]), " ".join(str(t["text"]).split())))
+                          tuple(t["metrics"]), " ".join(str(t["text"]).split()),
+                          tuple(str(c) for c in t.get("configs", ()))))
     return out
 
 
@@ -94,6 +100,7 @@ class Gap:
     amd_mfma: str
     worse: List[Tuple[str, str]] = field(default_factory=list)  # (metric, "ours > AMD's" text)
     reasons: Dict[str, Optional[str]] = field(default_factory=dict)
+    bucket: str = ""  # the shorter seqlen bucket the kernel ships for ("": the open one)
 
     @property
     def unexplained(self) -> List[str]:
@@ -101,7 +108,8 @@ class Gap:
 
     @property
     def text(self) -> str:
-        return (f"{self.shape.text} {self.kernel} ({self.config}; {self.mfma} vs AMD {self.amd_mfma}): "
+        where = f" [{self.bucket}]" if self.bucket else ""
+        return (f"{self.shape.text} {self.kernel}{where} ({self.config}; {self.mfma} vs AMD {self.amd_mfma}): "
                 + "; ".join(t for _, t in self.worse))
 
     def lines(self) -> List[str]:
@@ -121,13 +129,13 @@ class Gap:
     def to_json(self) -> Dict[str, Any]:
         return {"text": self.text, "arch": self.shape.arch, "direction": self.shape.direction,
                 "dtype": self.shape.dtype, "head_dim": self.shape.head_dim, "kernel": self.kernel,
-                "config": self.config, "worse": {m: t for m, t in self.worse},
+                "config": self.config, "bucket": self.bucket, "worse": {m: t for m, t in self.worse},
                 "reasons": {m: self.reasons.get(m) for m, _ in self.worse}, "unexplained": self.unexplained}
 
 
 def find_gaps(rows: Sequence[Any], reasons: Iterable[Reason] = ()) -> List[Gap]:
-    """Our rows below AMD's Triton row of the same shape (and loop of a
-    backward), non-causal, head dims 64 and 128: lower occupancy, or more
+    """Our rows (every shipped bucket's kernel) below AMD's Triton row of
+    the same shape (and loop of a backward), non-causal, head dims 64 and 128: lower occupancy, or more
     other instructions, global or LDS loads per 16 KFLOP of MFMA work (so
     that 16x16x16 and 32x32x8 MFMAs compare), with 5% slack."""
     reasons = list(reasons)
@@ -151,9 +159,10 @@ def find_gaps(rows: Sequence[Any], reasons: Iterable[Reason] = ()) -> List[Gap]:
                     worse.append((kind, f"{METRICS[kind]} {a:.2f} > {b:.2f}"))
             if not worse:
                 continue
-            gap = Gap(s, r.kernel, r.config, r.mfma_shape, amd.mfma_shape, worse)
+            gap = Gap(s, r.kernel, r.config, r.mfma_shape, amd.mfma_shape, worse,
+                      bucket=r.bucket)
             for m, _ in worse:
                 gap.reasons[m] = next((x.text for x in reasons
-                                       if x.covers(s.arch, r.kernel, s.dtype, s.head_dim, m)), None)
+                                       if x.covers(s.arch, r.kernel, s.dtype, s.head_dim, m, r.config)), None)
             out.append(gap)
     return out

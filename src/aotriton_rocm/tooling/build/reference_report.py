@@ -9,7 +9,9 @@ cut into loops by amdgcn.py):
 * ours: the build's shipped choice for the open (longest) seqlen bucket;
   the forward (attn_fwd), the backward as its two kernels (attn_bwd_dkdv,
   attn_bwd_dq). Causal masking is a run-time argument of ours: one code
-  object serves both rows;
+  object serves both rows. The kernels shipped for shorter buckets follow
+  on the non-causal rows, named by their bucket (the pass estimate is the
+  open bucket's);
 * AMD's Triton FlashAttention from amd-aiter (forward ``_attn_fwd``,
   backward the one-kernel ``bwd_kernel_{noncausal,causal}``), compiled now
   by our pinned triton at AMD's configuration for the arch
@@ -39,7 +41,7 @@ from .gcn_decode import MFMA_SHAPES, code_object_text
 from .reference import ReferenceWheel
 from .reference_compile import RefShape, amd_config, amd_task, compile_reference
 from .reference_gaps import REASONS_FILE, Gap, Reason, find_gaps, load_reasons
-from .report_model import ArchReport, Figures, code_object_figures, config_text
+from .report_model import ArchReport, Figures, bucket_text, code_object_figures, config_text
 
 __all__ = ["STANDARD_SHAPES", "RefRow", "ReferenceReport", "build_reference", "format_reference",
            "reference_json", "gaps"]
@@ -65,6 +67,7 @@ class RefRow:
     note: str = ""
     loop: Optional[str] = None  # "dkdv" | "dq": which loop of a backward (None: the only one)
     pass_tflops: Optional[float] = None  # the whole pass (forward or backward) in attention FLOPs
+    bucket: str = ""  # ours: the shorter seqlen bucket this kernel ships for ("": the open one)
 
     def per_mfma(self, kind: str) -> Optional[float]:
         f = self.figures
@@ -154,20 +157,28 @@ def _asm_figures(code: bytes, arch: str, limits: ArchLimits) -> Tuple[str, Figur
     return km.name, fig, lines
 
 
-def _ours(arch_reports: Sequence[ArchReport], shape: RefShape) -> List[Tuple[str, Any]]:
-    """(kernel, ShippedChoice) of our shipped kernels for the shape, open bucket."""
+def _ours(arch_reports: Sequence[ArchReport], shape: RefShape) -> List[Tuple[str, Any, str]]:
+    """(kernel, ShippedChoice, bucket) of our shipped kernels for the shape:
+    per kernel the open bucket's (bucket ""), then, on a non-causal shape,
+    each other kernel shipped for a shorter bucket, once."""
     kernels = ("attn_fwd",) if shape.direction == "fwd" else ("attn_bwd_dkdv", "attn_bwd_dq")
     out = []
     for rep in arch_reports:
         if rep.arch != shape.arch:
             continue
         for k in kernels:
-            for c in rep.choices:
-                f = c.functional
-                if (c.kernel == k and c.bounds[-1] is None and f.get("dtype") == shape.dtype
-                        and f.get("head_dim") == shape.head_dim and not f.get("has_bias")
-                        and not f.get("enable_dropout") and bool(f.get("pad_head")) == (shape.head_dim == 256)):
-                    out.append((k, c))
+            runs = [c for c in rep.choices
+                    if c.kernel == k and c.functional.get("dtype") == shape.dtype
+                    and c.functional.get("head_dim") == shape.head_dim
+                    and not c.functional.get("has_bias") and not c.functional.get("enable_dropout")
+                    and bool(c.functional.get("pad_head")) == (shape.head_dim == 256)]
+            runs.sort(key=lambda c: c.bounds[-1] is not None)  # the open bucket first
+            seen = set()
+            for c in runs:
+                if c.chosen.key in seen or (shape.causal and c.bounds[-1] is not None):
+                    continue
+                seen.add(c.chosen.key)
+                out.append((k, c, "" if c.bounds[-1] is None else bucket_text(c.axis, c.lower, c.bounds[-1])))
     return out
 
 
@@ -233,13 +244,14 @@ def build_reference(wheel: ReferenceWheel, arch_reports: Sequence[ArchReport], l
     fallbacks: List[Tuple[int, RefShape, str, Any]] = []
     for s, res in zip(shapes, compiled):
         lim = limits[s.arch]
-        for kern, c in _ours(arch_reports, s):
+        for kern, c, bucket in _ours(arch_reports, s):
             code, rec = _our_code(next(r.archive for r in arch_reports if r.arch == s.arch), c.chosen.key)
             fig, lines = _figures(code, rec.symbol, s.arch, rec.num_warps, rec.shared, lim)
+            note = "same code object causal or not" if s.causal else f"ships for {bucket}" if bucket else ""
             report.rows.append(RefRow(s, "ours", kern, config_text(c.chosen.config), fig,
-                                      _estimate(s, fig, lines, k),
-                                      "same code object causal or not" if s.causal else "",
-                                      loop={"attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}.get(kern)))
+                                      _estimate(s, fig, lines, k), note,
+                                      loop={"attn_bwd_dkdv": "dkdv", "attn_bwd_dq": "dq"}.get(kern),
+                                      bucket=bucket))
         cfg = amd_config(wheel, s)
         if res.error is None and s.direction == "fwd":
             fig, lines = _figures(res.code, res.meta["symbol"], s.arch, res.meta["num_warps"],
@@ -273,7 +285,7 @@ def build_reference(wheel: ReferenceWheel, arch_reports: Sequence[ArchReport], l
             report.rows.insert(pos + 1, row)
     for s in shapes:
         for who in ("ours", "amd-triton", "ours @AMD cfg", "aiter-asm"):
-            _set_pass([r for r in report.rows if r.shape == s and r.who == who])
+            _set_pass([r for r in report.rows if r.shape == s and r.who == who and not r.bucket])
     return report
 
 
