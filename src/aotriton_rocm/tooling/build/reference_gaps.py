@@ -136,8 +136,9 @@ class Gap:
 def find_gaps(rows: Sequence[Any], reasons: Iterable[Reason] = ()) -> List[Gap]:
     """Our rows (every shipped bucket's kernel) below AMD's Triton row of
     the same shape (and loop of a backward), non-causal, head dims 64 and
-    128: lower occupancy, or more other instructions, global or LDS loads per 16 KFLOP of MFMA work (so
-    that 16x16x16 and 32x32x8 MFMAs compare), with 5% slack."""
+    128: lower occupancy, or more other instructions, global or LDS loads
+    per 16 KFLOP of MFMA work (so that 16x16x16 and 32x32x8 MFMAs compare),
+    with 5% slack."""
     reasons = list(reasons)
     by_shape: Dict[Any, List[Any]] = {}
     for r in rows:
