@@ -19,6 +19,7 @@ import collections
 import functools
 import os
 import threading
+import types
 import warnings
 
 import torch
@@ -33,9 +34,21 @@ from .torch_compat import check_torch
 from .torch_native import activate as activate_torch_native
 from .torch_native import available as torch_native_available
 from .trace import span
-# The Python route's modules (attention, backends, the KV cache) are imported
-# by the functions that use them: enable() on the C++ route never needs them
-# (part of its cold-start budget).
+
+
+@functools.lru_cache(maxsize=None)
+def _route() -> types.SimpleNamespace:
+    """The Python route's modules, imported on its first call: enable() on
+    the C++ route never needs them (part of its cold-start budget). Named in
+    full: ``from . import`` would also name the package, whose lazy names
+    lead back here."""
+    import aotriton_rocm.attention as attention
+    import aotriton_rocm.backends as backends
+    import aotriton_rocm.dropout_masks as dropout_masks
+    import aotriton_rocm.kvcache as kvcache
+    return types.SimpleNamespace(attention=attention, backends=backends,
+                                 dropout_masks=dropout_masks, kvcache=kvcache)
+
 
 CPU_ENV = "AOTRITON_ROCM_CPU_INTERPRETER"
 
@@ -98,9 +111,9 @@ def _flash_rng_outputs(device: torch.device, batch: int, heads: int, dropout_p: 
     generator's, advanced by 32 * batch * heads as torch's flash kernels
     advance it; without (a debug mask at p = 0: nothing is dropped, any state
     gives the same mask) zeros, and the generator is left alone, as torch's."""
-    from .attention import new_rng_state
+    attention = _route().attention
     if dropout_p:
-        state = new_rng_state(device, flash_dims(batch, heads))
+        state = attention.new_rng_state(device, flash_dims(batch, heads))
     else:
         state = torch.zeros(2, dtype=torch.int64, device=device)
     (seed_shape, seed_dtype), (_, offset_dtype) = _rng_layout()
@@ -118,12 +131,12 @@ def _rng_inputs(seed: torch.Tensor, offset: torch.Tensor):
 
 
 def _varlen(cum_seq_q, cum_seq_k, max_q, max_k):
-    from .attention import Varlen
+    attention = _route().attention
     if cum_seq_q is None and cum_seq_k is None:
         return None
     if cum_seq_q is None or cum_seq_k is None:
         raise Unsupported("cum_seq_q and cum_seq_k must be given together")
-    return Varlen(cum_seq_q, cum_seq_k, int(max_q), int(max_k))
+    return attention.Varlen(cum_seq_q, cum_seq_k, int(max_q), int(max_k))
 
 
 class Unsupported(Exception):
@@ -138,13 +151,13 @@ def _bhsd(t: torch.Tensor, varlen) -> torch.Tensor:
 
 def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
                alibi_slopes=None, **unsupported_kwargs) -> str | None:
-    from .attention import unsupported_reason as attention_unsupported_reason
+    attention = _route().attention
     for name, val in unsupported_kwargs.items():
         if val is not None:
             return f"{name} is not supported yet"
     if varlen is None and (query.dim() != 4 or key.dim() != 4 or value.dim() != 4):
         return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
-    return attention_unsupported_reason(
+    return attention.unsupported_reason(
         _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), dropout_p=dropout_p,
         return_debug_mask=return_debug_mask, varlen=varlen, alibi_slopes=alibi_slopes)
 
@@ -164,7 +177,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     torch's ``_flash_attention_backward`` takes no slopes (torch's own kernel
     computes that gradient without ALiBi, whatever the forward had): ours
     computes the same."""
-    from .attention import flash_attn_window, forward as attention_forward, problem_dims
+    attention = _route().attention
     varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
     if seqused_k is not None or block_table is not None or (num_splits or 0) > 1:
         return _fa_kvcache_forward(query, key, value, varlen, int(max_k), dropout_p, is_causal,
@@ -177,7 +190,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     if reason:
         raise Unsupported(reason)
     seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
     out = torch.empty_like(query)
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
     rng = None
@@ -188,9 +201,10 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
     if return_debug_mask:
         # (B, H, Sq, Sk); a variable-length batch (B, H, max_q, max_k), sequence
         # b at the top left of [b].
-        b, h, _, sq, sk, _ = problem_dims(_bhsd(query, varlen), _bhsd(key, varlen), varlen)
+        b, h, _, sq, sk, _ = attention.problem_dims(_bhsd(query, varlen), _bhsd(key, varlen),
+                                                    varlen)
         debug = torch.zeros((b, h, sq, sk), dtype=query.dtype, device=query.device)
-    _, lse = attention_forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
+    _, lse = attention.forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
                                is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
                                causal_alignment="bottom_right", window_size=window,
                                dropout_p=dropout_p, rng=rng,
@@ -230,9 +244,8 @@ def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
     (``block_table``) or ``num_splits > 1``, on the KV-cache kernels (flash-attn's
     varlen semantics: batch b's keys are its first ``seqused_k[b]``, causal
     and windows aligned bottom-right with them)."""
-    from .attention import flash_attn_window
-    from .kvcache import (forward as kvcache_forward,
-                          unsupported_reason as kvcache_unsupported_reason)
+    attention = _route().attention
+    kvcache = _route().kvcache
     if dropout_p or return_debug_mask:
         raise Unsupported("dropout or a debug mask with seqused_k, block_table or num_splits "
                           "is not covered")
@@ -253,15 +266,15 @@ def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
     if k_end is None:  # dense keys, num_splits alone: every key
         k_end = torch.full((query.shape[0],), key.shape[1], dtype=torch.int32, device=key.device)
     cu_q = None if varlen is None else varlen.cu_seqlens_q
-    reason = kvcache_unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
+    reason = kvcache.unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
                                         cache_batch_idx=batch_idx, block_table=block_table,
                                         alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q)
     if reason:
         raise Unsupported(reason)
     capacity = block_table.shape[1] * key.shape[1] if paged else k_cache.shape[1]
-    window = flash_attn_window(window_size_left, window_size_right,
+    window = attention.flash_attn_window(window_size_left, window_size_right,
                                          max_k if max_k > 0 else capacity)
-    out, lse, _ = kvcache_forward(
+    out, lse, _ = kvcache.forward(
         query, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=batch_idx,
         block_table=block_table, alibi_slopes=alibi_slopes, scale=scale, causal=bool(is_causal),
         window_size=window, num_splits=int(num_splits or 0), cu_seqlens_q=cu_q,
@@ -276,7 +289,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     """``aten::_flash_attention_backward`` on our kernels (see
     :func:`flash_attention_forward`); gradients are ``empty_like`` the inputs,
     as torch's meta kernel. Raises :class:`Unsupported`."""
-    from .attention import backward as attention_backward, flash_attn_window
+    attention = _route().attention
     varlen = _varlen(cum_seq_q, cum_seq_k, max_q, max_k)
     if varlen is not None and query.dim() == 3 and key.dim() == 4:
         # packed queries against paged keys: the forward had a block_table,
@@ -291,9 +304,9 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     if reason:
         raise Unsupported(reason)
     seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
     grads = tuple(torch.empty_like(t) for t in (query, key, value))
-    attention_backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
+    attention.backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
                        _bhsd(value, varlen), _bhsd(out, varlen), logsumexp,
                        is_causal=is_causal, scale=scale,
                        grads=tuple(_bhsd(g, varlen) for g in grads),
@@ -308,9 +321,8 @@ def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp
     S, D) tensors of any covered dtype (fp32 too), an additive bias (attn_mask)
     broadcast to (B, H, Sq, Sk), top-left causal, dropout. Outputs are laid
     out as torch's meta kernel lays them out. Raises :class:`Unsupported`."""
-    from .attention import (forward as attention_forward,
-                            unsupported_reason as attention_unsupported_reason)
-    reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
+    attention = _route().attention
+    reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
                                           is_causal=is_causal, attn_mask=attn_bias)
     if reason:
         raise Unsupported(reason)
@@ -326,7 +338,7 @@ def efficient_attention_forward(query, key, value, attn_bias, compute_log_sumexp
         _note_our_philox(values)
     else:
         seed = offset = _unused_int64(query.device)
-    attention_forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
+    attention.forward(query, key, value, is_causal=is_causal, scale=scale, out=out,
                       causal_alignment="top_left", bias=attn_bias, dropout_p=dropout_p,
                       rng=(seed, offset) if dropout_p else None,
                       lse=lse if compute_log_sumexp else None)
@@ -339,9 +351,8 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     """``aten::_scaled_dot_product_efficient_attention_backward`` on our
     kernels (see :func:`efficient_attention_forward`): dQ, dK, dV and, when
     asked for, the bias gradient. Raises :class:`Unsupported`."""
-    from .attention import (backward as attention_backward, new_bias_grad,
-                            unsupported_reason as attention_unsupported_reason)
-    reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
+    attention = _route().attention
+    reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
                                           is_causal=is_causal, attn_mask=attn_bias)
     if reason:
         raise Unsupported(reason)
@@ -351,11 +362,11 @@ def efficient_attention_backward(grad_out, query, key, value, attn_bias, out, lo
     if attn_bias is not None and grad_input_mask[3]:
         # Shaped like attn_bias (as torch's meta kernel); the kernels write
         # the full (B, H, Sq, Sk) gradient, summed over broadcast dims here.
-        bias_grad = new_bias_grad(attn_bias.shape, attn_bias.dtype, query.device)
+        bias_grad = attention.new_bias_grad(attn_bias.shape, attn_bias.dtype, query.device)
         full = (*query.shape[:3], key.size(2))
         full_grad = (bias_grad if tuple(attn_bias.shape) == full
-                     else new_bias_grad(full, attn_bias.dtype, query.device))
-    attention_backward(grad_out, query, key, value, out, logsumexp, is_causal=is_causal,
+                     else attention.new_bias_grad(full, attn_bias.dtype, query.device))
+    attention.backward(grad_out, query, key, value, out, logsumexp, is_causal=is_causal,
                        scale=scale, grads=grads, causal_alignment="top_left", bias=attn_bias,
                        bias_grad=full_grad, dropout_p=dropout_p,
                        rng=(philox_seed, philox_offset) if dropout_p else None)
@@ -408,18 +419,18 @@ def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
     and offset torch's efficient kernel returned when our override fell back
     to it, as far as they can be read without a device synchronisation: CUDA
     builds outside graph capture)."""
-    from .backends import backend_for
-    from .dropout_masks import fill_dropout_uniform
+    backends = _route().backends
+    dropout_masks = _route().dropout_masks
     if mask.dtype != torch.float32 or mask.dim() != 4 or not mask.is_contiguous():
         raise Unsupported("the mask is not a contiguous float32 4-D tensor")
     if (int(seed), int(offset)) in _TORCH_PHILOX:
         raise Unsupported("torch's kernel drew this mask (the efficient op fell back to it)")
-    backend = backend_for(mask)
+    backend = backends.backend_for(mask)
     if backend is None or getattr(backend, "problem", None):
         raise Unsupported(getattr(backend, "problem", None) or f"no backend for {mask.device}")
     try:
-        return fill_dropout_uniform(mask, seed, offset, dropout_p=dropout_p,
-                                    encode_keep=bool(torch.version.hip))
+        return dropout_masks.fill_dropout_uniform(mask, seed, offset, dropout_p=dropout_p,
+                                                  encode_keep=bool(torch.version.hip))
     except NativeError as exc:
         raise RuntimeError(
             f"aotriton-rocm: cannot regenerate the dropout mask our kernels drew ({exc}); "
@@ -427,11 +438,11 @@ def fill_mem_eff_dropout_mask(mask, dropout_p, seed, offset):
 
 
 def _cpu_reason(query, key, value, dropout_p, attn_mask) -> str | None:
-    from .attention import unsupported_reason as attention_unsupported_reason
+    attention = _route().attention
     if dropout_p:
         # The CPU op returns no RNG state for its backward to regenerate the mask from.
         return "dropout on the CPU op is not covered"
-    return attention_unsupported_reason(query, key, value, attn_mask=attn_mask)
+    return attention.unsupported_reason(query, key, value, attn_mask=attn_mask)
 
 
 def _routed(op: str, implementation):
@@ -612,9 +623,8 @@ class _Overrides:
     # aten::_scaled_dot_product_flash_attention
     def _flash_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False,
                    return_debug_mask=False, *, scale=None):
-        from .attention import (forward as attention_forward,
-                                unsupported_reason as attention_unsupported_reason)
-        reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
+        attention = _route().attention
+        reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
                                               is_causal=is_causal,
                                               return_debug_mask=return_debug_mask)
         if reason:
@@ -632,7 +642,7 @@ class _Overrides:
         if return_debug_mask:
             debug = torch.zeros((*query.shape[:3], key.size(2)), dtype=query.dtype,
                                 device=query.device)
-        out, lse = attention_forward(query, key, value, is_causal=is_causal, scale=scale,
+        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
                                      causal_alignment="bottom_right", dropout_p=dropout_p,
                                      rng=rng, debug_mask=debug if return_debug_mask else None)
         return out, lse, None, None, query.size(2), key.size(2), seed, offset, debug
@@ -641,15 +651,14 @@ class _Overrides:
     def _flash_bwd(self, keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q,
                    cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset,
                    *, scale=None):
-        from .attention import (backward as attention_backward,
-                                unsupported_reason as attention_unsupported_reason)
-        reason = attention_unsupported_reason(query, key, value, dropout_p=dropout_p,
+        attention = _route().attention
+        reason = attention.unsupported_reason(query, key, value, dropout_p=dropout_p,
                                               is_causal=is_causal)
         if reason:
             return self._fallback(_FLASH_BWD, keyset, reason, grad_out, query, key, value, out,
                                   logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                                   is_causal, philox_seed, philox_offset, scale=scale)
-        return attention_backward(grad_out, query, key, value, out, logsumexp,
+        return attention.backward(grad_out, query, key, value, out, logsumexp,
                                   is_causal=is_causal, scale=scale,
                                   causal_alignment="bottom_right", dropout_p=dropout_p,
                                   rng=_rng_inputs(philox_seed, philox_offset) if dropout_p else None)
@@ -671,13 +680,13 @@ class _Overrides:
     # aten::_scaled_dot_product_flash_attention_for_cpu
     def _cpu_fwd(self, keyset, query, key, value, dropout_p=0.0, is_causal=False, *,
                  attn_mask=None, scale=None):
-        from .attention import forward as attention_forward
+        attention = _route().attention
         reason = _cpu_reason(query, key, value, dropout_p, attn_mask)
         if reason:
             return self._fallback(_CPU_FLASH, keyset, reason, query, key, value, dropout_p,
                                   is_causal, attn_mask=attn_mask, scale=scale)
         # torch's CPU flash op (like its math backend) aligns causal top-left.
-        out, lse = attention_forward(query, key, value, is_causal=is_causal, scale=scale,
+        out, lse = attention.forward(query, key, value, is_causal=is_causal, scale=scale,
                                      causal_alignment="top_left", bias=attn_mask)
         b, h, sq, _ = query.shape
         # torch's CPU kernel returns logsumexp as a (B, Sq, H) buffer viewed (B, H, Sq).
@@ -688,7 +697,7 @@ class _Overrides:
     # aten::_scaled_dot_product_flash_attention_for_cpu_backward
     def _cpu_bwd(self, keyset, grad_out, query, key, value, out, logsumexp, dropout_p,
                  is_causal, *, attn_mask=None, scale=None):
-        from .attention import backward as attention_backward
+        attention = _route().attention
         reason = _cpu_reason(query, key, value, dropout_p, attn_mask)
         if reason:
             return self._fallback(_CPU_FLASH_BWD, keyset, reason, grad_out, query, key, value,
@@ -697,7 +706,7 @@ class _Overrides:
         # torch's CPU meta kernel lays gradients out as (B, S, H, D).
         grads = tuple(torch.empty_permuted(t.size(), (0, 2, 1, 3), dtype=t.dtype)
                       for t in (query, key, value))
-        return attention_backward(grad_out, query, key, value, out, logsumexp,
+        return attention.backward(grad_out, query, key, value, out, logsumexp,
                                   is_causal=is_causal, scale=scale, grads=grads,
                                   causal_alignment="top_left", bias=attn_mask)
 

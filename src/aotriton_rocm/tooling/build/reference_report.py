@@ -182,12 +182,6 @@ def _ours(arch_reports: Sequence[ArchReport], shape: RefShape) -> List[Tuple[str
     return out
 
 
-def _our_code(rep_archive: str, key: str) -> Tuple[bytes, Any]:
-    archive = Archive.open(rep_archive)
-    rec = next(r for r in archive.kernels if r.key == key)
-    return archive.code_object(rec), rec
-
-
 def _fallback_tasks(shape: RefShape, cfg: Dict[str, Any], source_root: Optional[Path]):
     """Our kernel(s) for the shape at AMD's configuration (when AMD's does not compile)."""
     from .plan import Sources, Subset, plan_build
@@ -242,11 +236,13 @@ def build_reference(wheel: ReferenceWheel, arch_reports: Sequence[ArchReport], l
     shapes = [s for s in shapes if s.arch in limits]
     compiled = compile_reference([amd_task(wheel, s, triton_version) for s in shapes], cache_dir, jobs)
     fallbacks: List[Tuple[int, RefShape, str, Any]] = []
+    archives = {r.arch: Archive.open(r.archive) for r in arch_reports if r.arch in limits}
     for s, res in zip(shapes, compiled):
         lim = limits[s.arch]
         for kern, c, bucket in _ours(arch_reports, s):
-            code, rec = _our_code(next(r.archive for r in arch_reports if r.arch == s.arch), c.chosen.key)
-            fig, lines = _figures(code, rec.symbol, s.arch, rec.num_warps, rec.shared, lim)
+            archive = archives[s.arch]
+            rec = archive.get(c.chosen.key)
+            fig, lines = _figures(archive.code_object(rec), rec.symbol, s.arch, rec.num_warps, rec.shared, lim)
             note = "same code object causal or not" if s.causal else f"ships for {bucket}" if bucket else ""
             report.rows.append(RefRow(s, "ours", kern, config_text(c.chosen.config), fig,
                                       _estimate(s, fig, lines, k), note,
