@@ -92,15 +92,16 @@ def test_malformed_targets(tmp_path):
 
 
 def test_profile_matrix_data(targets):
-    assert list(targets.profiles) == ["6.2", "6.3", "6.4", "7.0", "7.1", "7.2"]
+    assert list(targets.profiles) == ["6.2", "6.3", "6.4", "7.0", "7.1", "7.2", "7.14", "7.15", "10.0"]
     assert targets.default_profile == "6.4"
     assert targets.default_archs == ("gfx908", "gfx90a", "gfx942")
     for name, prof in targets.profiles.items():
         major = name.split(".")[0]
-        assert prof.hip_soname == f"libamdhip64.so.{major}"
+        # ROCm 10 still ships HIP 7 (HIP 7.16): the soname follows HIP, not ROCm
+        assert prof.hip_soname == f"libamdhip64.so.{6 if major == '6' else 7}"
         assert prof.code_object_version == 5
         assert "gfx908" in prof.archs and "gfx942" in prof.archs
-        assert ("gfx950" in prof.archs) == (major == "7")
+        assert ("gfx950" in prof.archs) == (major != "6")
     known = {"gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1150",
              "gfx1151", "gfx1200", "gfx1201"}
     assert set(targets.arch_sets["all"]) == known
@@ -109,6 +110,20 @@ def test_profile_matrix_data(targets):
     assert targets.archs["gfx908"].mach == 0x30 and targets.archs["gfx942"].mach == 0x4c
     assert targets.archs["gfx90a"].vgpr_mode == "unified" and targets.archs["gfx908"].vgpr_mode == "split"
     assert all(targets.archs[a].mach for a in known)
+
+
+def test_therock_profiles_build_every_arch(targets):
+    """7.14, 7.15 and 10.0 (TheRock) carry every AMD arch we describe, gfx1102
+    included, and each of upstream's pack groups resolves within them."""
+    amd = [a for a, s in targets.archs.items() if s.backend == "hip"]
+    for name in ("7.14", "7.15", "10.0"):
+        assert list(targets.profiles[name].archs) == amd
+    assert [a.name for a in targets.resolve("rocm10.0", ["gfx110x"])[1]] == ["gfx1100", "gfx1101", "gfx1102"]
+    assert [a.name for a in targets.resolve("7.14", ["gfx115x,gfx120x"])[1]] == [
+        "gfx1150", "gfx1151", "gfx1200", "gfx1201"]
+    assert [a.name for a in targets.resolve("7.2", ["gfx110x"])[1]] == ["gfx1100", "gfx1101"]
+    with pytest.raises(TargetError, match="gfx1102 not supported by ROCm profile 7.2.*7.14, 7.15, 10.0"):
+        targets.resolve("7.2", ["gfx1102"])
 
 
 def test_named_sets_follow_the_profile(targets):
