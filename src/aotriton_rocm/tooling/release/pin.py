@@ -6,6 +6,14 @@ requirement (``~=X.Y.0``: any point release of the line) and the conda specs
 (``>=X.Y.0,<X.(Y+1).0a0``: the bound stays below every pre-release of the next
 line). Also home of :func:`update_readme`, which rewrites README.md's
 generated torch table.
+
+``--rocm A.B`` picks the build of one ROCm release by where it comes from,
+never by version order: PEP 440 compares local labels segment by segment as
+strings, so ``0.1.0+rocm7.2`` sorts above ``0.1.0+rocm10.0`` (TheRock#7183),
+and a resolver that saw both would take 7.2. pip gets the per-ROCm index
+(``INDEX/rocmA.B/simple/``, which holds that release's builds only), conda
+the build string (``*_rocmAB_*``; the underscores keep ``rocm71`` from
+matching ``rocm714``).
 """
 from __future__ import annotations
 
@@ -27,14 +35,20 @@ class PinError(CommandError, ValueError):
     """No release line fits the request (exit status 1)."""
 
 
+# Where --rocm without --index-url points (README.md's placeholder).
+INDEX_PLACEHOLDER = "https://INDEX"
+
+
 @dataclass(frozen=True)
 class PinOptions:
     torch: str
     archs: Tuple[str, ...] = ()
+    rocm: Optional[str] = None
+    index_url: Optional[str] = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "PinOptions":
-        return cls(torch=args.torch, archs=tuple(args.arch))
+        return cls(torch=args.torch, archs=tuple(args.arch), rocm=args.rocm, index_url=args.index_url)
 
 
 def _line_bounds(line: str) -> tuple:
@@ -42,9 +56,27 @@ def _line_bounds(line: str) -> tuple:
     return f"{x}.{y}.0", f"{x}.{y + 1}.0a0"
 
 
-def pin_lines(torch_version: str, archs: Sequence[str] = (), *,
-              data: Optional[Dict] = None) -> Dict[str, List[str]]:
-    """``{"pip": [...], "conda": [...], "line": [X.Y]}`` for ``torch_version``.
+def rocm_index(rocm: str, index_url: Optional[str] = None) -> str:
+    """The pip index of the ``rocm`` builds: ``INDEX/rocmA.B/simple/``."""
+    return f"{(index_url or INDEX_PLACEHOLDER).rstrip('/')}/{_rocm_names(rocm)[0]}/simple/"
+
+
+def _rocm_names(rocm: str) -> Tuple[str, str]:
+    """(``rocmA.B``: local label and index path, ``rocmAB``: conda build-string tag)."""
+    from ..package.naming import PackagingError, conda_rocm_tag, local_label
+
+    try:
+        return local_label(rocm), conda_rocm_tag(rocm)
+    except PackagingError as e:
+        raise PinError(f"--rocm: {e}") from None
+
+
+def pin_lines(torch_version: str, archs: Sequence[str] = (), *, rocm: Optional[str] = None,
+              index_url: Optional[str] = None, data: Optional[Dict] = None) -> Dict[str, List[str]]:
+    """``{"pip": [...], "conda": [...], "line": [X.Y]}`` for ``torch_version``;
+    with ``rocm`` (``A.B``), the builds of that ROCm release: pip's first line
+    is its index (``--index-url``, a requirements-file option), conda's specs
+    match its build strings.
 
     PinError names the supported torch versions when none of our lines supports it.
     """
@@ -67,8 +99,13 @@ def pin_lines(torch_version: str, archs: Sequence[str] = (), *,
         names.append(a.replace("_", ""))
     extras = f"[{','.join(names)}]" if names else ""
     pip = [f"aotriton-rocm{extras}~={low}", f"torch=={minor}.*"]
-    conda = [f"aotriton-rocm >={low},<{high}"]
-    conda += [f"aotriton-rocm-{n} >={low},<{high}" for n in names]
+    runtime_build = image_build = ""
+    if rocm is not None:
+        tag = _rocm_names(rocm)[1]
+        pip.insert(0, f"--index-url {rocm_index(rocm, index_url)}")
+        runtime_build, image_build = f" *_{tag}_*", f" {tag}_*"
+    conda = [f"aotriton-rocm >={low},<{high}{runtime_build}"]
+    conda += [f"aotriton-rocm-{n} >={low},<{high}{image_build}" for n in names]
     return {"line": [line], "pip": pip, "conda": conda}
 
 
@@ -93,11 +130,20 @@ def add_pin_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch", required=True, metavar="A.B", help="torch version, e.g. 2.11")
     parser.add_argument("--arch", action="append", default=[], metavar="ARCH",
                         help="kernel image arch to include (repeatable), e.g. gfx942")
+    parser.add_argument("--rocm", default=None, metavar="A.B",
+                        help="the builds for this ROCm release (e.g. 10.0): its per-ROCm index "
+                             "and conda build strings")
+    parser.add_argument("--index-url", default=None, metavar="URL",
+                        help=f"base of the per-ROCm indexes (default: {INDEX_PLACEHOLDER}, a "
+                             "placeholder)")
 
 
 def run_pin(options: PinOptions) -> int:
-    res = pin_lines(options.torch, options.archs)
-    print(f"# aotriton-rocm {res['line'][0]}.x for torch {torch_compat.torch_minor(options.torch)}")
+    if options.index_url and not options.rocm:
+        raise PinError("--index-url is the base of the per-ROCm indexes: add --rocm A.B")
+    res = pin_lines(options.torch, options.archs, rocm=options.rocm, index_url=options.index_url)
+    rocm = f", ROCm {options.rocm}" if options.rocm else ""
+    print(f"# aotriton-rocm {res['line'][0]}.x for torch {torch_compat.torch_minor(options.torch)}{rocm}")
     print("# pip (requirements.txt; install torch from your ROCm version's wheel index):")
     for line in res["pip"]:
         print(line)
