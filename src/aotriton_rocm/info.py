@@ -28,7 +28,7 @@ def run_info(options: InfoOptions) -> int:
     (CommandError at the end when anything failed)."""
     import torch
 
-    from . import device, images
+    from . import device, gpus_present, images
     from ._version import ABI_VERSION, TRITON_VERSION, __version__
     from .install_checks import archive_problems, check_library, check_torch_extension
     from .torch_dropin import loaded_aotriton
@@ -47,6 +47,7 @@ def run_info(options: InfoOptions) -> int:
         if not ok:
             failed.append(what)
     found = images.find_archives()
+    print("\n".join(gpus_present.report_lines(found)))
     missing = images.missing_images()
     if not found and not missing:
         print("kernel images: none installed (pip install 'aotriton-rocm[gfx942]', for example)")

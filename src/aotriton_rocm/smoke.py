@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import backends, device, images
+from . import backends, device, gpus_present, images
 from ._version import __version__
 from .errors import CommandError, UsageError
 from .files import describe_os_error
@@ -229,6 +229,7 @@ def run_smoke(args: SmokeOptions) -> int:
           + (f"GPU {torch.cuda.get_device_name()} ({arch}): precompiled kernels" if use_gpu else
              "no GPU: kernel sources run by Triton's interpreter on the CPU "
              "(no code object is executed)"), flush=True)
+    print("\n".join(gpus_present.report_lines(images.find_archives())), flush=True)
 
     archive_rows = installation_rows(arch)
     if not images.find_archives() and not images.missing_images() and not use_gpu:
