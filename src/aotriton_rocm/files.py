@@ -11,10 +11,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, BinaryIO, Union
+from typing import Any, Callable, BinaryIO, Optional, Union
 
 __all__ = ["describe_os_error", "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
-           "atomic_copy", "atomic_move", "file_sha256", "link_or_copy", "pid_alive"]
+           "atomic_copy", "atomic_move", "file_sha256", "link_or_copy", "pid_alive",
+           "left_by_dead_process", "replace_dir_problem"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -122,3 +123,57 @@ def describe_os_error(e: OSError) -> str:
 
     what = "read-only file system" if e.errno == errno.EROFS else (e.strerror or str(e)).lower()
     return f"{e.filename}: {what}" if e.filename else what
+
+
+def left_by_dead_process(name: str, prefix: str) -> bool:
+    """Whether ``name`` is ``<prefix><pid>[-...]`` of a process that is gone
+    (the scratch and staging names of a run carry its pid)."""
+    if not name.startswith(prefix):
+        return False
+    pid = name[len(prefix):].split("-", 1)[0]
+    return pid.isdigit() and not pid_alive(int(pid))
+
+
+def _is_mount_point(path: Path) -> bool:
+    try:
+        return os.path.ismount(path)
+    except OSError:
+        return False
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def replace_dir_problem(out: Path, command: str, example: str) -> Optional[str]:
+    """Why ``command`` cannot write the directory ``--out out`` by staging it
+    beside ``out`` and renaming it into place, or None. Checked before any
+    work: ``out`` is a file, a file stands where one of its parent
+    directories should be, ``out`` is a mount point (a rename cannot replace
+    one; ``example``: the name suggested inside it), or its parent cannot be
+    written (read-only file system, permissions)."""
+    out = Path(os.path.abspath(out))
+    if out.exists() and not out.is_dir():
+        return (f"--out {out} is a file, not a directory: pass a directory (created if missing), "
+                f"or remove the file")
+    probe = out.parent
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return (f"--out {out}: {probe} is a file, not a directory, so nothing can be written "
+                f"under it: pass an --out whose parent directories are directories")
+    if out.is_dir() and _is_mount_point(out):
+        return (f"--out {out} is a mount point: {command} builds its output beside --out and "
+                f"renames it into place, which cannot replace a mount point; pass a directory "
+                f"inside it, e.g. --out {out / example}")
+    if _read_only_fs(probe):
+        return (f"--out {out}: {probe} is on a read-only file system: pass an --out on a "
+                f"writable one")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return (f"--out {out}: cannot write in {probe} (permission denied); the output is "
+                f"staged beside --out and renamed into place, so its parent directory must be "
+                f"writable: pass another --out")
+    return None

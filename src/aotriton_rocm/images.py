@@ -32,6 +32,7 @@ __all__ = [
     "MissingImage",
     "missing_images",
     "packaged_inputs_hash",
+    "published_image_extras",
     "ENTRY_POINT_GROUP",
     "find_archive",
     "find_archives",
@@ -68,6 +69,24 @@ def packaged_inputs_hash() -> Optional[str]:
         return None
     value = doc.get("build_inputs_hash") if isinstance(doc, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def published_image_extras() -> Optional[List[str]]:
+    """The archs aotriton-rocm publishes kernel image packages for, as the
+    extras of this runtime's distribution name them (``gfx942``, ``sm90``:
+    ``pip install 'aotriton-rocm[gfx942]'``); None where the runtime has no
+    distribution metadata (run from a source tree)."""
+    try:
+        requires = importlib.metadata.requires("aotriton-rocm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    extras = set()
+    for req in requires or ():
+        name, _, marker = req.partition(";")
+        extra = marker.split("extra ==")[-1].strip().strip("\"'") if "extra ==" in marker else ""
+        if extra and name.strip().startswith(f"aotriton-rocm-{extra}"):
+            extras.add(extra)
+    return sorted(extras)
 
 
 def _reinstall_command(ep, arch: str) -> str:

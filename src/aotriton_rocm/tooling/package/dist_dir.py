@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ...files import atomic_move, atomic_write_text, file_sha256, pid_alive
+from ...files import (atomic_move, atomic_write_text, file_sha256, left_by_dead_process,
+                      replace_dir_problem)
 
 __all__ = ["COMPLETE_MARKER", "MARKER_KIND", "sha256sums_path", "write_sha256sums",
            "read_sha256sums", "move_into", "clean_leftovers", "clean_stale_scratch", "scratch_dir",
@@ -71,13 +72,6 @@ def scratch_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
 
 
-def _dead_pid_suffix(name: str, prefix: str) -> bool:
-    if not name.startswith(prefix):
-        return False
-    pid = name[len(prefix):].split("-", 1)[0]
-    return pid.isdigit() and not pid_alive(int(pid))
-
-
 def clean_stale_scratch(tmp: Optional[Path] = None) -> List[Path]:
     """Remove the scratch directories of ``package`` runs that were killed
     (their pid is gone) from the temporary directory. Returns what went."""
@@ -88,7 +82,7 @@ def clean_stale_scratch(tmp: Optional[Path] = None) -> List[Path]:
     except OSError:
         return removed
     for p in entries:
-        if any(_dead_pid_suffix(p.name, prefix) for prefix in SCRATCH_PREFIXES) \
+        if any(left_by_dead_process(p.name, prefix) for prefix in SCRATCH_PREFIXES) \
                 and p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
@@ -105,7 +99,7 @@ def clean_leftovers(out: Path) -> None:
         return
     for p in entries:
         for tag in (STAGING, OLD):
-            if _dead_pid_suffix(p.name, f".{out.name}{tag}"):
+            if left_by_dead_process(p.name, f".{out.name}{tag}"):
                 if p.is_symlink():
                     p.unlink()
                 else:
@@ -149,20 +143,6 @@ def swap_into_place(staging: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _is_mount_point(path: Path) -> bool:
-    try:
-        return os.path.ismount(path)
-    except OSError:
-        return False
-
-
-def _read_only_fs(path: Path) -> bool:
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
-    except (OSError, AttributeError):
-        return False
-
-
 def check_out(out: Path, clean: bool = False,
               keep: Iterable[Tuple[str, Path]] = ()) -> Optional[str]:
     """Why ``package`` cannot (or must not) write ``--out``, or None. ``out``:
@@ -171,28 +151,14 @@ def check_out(out: Path, clean: bool = False,
     so ``out`` must be a directory ``package`` wrote (or empty, or new, or
     ``clean``), not a mount point, in a writable parent, and hold none of
     ``keep`` (``(what, path)`` pairs: the archives, the source tree)."""
-    if out.exists() and not out.is_dir():
-        return (f"--out {out} is a file, not a directory: pass a directory (created if missing), "
-                f"or remove the file")
     for what, path in keep:
         real = Path(os.path.realpath(path))
         if real == out or out in real.parents:
             return (f"--out {out} holds {what} ({real}): package replaces the whole of --out, "
                     f"so pass an --out outside it (e.g. {out / 'dist'})")
-    if out.is_dir() and _is_mount_point(out):
-        return (f"--out {out} is a mount point: package builds its output beside --out and "
-                f"renames it into place, which cannot replace a mount point; pass a directory "
-                f"inside it, e.g. --out {out / 'dist'}")
-    probe = out.parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if _read_only_fs(probe):
-        return (f"--out {out}: {probe} is on a read-only file system: pass an --out on a "
-                f"writable one")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return (f"--out {out}: cannot write in {probe} (permission denied); the output is "
-                f"staged beside --out and renamed into place, so its parent directory must be "
-                f"writable: pass another --out")
+    why = replace_dir_problem(out, "package", "dist")
+    if why:
+        return why
     if out.is_dir() and not clean and read_marker(out) is None:
         try:
             names = sorted(p.name for p in out.iterdir())
