@@ -36,7 +36,7 @@ LIBRARY = "aotriton_rocm.lib.libaotriton_rocm"
 TORCH_LIBRARY = "aotriton_rocm.lib.libaotriton_rocm_torch"
 # libaotriton_v2's API lines: (directory, AOTriton version, AOTRITON_ROCM_API_LINE),
 # as in native/aotriton_api/CMakeLists.txt
-API_LINES = (("0.11", "0.11.2", 11), ("0.13", "0.13.0", 13))
+API_LINES = (("0.11", "0.11.2", 11), ("0.13", "0.13.0", 13), ("0.14", "0.14.0", 14))
 API_DIR = HERE / NATIVE / "aotriton_api"
 API_EXTENSIONS = {f"aotriton_rocm.lib.aotriton_api_{line.replace('.', '_')}": (line, version, api)
                   for line, version, api in API_LINES}
@@ -68,7 +68,10 @@ def copy_api_headers(package: Path) -> None:
         dest = package / "include" / "aotriton_api" / line / "aotriton"
         if dest.exists():
             shutil.rmtree(dest)
-        shutil.copytree(API_DIR / "include" / "aotriton", dest)
+        # v2/ up to 0.13, flash/ from 0.14 on (as the CMake install)
+        skip = "v2" if api_line >= 14 else "flash"
+        shutil.copytree(API_DIR / "include" / "aotriton", dest,
+                        ignore=lambda d, names: [skip] if Path(d) == API_DIR / "include" / "aotriton" else [])
         (dest / "config.h").write_text(render_api_config(line, version, api_line))
 
 

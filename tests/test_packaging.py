@@ -294,10 +294,10 @@ def test_runtime_wheel_contents(wheels):
             "aotriton_rocm/lib/cmake/aotriton_rocm/aotriton_rocmConfigVersion.cmake",
             "aotriton_rocm/lib/pkgconfig/aotriton_rocm.pc"} <= set(names)
     # and AOTriton's API (libaotriton_v2) per line: its library and headers
-    api = {"0.11": "0.11.2", "0.13": "0.13.0"}
+    api = {"0.11": "0.11.2", "0.13": "0.13.0", "0.14": "0.14.0"}
     api_headers = {f"aotriton_rocm/include/aotriton_api/{line}/aotriton/{h}" for line in api
-                   for h in ("config.h", "cpp_tune.h", "dtypes.h", "flash.h", "runtime.h", "util.h",
-                             "v2/cpp_tune.h", "v2/flash.h")}
+                   for h in ("config.h", "cpp_tune.h", "dtypes.h", "flash.h", "runtime.h", "util.h")
+                   + (("flash/backends.h",) if line == "0.14" else ("v2/cpp_tune.h", "v2/flash.h"))}
     assert [n for n in names if n.endswith((".c", ".h", ".pyc")) and n not in api_headers] == [
         "aotriton_rocm/include/aotriton_rocm/aotriton_rocm.h"]
     assert api_headers <= set(names), sorted(api_headers - set(names))

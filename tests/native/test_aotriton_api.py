@@ -1,6 +1,6 @@
 """libaotriton_v2, our implementation of upstream AOTriton's C++ API
 (native/aotriton_api/), on the CPU: for each API line (0.11: params versions
-1/3; 0.13, also serving 0.12: 3/6)
+1/3; 0.13, also serving 0.12: 3/6; 0.14: 4/7, and 3/6 callers translated)
 
 - the exported symbols are exactly the ones C++ consumers reference (the
   list below, derived from PyTorch's call sites), unversioned, with the full
@@ -26,9 +26,10 @@ HERE = Path(__file__).resolve().parent
 API = HERE / "aotriton_api"
 sys.path.insert(0, str(API))
 
-from upstream_layout import UPSTREAM_LAYOUT_0_11, UPSTREAM_LAYOUT_0_13  # noqa: E402
+from upstream_layout import UPSTREAM_LAYOUT_0_11, UPSTREAM_LAYOUT_0_13, UPSTREAM_LAYOUT_0_14  # noqa: E402
 
-LINES = {"0.11": ("0.11.2", UPSTREAM_LAYOUT_0_11), "0.13": ("0.13.0", UPSTREAM_LAYOUT_0_13)}
+LINES = {"0.11": ("0.11.2", UPSTREAM_LAYOUT_0_11), "0.13": ("0.13.0", UPSTREAM_LAYOUT_0_13),
+         "0.14": ("0.14.0", UPSTREAM_LAYOUT_0_14)}
 
 # -- the symbols, demangled ---------------------------------------------------
 T = {r: f"aotriton::TensorView<{r}>" for r in range(5)}
@@ -46,7 +47,11 @@ def _sig(name, *args):
 # `else` branches of `if constexpr (AOTRITON_ALWAYS_V3_API)`, which still
 # leaves them undefined symbols of libtorch_hip.so (and the 0.12 headers of
 # torch 2.13 still declare them).
-PYTORCH_CALL_SITES = {
+# PyTorch main with AOTriton 0.14b (pytorch PR #197747) keeps the v3 calls,
+# check_gpu, the debug draws and the arch queries; upstream's 0.13b and 0.14
+# headers no longer declare the v2 attention functions, so no 0.14 build can
+# name them.
+PYTORCH_V3_CALL_SITES = {
     _sig(F2 + "check_gpu", S),
     _sig(F2 + "debug_simulate_encoded_softmax", T[4], "float", T[0], T[0], "unsigned long", S),
     _sig("aotriton::isArchExperimentallySupported", "ihipStream_t*"),
@@ -54,6 +59,8 @@ PYTORCH_CALL_SITES = {
     _sig(F3 + "attn_bwd", F3 + "attn_bwd_params const&", "int", S, F3 + "attn_options const*"),
     _sig(F3 + "attn_fwd_params::attn_fwd_params"),
     _sig(F3 + "attn_bwd_params::attn_bwd_params"),
+}
+PYTORCH_CALL_SITES = PYTORCH_V3_CALL_SITES | {
     _sig(F2 + "attn_fwd", T[4], T[4], T[4], T[4], "float", T[2], T[4], "float", T[0], T[0], "long",
          T[0], T[0], T[4], "bool", T[0], S, F2 + "FwdExtraArguments*"),
     _sig(F2 + "attn_fwd_compact_varlen", T[4], T[4], T[4], T[4], T[1], T[1], "int", "int", "float",
@@ -85,11 +92,16 @@ TENSOR_VIEWS = set().union(*(_tensor_view_members(r) for r in (1, 2, 3, 4)))
 # DJL's PyTorch engine: getGpuFromStream, getMultiProcessorCount).
 UTIL_QUERIES = {_sig("aotriton::getGpuFromStream", "ihipStream_t*"),
                 _sig("aotriton::getMultiProcessorCount", "ihipStream_t*")}
+TECH_PREVIEW = {_sig("aotriton::isArchTechPreview", "ihipStream_t*")}
 EXPECTED = {
     "0.11": PYTORCH_CALL_SITES | TENSOR_VIEWS | UTIL_QUERIES,
-    "0.13": PYTORCH_CALL_SITES | TENSOR_VIEWS | UTIL_QUERIES
-    | {_sig("aotriton::isArchTechPreview", "ihipStream_t*")},
+    "0.13": PYTORCH_CALL_SITES | TENSOR_VIEWS | UTIL_QUERIES | TECH_PREVIEW,
+    "0.14": PYTORCH_V3_CALL_SITES | TENSOR_VIEWS | UTIL_QUERIES | TECH_PREVIEW,
 }
+# the headers of each line: v2/ up to 0.13, flash/backends.h from 0.14 on
+HEADERS = ("config.h", "dtypes.h", "runtime.h", "util.h", "flash.h", "cpp_tune.h")
+LINE_HEADERS = {"0.11": HEADERS + ("v2/flash.h",), "0.13": HEADERS + ("v2/flash.h",),
+                "0.14": HEADERS + ("flash/backends.h",)}
 
 
 def _run(cmd, **kw):
@@ -149,8 +161,10 @@ def test_install_layout(installed, line):
     assert (libdir / f"libaotriton_v2.so.{version}").is_file()
     assert (libdir / "libaotriton_v2.so").resolve().name == f"libaotriton_v2.so.{version}"
     headers = installed / "include" / "aotriton_api" / line / "aotriton"
-    for h in ("config.h", "dtypes.h", "runtime.h", "util.h", "flash.h", "cpp_tune.h", "v2/flash.h"):
+    for h in LINE_HEADERS[line]:
         assert (headers / h).is_file(), h
+    other = "flash/backends.h" if line != "0.14" else "v2/flash.h"
+    assert not (headers / other).exists(), other
     config = (headers / "config.h").read_text()
     major, minor, patch = version.split(".")
     for k, v in (("MAJOR", major), ("MINOR", minor), ("PATCH", patch)):
@@ -204,7 +218,8 @@ def test_soname_is_the_file_name_and_symbols_are_unversioned(prefix, line, relea
 
 def test_sizes_and_offsets_match_upstream(prefix, line, tmp_path):
     exe = tmp_path / "layout"
-    extra = ["-DLAYOUT_V3_FIELDS"] if line != "0.11" else []
+    extra = {"0.11": [], "0.13": ["-DLAYOUT_V3_FIELDS"],
+             "0.14": ["-DLAYOUT_V3_FIELDS", "-DLAYOUT_VARLEN_BITS"]}[line]
     _run([_cxx(), "-std=c++17", "-Wall", "-Wextra", "-Werror", *extra, "-I", prefix / "include",
           API / "layout.cpp", "-o", exe])
     measured = {}
@@ -253,6 +268,29 @@ def test_consumer_on_the_stub_driver(consumer, prefix, line, native_build):
     stub = native_build / "tests" / "libaotr_stub_driver.so"
     out = _run([sys.executable, API / "stub_scenarios.py", consumer, stub,
                 prefix / "lib" / "aotriton.images", line])
+    assert out.strip().endswith("ok"), out
+
+
+def test_013_consumer_on_the_014_library(consumer, installed, line, native_build, tmp_path):
+    """A program built against the 0.13 headers (params versions 3/6) runs on
+    the 0.14 library put in place of libaotriton_v2.so.0.13.0 (torch-dropin's
+    swap), every call translated as upstream's 0.14 library translates it."""
+    if line != "0.13":
+        pytest.skip("the 0.13 consumer only")
+    pytest.importorskip("torch")
+    swapped = tmp_path / "lib"
+    swapped.mkdir()
+    shutil.copy2(installed / "lib" / "aotriton_api" / "0.14" / "libaotriton_v2.so.0.14.0",
+                 swapped / "libaotriton_v2.so.0.13.0")
+    stub = native_build / "tests" / "libaotr_stub_driver.so"
+    import os
+    env = {**os.environ, "LD_LIBRARY_PATH": str(swapped)}
+    # the library the consumer loads is the 0.14 one (its soname says so)
+    out = _run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1]); "
+                "print(open('/proc/self/maps').read())", consumer], env=env)
+    assert str(swapped / "libaotriton_v2.so.0.13.0") in out
+    out = _run([sys.executable, API / "stub_scenarios.py", consumer, stub,
+                swapped / "aotriton.images", "0.13", "0.14"], env=env)
     assert out.strip().endswith("ok"), out
 
 

@@ -1,6 +1,7 @@
 /* v3::flash::attn_fwd / attn_bwd: the params mapped onto aotr_attn_fwd /
  * aotr_attn_bwd, and the exported TensorView instantiations. */
 #include "layer.h"
+#include "legacy_params.h"
 
 #include <algorithm>
 #include <climits>
@@ -53,9 +54,84 @@ aotr_status philox_inputs(Session &s, uint64_t offset2, std::pair<void *, void *
   return st;
 }
 
+uint32_t legacy_varlen_bits(int8_t varlen_type, bool cu_seqlens_q, bool seq_strides_q) {
+  if (!cu_seqlens_q) return 0;
+  if (varlen_type == 2 /* PaddedVarlen */) return 0x0202u;
+  return seq_strides_q ? 0x1313u : 0x0B0Bu;
+}
+
 namespace {
 
 using namespace aotriton::v3::flash;
+
+/* One side's byte of the word: THD, lengths CUMULATIVE, start REUSE (packed)
+ * or ARRAY (strided); THD, INDIVIDUAL, ARRAY (K's seqused_k). */
+constexpr uint32_t kPackedSide = 0x0Bu, kStridedSide = 0x13u, kUsedSide = 0x15u;
+
+#if AOTRITON_ROCM_API_LINE >= 14
+template <typename Params>
+Varlen varlen_of(const Params &in) {
+  Varlen v;
+  std::memcpy(&v.bits, &in.varlen_bits, sizeof v.bits);
+  v.q0 = in.seqinfo_q0;
+  v.k0 = in.seqinfo_k0;
+  v.q1 = in.seqinfo_q1;
+  v.k1 = in.seqinfo_k1;
+  return v;
+}
+#else
+template <typename Params>
+Varlen varlen_of(const Params &in) {
+  Varlen v;
+  v.q0 = in.cu_seqlens_q;
+  v.k0 = in.cu_seqlens_k;
+#if AOTRITON_ROCM_API_LINE >= 12
+  v.q1 = in.seq_strides_q;
+  v.k1 = in.seq_strides_k;
+#endif
+  v.bits = legacy_varlen_bits(in.varlen_type, static_cast<bool>(v.q0), static_cast<bool>(v.q1));
+  return v;
+}
+#endif
+
+/* What the core is told beyond the packed problem: where sequences start
+ * and how many keys each has, when the word says so; the logsumexp layout. */
+struct SeqInfo {
+  aotr_tensor starts_q{}, starts_k{}, lens_k{};
+  bool lse_th = false;
+};
+
+/* The word onto the core's packed problem (cu_seqlens) and SeqInfo. */
+aotr_status map_varlen(const Varlen &v, aotr_attn_problem *p, SeqInfo *si) {
+  const uint32_t qm = v.bits & 0xFFu, km = (v.bits >> 8) & 0xFFu, lse = (v.bits >> 16) & 3u;
+  if (v.bits >> 18)
+    return fail(AOTR_INVALID_ARGUMENT, "varlen_bits: bits 31:18 are reserved and must be zero");
+  if (lse > 1)
+    return fail(AOTR_INVALID_ARGUMENT, "varlen_bits: lse_layout must be VarlenLseLayout::HT or TH");
+  si->lse_th = lse == 1;
+  if (qm == 0 && km == 0) return AOTR_OK;
+  if ((qm != kPackedSide && qm != kStridedSide) ||
+      (km != kPackedSide && km != kStridedSide && km != kUsedSide))
+    return fail(AOTR_UNSUPPORTED, "varlen_bits: this library computes dense batches and "
+                                  "stacked (THD) sequences whose lengths are cumulative (Q, K) "
+                                  "or individual (K), starting where the lengths say or at "
+                                  "seqinfo_?1 (packed 0x0B0B, strided 0x1313, seqused_k 0x150B; "
+                                  "the padded BHSD layout 0x0202 is not covered)");
+  if (!v.q0 || !v.k0 || (qm == kStridedSide && !v.q1) || (km != kPackedSide && !v.k1))
+    return fail(AOTR_INVALID_ARGUMENT, "varlen_bits names a seqinfo array that is a null view");
+  p->cu_seqlens_q = core_tensor(v.q0);
+  if (km == kUsedSide) {
+    si->lens_k = core_tensor(v.k0);
+  } else {
+    p->cu_seqlens_k = core_tensor(v.k0);
+  }
+  if (qm == kStridedSide) si->starts_q = core_tensor(v.q1);
+  if (km != kPackedSide) si->starts_k = core_tensor(v.k1);
+  if (si->starts_q.data || si->starts_k.data || si->lens_k.data)
+    return fail(AOTR_UNSUPPORTED, "varlen_bits: strided and seqused_k batches are not computed "
+                                  "by this build");
+  return AOTR_OK;
+}
 
 /* (1, heads, total, head_dim) -> (total, heads, head_dim), the core's packed form. */
 aotr_tensor packed_rows(const aotr_tensor &t) {
@@ -110,23 +186,23 @@ std::pair<void *, void *> philox_outputs(const attn_bwd_params &) { return {null
 
 /* What the forward and backward params share. */
 template <typename Params>
-aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bool *varlen) {
+aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_attn_problem *p,
+                          SeqInfo *si) {
   *p = aotr_attn_problem{};
-  *varlen = static_cast<bool>(in.cu_seqlens_q);
-  if (*varlen && in.varlen_type != VarlenType::CompactVarlen && in.varlen_type != VarlenType::None)
-    return fail(AOTR_UNSUPPORTED, "only compact variable-length batches are covered");
-  if (*varlen && in.Q.size(0) != 1)
+  *si = SeqInfo{};
+  const bool varlen = (vl.bits & 0xFFFFu) != 0;
+  aotr_status mapped = map_varlen(vl, p, si);
+  if (mapped != AOTR_OK) return mapped;
+  if (varlen && in.Q.size(0) != 1)
     return fail(AOTR_INVALID_ARGUMENT, "a variable-length batch passes (1, heads, total, "
                                        "head_dim) views");
   p->q = core_tensor(in.Q);
   p->k = core_tensor(in.K);
   p->v = core_tensor(in.V);
-  if (*varlen) {
+  if (varlen) {
     p->q = packed_rows(p->q);
     p->k = packed_rows(p->k);
     p->v = packed_rows(p->v);
-    p->cu_seqlens_q = core_tensor(in.cu_seqlens_q);
-    p->cu_seqlens_k = core_tensor(in.cu_seqlens_k);
     p->max_seqlen_q = in.Max_seqlen_q;
     p->max_seqlen_k = in.Max_seqlen_k;
     /* PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens (its
@@ -135,7 +211,8 @@ aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bo
     for (int side = 0; side < 2; side++) {
       int32_t *longest = side ? &p->max_seqlen_k : &p->max_seqlen_q;
       const aotr_tensor &cu = side ? p->cu_seqlens_k : p->cu_seqlens_q;
-      if (*longest > 0 || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32) continue;
+      if (*longest > 0 || !cu.data || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32)
+        continue;
       /* reading the bounds synchronises, which breaks a graph capture: there
        * the total bounds every sequence (more programs, same result) */
       if (!capturing &&
@@ -175,24 +252,27 @@ aotr_status build_problem(const Params &in, Session &s, aotr_attn_problem *p, bo
 /* The logsumexp (or Delta) at `data` in the layout upstream's kernels
  * assume, whatever the view's strides: dense (batch, heads, seqlen_q)
  * contiguous; packed (heads, total_q) from the 0.12 line on. */
-aotr_tensor lse_view(void *data, const aotr_attn_problem &p, bool varlen) {
+aotr_tensor lse_view(void *data, const aotr_attn_problem &p, bool varlen, bool th = false) {
   aotr_tensor t{};
   t.data = data;
   t.dtype = AOTR_FP32;
+  /* (heads, tokens); TH (0.14's VarlenLseLayout::TH): tokens outer */
+  const int64_t heads = p.q.sizes[1], tokens = varlen ? p.q.sizes[0] : p.q.sizes[2];
+  const int64_t head_stride = th ? 1 : tokens, token_stride = th ? heads : 1;
   if (varlen) {
     t.rank = 2;
-    t.sizes[0] = p.q.sizes[1];
-    t.sizes[1] = p.q.sizes[0];
-    t.strides[0] = p.q.sizes[0];
-    t.strides[1] = 1;
+    t.sizes[0] = heads;
+    t.sizes[1] = tokens;
+    t.strides[0] = head_stride;
+    t.strides[1] = token_stride;
   } else {
     t.rank = 3;
     t.sizes[0] = p.q.sizes[0];
-    t.sizes[1] = p.q.sizes[1];
-    t.sizes[2] = p.q.sizes[2];
-    t.strides[0] = p.q.sizes[1] * p.q.sizes[2];
-    t.strides[1] = p.q.sizes[2];
-    t.strides[2] = 1;
+    t.sizes[1] = heads;
+    t.sizes[2] = tokens;
+    t.strides[0] = heads * tokens;
+    t.strides[1] = head_stride;
+    t.strides[2] = token_stride;
   }
   return t;
 }
@@ -261,20 +341,22 @@ hipError_t forward(const attn_fwd_params &in, void *stream) {
   f.struct_size = sizeof f;
   f.device = device;
   f.stream = stream;
-  bool varlen = false;
+  const Varlen vl = varlen_of(in);
+  const bool varlen = (vl.bits & 0xFFFFu) != 0;
   aotr_tensor user_out = core_tensor(in.Out);
-  if (varlen || in.cu_seqlens_q) user_out = packed_rows(user_out);
+  if (varlen) user_out = packed_rows(user_out);
   aotr_tensor user_mask{};
   if (in.encoded_softmax && in.encoded_softmax.size(0) * in.encoded_softmax.size(1) > 0)
     user_mask = core_tensor(in.encoded_softmax);
-  st = build_problem(in, s, &f.problem, &varlen);
+  SeqInfo si;
+  st = build_problem(in, vl, s, &f.problem, &si);
   const bool padded_lse = varlen && AOTRITON_ROCM_API_LINE < 12;
   if (st == AOTR_OK) {
     f.out = user_out;
     if (!core_stages(f.out)) st = s.output(&f.out);
   }
   if (st == AOTR_OK) {
-    f.lse = lse_view(in.L.data_ptr(), f.problem, varlen);
+    f.lse = lse_view(in.L.data_ptr(), f.problem, varlen, si.lse_th);
     if (!in.L || padded_lse)
       st = s.scratch(&f.lse, AOTR_FP32, f.lse.rank, f.lse.sizes, false);
     else if (!lse_fits(f.lse))
@@ -303,7 +385,8 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   b.struct_size = sizeof b;
   b.device = device;
   b.stream = stream;
-  bool varlen = static_cast<bool>(in.cu_seqlens_q);
+  const Varlen vl = varlen_of(in);
+  const bool varlen = (vl.bits & 0xFFFFu) != 0;
   auto rows = [varlen](aotr_tensor t) { return varlen ? packed_rows(t) : t; };
   const aotr_tensor user_dq = rows(core_tensor(in.DQ)), user_dk = rows(core_tensor(in.DK)),
                     user_dv = rows(core_tensor(in.DV));
@@ -312,7 +395,8 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
     user_db = core_tensor(in.DB);
   aotriton::TensorView<2> delta_view;
   aotriton::TensorView<4> acc_view;
-  st = build_problem(in, s, &b.problem, &varlen);
+  SeqInfo si;
+  st = build_problem(in, vl, s, &b.problem, &si);
   const bool padded_lse = varlen && AOTRITON_ROCM_API_LINE < 12;
   const aotr_attn_problem &p = b.problem;
   if (st == AOTR_OK) {
@@ -322,7 +406,7 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
     if (st == AOTR_OK && !core_stages(b.grad_out)) st = s.input(&b.grad_out);
   }
   if (st == AOTR_OK) {
-    b.lse = lse_view(in.L.data_ptr(), p, varlen);
+    b.lse = lse_view(in.L.data_ptr(), p, varlen, si.lse_th);
     if (padded_lse) {
       aotr_tensor packed;
       st = s.scratch(&packed, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
@@ -343,8 +427,10 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   if (st == AOTR_OK) {
     /* Delta: the caller's lazy tensor where it has the logsumexp's layout */
     if (!padded_lse) delta_view = acquire(in.D);
-    b.delta = lse_view(delta_view.data_ptr(), p, varlen);
-    if (!delta_view || delta_view.dtype() != aotriton::kFloat32 || !lse_fits(b.delta))
+    b.delta = lse_view(delta_view.data_ptr(), p, varlen, si.lse_th);
+    /* the core takes delta laid out like the (staged) logsumexp */
+    if (!delta_view || delta_view.dtype() != aotriton::kFloat32 || !lse_fits(b.delta) ||
+        !std::equal(b.delta.strides, b.delta.strides + b.delta.rank, b.lse.strides))
       st = s.scratch(&b.delta, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
   }
   if (st == AOTR_OK && !deterministic &&
@@ -376,18 +462,35 @@ attn_bwd_params::attn_bwd_params() {}
 
 hipError_t attn_fwd(const attn_fwd_params &params, int32_t params_version, aotriton::Stream stream,
                     const attn_options *) {
+#if AOTRITON_ROCM_API_LINE >= 14
+  if (params_version == 3) {
+    aotriton_rocm_v2::FwdParamsV3 old;
+    std::memcpy(static_cast<void *>(&old), &params, sizeof old); /* trivially copyable */
+    return aotriton_rocm_v2::forward(aotriton_rocm_v2::translate(old), stream.native());
+  }
+#endif
   if (params_version != attn_fwd_params::kVersion) return hipErrorInvalidSymbol;
   return aotriton_rocm_v2::forward(params, stream.native());
 }
 
 hipError_t attn_bwd(const attn_bwd_params &params, int32_t params_version, aotriton::Stream stream,
                     const attn_options *options) {
-  if (params_version != attn_bwd_params::kVersion) return hipErrorInvalidSymbol;
+  if (params_version != attn_bwd_params::kVersion &&
+      !(AOTRITON_ROCM_API_LINE >= 14 && params_version == 6))
+    return hipErrorInvalidSymbol;
 #if AOTRITON_ROCM_API_LINE >= 12
   const bool deterministic = options && options->deterministic;
 #else
   (void)options;
   const bool deterministic = false;
+#endif
+#if AOTRITON_ROCM_API_LINE >= 14
+  if (params_version == 6) {
+    aotriton_rocm_v2::BwdParamsV6 old;
+    std::memcpy(static_cast<void *>(&old), &params, sizeof old); /* trivially copyable */
+    return aotriton_rocm_v2::backward(aotriton_rocm_v2::translate(old), stream.native(),
+                                      deterministic);
+  }
 #endif
   return aotriton_rocm_v2::backward(params, stream.native(), deterministic);
 }

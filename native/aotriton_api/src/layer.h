@@ -35,6 +35,21 @@ hipError_t report(aotr_status status, const char *what);
  * refusals; the core's carry aotr_last_error()). */
 aotr_status fail(aotr_status status, const char *message);
 
+/* A call's variable-length batch as the 0.14 line's varlen_bits word says
+ * it (Q's mode in bits 7:0, K's in 15:8, the logsumexp layout in 17:16)
+ * with the arrays it reads; the older lines' cu_seqlens, seq_strides and
+ * varlen_type are translated to it the way upstream's 0.14 library
+ * translates a 0.13 caller's params. */
+struct Varlen {
+  uint32_t bits = 0; /* 0: dense */
+  aotriton::TensorView<1> q0, k0, q1, k1;
+};
+
+/* The word of an older line's call: none without cu_seqlens_q; else
+ * padded (0x0202) for VarlenType::PaddedVarlen, strided (0x1313) with
+ * seq_strides_q, compact (0x0B0B) otherwise. */
+uint32_t legacy_varlen_bits(int8_t varlen_type, bool cu_seqlens_q, bool seq_strides_q);
+
 /* The v3 entry points after the version check (v2 calls come here too). */
 hipError_t forward(const aotriton::v3::flash::attn_fwd_params &params, void *stream);
 hipError_t backward(const aotriton::v3::flash::attn_bwd_params &params, void *stream,

@@ -1,5 +1,6 @@
 /* AOTriton's v2 functions: check_gpu, debug_simulate_encoded_softmax, and
- * the deprecated per-variant attention calls (through the v3 path). */
+ * up to the 0.13 line the deprecated per-variant attention calls (through
+ * the v3 path; upstream's 0.13b and 0.14 headers no longer declare them). */
 #include "layer.h"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
@@ -7,9 +8,6 @@
 namespace aotriton::v2::flash {
 
 using namespace aotriton_rocm_v2;
-using v3::flash::CausalType;
-using v3::flash::VarlenType;
-using v3::flash::WindowValue;
 
 hipError_t check_gpu(aotriton::Stream /*stream: any, capturing included*/) {
   int32_t device = 0;
@@ -43,6 +41,11 @@ hipError_t debug_simulate_encoded_softmax(TensorView<4> r, float dropout_p,
   if (st == AOTR_OK) st = s.finish();
   return report(st, "debug_simulate_encoded_softmax");
 }
+
+#if AOTRITON_ROCM_API_LINE < 14
+using v3::flash::CausalType;
+using v3::flash::VarlenType;
+using v3::flash::WindowValue;
 
 namespace {
 
@@ -181,5 +184,7 @@ hipError_t attn_bwd_compact_varlen(T4 q, T4 k, T4 v, T1 cu_seqlens_q, T1 cu_seql
              dout, dq, dk, dv, db, softmax_lse, delta, dropout_p, philox_seed, philox_offset1,
              philox_offset2, is_causal, stream);
 }
+
+#endif
 
 }  // namespace aotriton::v2::flash

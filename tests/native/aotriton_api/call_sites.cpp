@@ -34,7 +34,7 @@ void *call_sites[] = {
 #endif
     reinterpret_cast<void *>(&aotriton::v3::flash::attn_fwd),
     reinterpret_cast<void *>(&aotriton::v3::flash::attn_bwd),
-#if AOTRITON_VERSION_MINOR < 13 || defined(AOTRITON_ROCM_API_LINE)
+#if AOTRITON_VERSION_MINOR < 13 || (defined(AOTRITON_ROCM_API_LINE) && AOTRITON_ROCM_API_LINE < 14)
     reinterpret_cast<void *>(&aotriton::v2::flash::attn_fwd),
     reinterpret_cast<void *>(&aotriton::v2::flash::attn_fwd_compact_varlen),
     reinterpret_cast<void *>(&aotriton::v2::flash::attn_bwd),

@@ -32,7 +32,10 @@ class CCase(ctypes.Structure):
                 ("max_seqlen_q", ctypes.c_int32), ("max_seqlen_k", ctypes.c_int32)] + [
                     (name, CTensor) for name in TENSORS] + [
                 ("philox_offset2", ctypes.c_uint64), ("seed_output", CTensor),
-                ("offset_output", CTensor)]
+                ("offset_output", CTensor), ("varlen_mode", ctypes.c_int32),
+                ("lse_th", ctypes.c_int32), ("seq_starts_q", CTensor), ("seq_starts_k", CTensor),
+                ("seqused_k", CTensor)]
+VARLEN_MODES = {"packed": 0, "seqused_k": 1, "strided": 2}
 
 
 def ctensor(t) -> CTensor:
@@ -46,10 +49,13 @@ def ctensor(t) -> CTensor:
 
 
 def make_case(mask=None, window=(-1, -1), scale=0.125, dropout_p=0.0, deterministic=False,
-              max_seqlen=(0, 0), philox_offset2=0, **tensors) -> CCase:
-    """``tensors``: TENSORS, and seed_output / offset_output (graph capture)."""
+              max_seqlen=(0, 0), philox_offset2=0, varlen_mode="packed", lse_th=False,
+              **tensors) -> CCase:
+    """``tensors``: TENSORS, seed_output / offset_output (graph capture), and
+    for the 0.14 line's varlen modes seq_starts_q / seq_starts_k / seqused_k."""
     c = CCase()
     c.mask, (c.window_left, c.window_right) = MASKS[mask], window
+    c.varlen_mode, c.lse_th = VARLEN_MODES[varlen_mode], int(lse_th)
     c.scale, c.dropout_p, c.deterministic = scale, dropout_p, int(deterministic)
     c.max_seqlen_q, c.max_seqlen_k = max_seqlen
     c.philox_offset2 = philox_offset2

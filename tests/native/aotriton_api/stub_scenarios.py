@@ -4,7 +4,11 @@ environment): every call PyTorch makes, checked against the launches the
 stub records (argument values decoded by name) and the memory the library
 writes itself (staging copies, zero fills, poisoned outputs).
 
-usage: stub_scenarios.py CONSUMER STUB_DRIVER IMAGES_DIR LINE
+usage: stub_scenarios.py CONSUMER STUB_DRIVER IMAGES_DIR LINE [LIBRARY_LINE]
+
+LINE is the line of the headers the consumer was built against, LIBRARY_LINE
+(default LINE) the line of the library it runs on: a 0.13b-style consumer on
+the 0.14 library (its params versions 3/6, translated).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from consumer_abi import (ACQUIRED_D, ACQUIRED_DQ_ACC, HIP_INVALID_SYMBOL, HIP_N
 from stub_archive import MANIFEST, decode, launches, records  # noqa: E402
 
 consumer_path, stub_path, images_dir, line = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4]
+library_line = sys.argv[5] if len(sys.argv) > 5 else line
 os.environ.update(AOTRITON_ROCM_DRIVER_LIBRARY=stub_path, AOTRITON_ROCM_BACKEND="cuda",
                   AOTR_STUB_CUDA_ARCH="9.0")
 os.environ.pop("AOTRITON_ROCM_ARCHIVE_DIR", None)
@@ -75,10 +80,13 @@ def dense(**kw):
 
 
 # -- the API line and its version check
+KVERSIONS = {"0.11": (1, 3), "0.13": (3, 6), "0.14": (4, 7)}
 fv, bv = api.kversions()
-check((fv, bv) == ((1, 3) if LEGACY else (3, 6)), f"kVersion {fv}/{bv}")
+check((fv, bv) == KVERSIONS[line], f"kVersion {fv}/{bv}")
 t = dense()
-check(api.forward(make_case(**t), version=fv + 1) == HIP_INVALID_SYMBOL, "params version refused")
+for version in (99, 2 if library_line == "0.14" else fv + 1):
+    check(api.forward(make_case(**t), version=version) == HIP_INVALID_SYMBOL,
+          f"params version {version} refused")
 check(api.experimental() == 0, "isArchExperimentallySupported is false")
 
 # -- forward, causal in both alignments, a window, GQA: permuted views read in place

@@ -5,6 +5,10 @@
 // int32 cu_seqlens, causal as WindowedAttention with both windows set to one
 // alignment value, dropout through int64 device scalars, a bias and its
 // gradient, LazyTensor D / DQ_ACC whose acquire allocates on first call.
+// Against the 0.14 headers a variable-length batch is described by
+// VarlenBits as PyTorch's aotriton_adapter.h builds it (packed, seqused_k)
+// or as Transformer Engine passes cu_seqlens_padded (strided), with the
+// logsumexp in either layout.
 //
 // It is a shared library with a C entry point per call so that a test can
 // hand it device (or, on the stub driver, host) memory from Python.
@@ -37,6 +41,11 @@ struct consumer_case {
   // graph capture: PyTorch's intra-graph offset, and where the forward returns (seed, offset)
   uint64_t philox_offset2;
   consumer_tensor seed_output, offset_output;
+  // 0.14: varlen_mode 0 packed, 1 seqused_k (K's lengths in seqused_k, its
+  // starts in cu_seqlens_k), 2 strided (starts in seq_starts_q/k); lse_th:
+  // the logsumexp as (total, heads)
+  int32_t varlen_mode, lse_th;
+  consumer_tensor seq_starts_q, seq_starts_k, seqused_k;
 };
 
 // Allocates `bytes` of device memory (zeroed when asked); the caller keeps it alive.
@@ -90,6 +99,61 @@ TensorView<0> scalar(const consumer_tensor &t) {
   return TensorView<0>(reinterpret_cast<intptr_t>(t.data), static_cast<aotriton::DType>(t.dtype));
 }
 
+#if AOTRITON_VERSION_MINOR >= 14
+// sdp::aotriton_adapter::mk_varlen_mode / mk_varlen_bits_packed / _seqused_k
+constexpr v3::VarlenMode mk_varlen_mode(uint32_t length, uint32_t position) {
+  v3::VarlenMode mode{};
+  mode.stacked = v3::VarlenStacked::THD;
+  mode.length = length & 3u;
+  mode.position = position & 3u;
+  return mode;
+}
+
+constexpr v3::VarlenBits mk_varlen_bits_packed() {
+  const auto packed = mk_varlen_mode(v3::VarlenLength::CUMULATIVE, v3::VarlenPosition::REUSE);
+  return v3::VarlenBits{.qmode = packed, .kmode = packed};
+}
+
+constexpr v3::VarlenBits mk_varlen_bits_seqused_k() {
+  return v3::VarlenBits{
+      .qmode = mk_varlen_mode(v3::VarlenLength::CUMULATIVE, v3::VarlenPosition::REUSE),
+      .kmode = mk_varlen_mode(v3::VarlenLength::INDIVIDUAL, v3::VarlenPosition::ARRAY),
+  };
+}
+
+// The seqinfo arrays and the word of a variable-length case.
+template <typename Params>
+void set_varlen(const consumer_case &c, Params *p) {
+  p->seqinfo_q0 = view<1>(c.cu_seqlens_q);
+  if (c.varlen_mode == 1) {
+    p->varlen_bits = mk_varlen_bits_seqused_k();
+    p->seqinfo_k0 = view<1>(c.seqused_k);
+    p->seqinfo_k1 = view<1>(c.cu_seqlens_k);
+  } else if (c.varlen_mode == 2) {
+    const auto strided = mk_varlen_mode(v3::VarlenLength::CUMULATIVE, v3::VarlenPosition::ARRAY);
+    p->varlen_bits = v3::VarlenBits{.qmode = strided, .kmode = strided};
+    p->seqinfo_k0 = view<1>(c.cu_seqlens_k);
+    p->seqinfo_q1 = view<1>(c.seq_starts_q);
+    p->seqinfo_k1 = view<1>(c.seq_starts_k);
+  } else {
+    p->varlen_bits = mk_varlen_bits_packed();
+    p->seqinfo_k0 = view<1>(c.cu_seqlens_k);
+  }
+  if (c.lse_th) p->varlen_bits.lse_layout = v3::VarlenLseLayout::TH & 3u;
+  p->Max_seqlen_q = c.max_seqlen_q;
+  p->Max_seqlen_k = c.max_seqlen_k;
+}
+#else
+template <typename Params>
+void set_varlen(const consumer_case &c, Params *p) {
+  p->varlen_type = v3::VarlenType::CompactVarlen;
+  p->cu_seqlens_q = view<1>(c.cu_seqlens_q);
+  p->cu_seqlens_k = view<1>(c.cu_seqlens_k);
+  p->Max_seqlen_q = c.max_seqlen_q;
+  p->Max_seqlen_k = c.max_seqlen_k;
+}
+#endif
+
 void set_mask(const consumer_case &c, int8_t *causal_type, int32_t *left, int32_t *right) {
   *causal_type = c.mask ? v3::CausalType::WindowedAttention : v3::CausalType::None;
   if (c.mask == 1) *left = *right = v3::WindowValue::BottomRightAligned;
@@ -107,15 +171,7 @@ v3::attn_fwd_params fwd_params(const consumer_case &c) {
   p.Sm_scale = c.scale;
   p.L = c.lse.data ? view<2>(c.lse) : TensorView<2>(0, {0, 0}, {0, 0}, aotriton::kFloat32);
   p.Out = bhsd(c.out);
-  if (varlen) {
-    p.varlen_type = v3::VarlenType::CompactVarlen;
-    p.cu_seqlens_q = view<1>(c.cu_seqlens_q);
-    p.cu_seqlens_k = view<1>(c.cu_seqlens_k);
-    p.Max_seqlen_q = c.max_seqlen_q;
-    p.Max_seqlen_k = c.max_seqlen_k;
-  } else {
-    p.varlen_type = v3::VarlenType::None;
-  }
+  if (varlen) set_varlen(c, &p);
   p.dropout_p = c.dropout_p;
   p.philox_seed_ptr = scalar(c.seed);
   p.philox_offset1 = scalar(c.offset);
@@ -212,15 +268,7 @@ int consumer_backward(const consumer_case *c, void *stream, consumer_alloc alloc
   p.DQ_ACC.acquire = &acquire<4>;
   p.DQ_ACC.dispose = &dispose<4>;
   const bool varlen = c->cu_seqlens_q.data != nullptr;
-  if (varlen) {
-    p.varlen_type = v3::VarlenType::CompactVarlen;
-    p.cu_seqlens_q = view<1>(c->cu_seqlens_q);
-    p.cu_seqlens_k = view<1>(c->cu_seqlens_k);
-    p.Max_seqlen_q = c->max_seqlen_q;
-    p.Max_seqlen_k = c->max_seqlen_k;
-  } else {
-    p.varlen_type = v3::VarlenType::None;
-  }
+  if (varlen) set_varlen(*c, &p);
   p.dropout_p = c->dropout_p;
   p.philox_seed_ptr = scalar(c->seed);
   p.philox_offset1 = scalar(c->offset);
