@@ -328,7 +328,7 @@ def test_interrupt_at_every_step(tmp_path, wheels, capsys, monkeypatch, name, st
         assert not [f for f in hidden(lib) if f.endswith(D.TMP_SUFFIX) or f == D.LOCK]
     # torch's own is on disk: in place, or as the backup
     target, backup = lib / _name(version), lib / (_name(version) + D.BACKUP_SUFFIX)
-    assert original(wheels, version) in (target.read_bytes(), backup.read_bytes())
+    assert original(wheels, version) in [f.read_bytes() for f in (target, backup) if f.exists()]
     other = tmp_path / "b"
     shutil.copytree(tmp_path / "a", other)
     # the next run finishes the drop-in, and --undo then restores torch's own
