@@ -16,10 +16,11 @@ from ._version import ABI_VERSION, __version__
 
 # Processes that never touch torch skip importing it (seconds): `aotriton-rocm
 # config` / `python -m aotriton_rocm config` (paths for C and C++ builds; while
-# -m imports the package, sys.argv[0] is "-m"), and the build's compile
+# -m imports the package, sys.argv[0] is "-m"), `torch-dropin` (it locates
+# torch's files, and must not load the library it replaces), and the build's compile
 # workers, started with AOTRITON_ROCM_NO_TORCH=1 (one process per compile).
 _NO_TORCH = (_os.environ.get("AOTRITON_ROCM_NO_TORCH") == "1"
-             or (_sys.argv[1:2] == ["config"]
+             or (_sys.argv[1:2] in (["config"], ["torch-dropin"])
                  and _os.path.basename(_sys.argv[0] or "") in ("aotriton-rocm", "-m")))
 
 # module -> the public names it defines, imported on first access to one
