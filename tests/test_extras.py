@@ -172,3 +172,24 @@ def test_conda_pin_picks_the_rocm_build(tmp_path):
         "aotriton-rocm": "py311_rocm100_0", "aotriton-rocm-gfx942": "rocm100_0"}
     assert solve_names(chan, pin.pin_lines("2.13", rocm="7.1")["conda"]) == {
         "aotriton-rocm": "py311_rocm71_0"}
+
+
+def test_release_plan_builds_every_arch_of_rocm_10(tmp_path, capsys):
+    """Without --arch a release builds every arch of each profile, so every
+    extra above has its image on the rocm10.0 index; --shards splits each
+    profile's build over machines."""
+    build = tmp_path / "B"
+    assert cli_main(["release", "--source-root", str(ROOT), "--rocm", "7.2,10.0", "--plan",
+                     "--shards", "2", "--build-dir", str(build)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    targets = load_targets(ROOT / "ci" / "targets.toml")
+    assert lines[0] == f"ROCm 7.2 (rocm7.2): 10 archs: {', '.join(targets.profiles['7.2'].archs)}"
+    assert lines[4] == f"ROCm 10.0 (rocm10.0): 11 archs: {', '.join(targets.profiles['10.0'].archs)}"
+    assert lines[5:8] == [
+        f"  aotriton-rocm build --rocm 10.0 --arch all --shard 1/2 --out {build}/rocm10.0-shard1",
+        f"  aotriton-rocm build --rocm 10.0 --arch all --shard 2/2 --out {build}/rocm10.0-shard2",
+        f"  aotriton-rocm merge {build}/rocm10.0-shard1 {build}/rocm10.0-shard2 --out {build}/rocm10.0"]
+    assert lines[-1] == f"then: aotriton-rocm release --rocm 7.2,10.0 --build-dir {build}"
+    assert cli_main(["release", "--source-root", str(ROOT), "--rocm", "7.2", "--arch", "gfx1102",
+                     "--plan"]) == 2
+    assert "profiles that support it: 7.14, 7.15, 10.0" in capsys.readouterr().err

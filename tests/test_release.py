@@ -129,7 +129,7 @@ def test_matrix_dry_run_prints_every_gate_for_every_target(dry, toy):
                 "publish", "SKIPPED")
     assert _verdicts(out) == want, out
     assert list(_verdicts(out)) == list(want)  # gate order: build, package, ..., publish
-    assert "matrix: ROCm 6.4, 7.0 x arch (build defaults); targets: default, rocm6.4, rocm7.0" in out
+    assert "matrix: ROCm 6.4, 7.0 x arch all; targets: default, rocm6.4, rocm7.0" in out
     assert "[build rocm7.0] PASS: reused 2 archive(s)" in out
     assert "[package rocm7.0] PASS: 0.1.1+rocm7.0 (ROCm 7.0): 3 wheel(s), 3 conda package(s)" in out
     assert "[package default] PASS: 0.1.1 (ROCm 6.4): 2 wheel(s), 0 conda package(s)" in out
@@ -413,7 +413,8 @@ def test_reused_archives_must_match_the_sources(toy, tmp_path, capsys):
              ["b" * 64, RA.tree_hash(), "not built from the sources being packaged",
               "aotriton-rocm build --arch gfx942 --out"]),
             ("subset", {"subset": "dtype=fp16"},
-             ["come from a subset build", "(--only dtype=fp16)", "--allow-subset"])):
+             ["come from a subset build", "(--only dtype=fp16)",
+              f"aotriton-rocm build --arch gfx942 --out {tmp_path}/subset/rocm6.4"])):
         build = tmp_path / name
         RA.write(build / "rocm6.4" / "archives", "gfx942", version=VERSION, rocm="6.4", **kw)
         rc = cli_main(["release", "--source-root", str(toy["tree"]), "--build-dir", str(build),
@@ -422,4 +423,5 @@ def test_reused_archives_must_match_the_sources(toy, tmp_path, capsys):
         out = capsys.readouterr().out
         assert rc == 1 and _verdicts(out)["build rocm6.4"] == "FAIL", out
         assert all(n in out for n in needles), out
+        assert "--allow-subset" not in out   # release has no such option
         assert not list((tmp_path / f"dist-{name}").rglob("*.whl"))

@@ -47,12 +47,13 @@ from pathlib import Path
 from typing import Callable, List, Tuple
 
 from ...errors import CommandError, UsageError
-from ...files import describe_os_error
+from ...files import describe_os_error, parent_file_problem
 from ..common.source_tree import find_source_root
 from ..package.naming import local_label, read_release_version
 from .gates import (Context, GateFailed, GateSkipped, gate_abi_check, gate_build, gate_changelog,
                     gate_install_check, gate_package)
-from .matrix import ReleaseOptions, matrix_profiles, release_targets
+from .matrix import (ReleaseOptions, matrix_profiles, plan_lines, profile_archs, release_archs,
+                     release_targets)
 from .publish import gate_credentials, gate_publish, gate_publish_conda
 
 __all__ = ["GATES", "ReleaseOptions", "add_release_arguments", "run_release"]
@@ -63,6 +64,9 @@ SKIPPABLE = ("install-check", "abi-check")
 
 def _check_out(out: Path) -> None:
     """--out is created and written before any gate runs."""
+    why = parent_file_problem(out)
+    if why:
+        raise UsageError(why)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-probe-{os.getpid()}"
@@ -108,7 +112,13 @@ def add_release_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ROCm profile of the matrix (repeatable, comma-separated, or 'all'; "
                              "default: ci/targets.toml's default profile)")
     parser.add_argument("--arch", action="append", default=None, metavar="ARCH",
-                        help="arch or arch set, per profile (repeatable; default: the build's defaults)")
+                        help="arch or arch set, per profile (repeatable; default: all, every arch "
+                             "each profile supports)")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the archs of each profile and the commands that build them "
+                             "(into --build-dir), then stop")
+    parser.add_argument("--shards", type=int, default=1, metavar="N",
+                        help="with --plan: build each profile in N shards (build --shard K/N, merge)")
     parser.add_argument("--default-rocm", default=None, metavar="A.B",
                         help="profile of the default build (no local label, for --index-url; default: "
                              "ci/targets.toml's default profile when it is in the matrix)")
@@ -149,15 +159,20 @@ def run_release(args: ReleaseOptions) -> int:
         root = args.source_root.resolve() if args.source_root else find_source_root()
         version = read_release_version(root)
         profiles, default = matrix_profiles(args, root)
+        archs = profile_archs(args, root, profiles)
     except CommandError as e:
         raise UsageError(str(e)) from e
+    if args.plan:
+        build_dir = args.build_dir.resolve() if args.build_dir else root / "build" / "release"
+        print("\n".join(plan_lines(args, archs, build_dir)))
+        return 0
     out = args.out.resolve()
     _check_out(out)
     ctx = Context(args=args, root=root, version=version, out=out, profiles=profiles,
-                  targets=release_targets(args, out, profiles, default))
+                  targets=release_targets(args, out, profiles, default), plan=archs)
     mode = "PUBLISH" if args.publish else "DRY RUN"
     print(f"aotriton-rocm release {version} ({mode}) from {root}", flush=True)
-    print(f"matrix: ROCm {', '.join(profiles)} x arch {', '.join(args.arch or ['(build defaults)'])}; "
+    print(f"matrix: ROCm {', '.join(profiles)} x arch {', '.join(release_archs(args))}; "
           f"targets: {', '.join(t.name for t in ctx.targets)}", flush=True)
     failed = None
     for gate, label, fn in _steps(ctx):

@@ -17,7 +17,7 @@ from ...files import file_sha256
 from ..package.dist_dir import read_sha256sums
 from ..package.naming import local_label
 from .credentials import Credentials
-from .matrix import ReleaseOptions, Target
+from .matrix import ReleaseOptions, Target, release_archs
 
 __all__ = ["GateFailed", "GateSkipped", "Context", "run_quiet", "logs_dir", "changelog_has_section",
            "gate_build", "gate_package", "gate_install_check", "gate_abi_check", "gate_changelog"]
@@ -42,6 +42,7 @@ class Context:
     archives: Dict[str, Path] = field(default_factory=dict)   # profile -> archives dir
     credentials: Optional[Credentials] = None
     uploaded: List[str] = field(default_factory=list)
+    plan: Dict[str, List[str]] = field(default_factory=dict)  # profile -> the archs it builds
 
 
 def changelog_has_section(changelog: Path, version: str) -> bool:
@@ -96,10 +97,14 @@ def gate_build(ctx: Context, profile: str) -> str:
             if cand is not None and _archives_in(cand):
                 _check_reused(ctx, cand, profile)
                 ctx.archives[profile] = cand
-                return f"reused {len(_archives_in(cand))} archive(s) in {cand}"
+                have = {p.stem for p in _archives_in(cand)}
+                absent = [a for a in ctx.plan.get(profile, ()) if a not in have]
+                note = (f"; not among them: {', '.join(absent)} (no image of those on this "
+                        f"target's index)") if absent else ""
+                return f"reused {len(have)} archive(s) in {cand}{note}"
     from ..build.command import build
 
-    run_quiet("build", lambda: build(profile, list(a.arch) or None, build_dir, source_root=ctx.root,
+    run_quiet("build", lambda: build(profile, release_archs(a), build_dir, source_root=ctx.root,
                                   progress=False),
            logs_dir(ctx) / f"build-{local_label(profile)}.log")
     ctx.archives[profile] = build_dir / "archives"
@@ -112,7 +117,7 @@ def _check_reused(ctx: Context, archives: Path, profile: str) -> None:
     from ..package.archive_intake import check_complete, check_matches_sources, collect_archives
 
     inputs = collect_archives(archives, list(ctx.args.arch) or None, ctx.version, profile)
-    check_complete(inputs)
+    check_complete(inputs, offer_allow_subset=False)   # release has no --allow-subset
     check_matches_sources(inputs, ctx.root)
 
 
