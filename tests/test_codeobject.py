@@ -245,7 +245,7 @@ def test_validate_command(compiled, tmp_path, capsys):
 
     def krec(arch, which, key):
         k, r = compiled[(arch, which)]
-        func = {"dtype": "fp16", "head_dim": 64, "pad_head": True} if which == "flash" else {}
+        func = {"dtype": "fp16", "head_dim": 64, **({"pad_head": True} if which == "flash" else {})}
         rec = KernelRecord(key=key, kernel=which, functional=func, config={}, constexprs={},
                            symbol=r["symbol"], num_warps=r["num_warps"], num_stages=1,
                            warp_size=r["warp_size"], shared=r["shared"], global_scratch_size=0,

@@ -549,6 +549,8 @@ static aotr_status open_archive(aotr_archive *a)
         return invalid(a, "kernel archive index has no manifest object");
     if (kernels == NULL || kernels->type != AOTR_JSON_ARRAY)
         return invalid(a, "kernel archive index has no kernels list");
+    if (kernels->n == 0)
+        return invalid(a, "kernel archive index lists no kernels (an empty image)");
     st = check_identity(a);
     if (st != AOTR_OK)
         return st;

@@ -30,7 +30,9 @@ def run_info(options: InfoOptions) -> int:
 
     from . import device, gpus_present, images
     from ._version import ABI_VERSION, TRITON_VERSION, __version__
-    from .install_checks import archive_problems, check_library, check_torch_extension
+    from .archive import clip, subset_of
+    from .install_checks import (archive_note, archive_problems, check_library,
+                                 check_torch_extension, library_error)
     from .torch_dropin import loaded_aotriton
 
     print(f"aotriton-rocm {__version__} (ABI {ABI_VERSION}, kernels built with triton "
@@ -54,15 +56,20 @@ def run_info(options: InfoOptions) -> int:
     else:
         print("kernel images:")
     bad = 0
+    native_checked = library_error() is None
     for arch, path in sorted(found.items()):
         archive, problems = archive_problems(arch, path)
         if archive is None:
             print(f"  {arch}: BAD {problems[0]}")
+            for problem in problems[1:]:
+                print(f"      {problem}")
         else:
             m = archive.manifest
-            print(f"  {arch}: {'BAD ' if problems else ''}{len(archive.kernels)} kernels, "
-                  f"ROCm profile {m.get('rocm_profile')}, version {m.get('package_version')}, "
-                  f"ABI {m.get('abi_version')}, {path}")
+            kind = "subset image, " if subset_of(m) else ""
+            print(f"  {arch}: {'BAD ' if problems else ''}{kind}{len(archive.kernels)} kernels, "
+                  f"ROCm profile {clip(m.get('rocm_profile'), 40)}, version "
+                  f"{clip(m.get('package_version'), 40)}, ABI {m.get('abi_version')}, {path}"
+                  + ("" if problems else archive_note(archive, native_checked)))
             for problem in problems:
                 print(f"      {problem}")
         bad += bool(problems)

@@ -17,10 +17,11 @@ from typing import List, Optional, Tuple
 from . import images
 from ._version import ABI_VERSION, __version__
 from .archive import (Archive, ArchiveError, clip, identity_fix, identity_problems,
-                      manifest_path_for, verify_against_manifest)
+                      manifest_path_for, subset_of, verify_against_manifest, with_fix)
 
-__all__ = ["Row", "REINSTALL_RUNTIME", "check_library", "check_torch_extension",
-           "archive_problems", "check_archives", "installation_rows"]
+__all__ = ["Row", "REINSTALL_RUNTIME", "NOT_READ_BY_C", "check_library", "check_torch_extension",
+           "library_error", "native_problems", "archive_problems", "archive_note", "check_archives",
+           "installation_rows"]
 
 Row = Tuple[str, bool, str]
 REINSTALL_RUNTIME = f"pip install --force-reinstall --no-deps 'aotriton-rocm=={__version__}'"
@@ -65,15 +66,35 @@ def check_torch_extension() -> Optional[Row]:
     return ("torch extension", True, str(path))
 
 
-def _native_problems(path: Path) -> List[str]:
-    """The archive read and verified again by libaotriton_rocm, the reader
-    every GPU call uses (this also proves the library loads here)."""
+def library_error() -> Optional[str]:
+    """Why libaotriton_rocm does not load here, or None when it does."""
     from . import native
 
     try:
+        native.library()
+    except OSError as exc:
+        return clip(exc, 600)
+    return None
+
+
+NOT_READ_BY_C = "not checked by the C reader: libaotriton_rocm did not load (see the library row)"
+
+
+def native_problems(path: Path) -> Optional[List[str]]:
+    """The C reader's verdict (native.verify_archive: the index under the C
+    parser's rules, the records, identity, every code object): its problems,
+    [] when it accepts the archive, None when libaotriton_rocm does not load
+    (then nothing was checked: :func:`library_error` says why)."""
+    from . import native
+
+    if library_error() is not None:
+        return None
+    try:
         native.verify_archive(path)
-    except (OSError, native.NativeError) as exc:
+    except native.NativeError as exc:
         return [f"libaotriton_rocm: {exc}"]
+    except OSError as exc:  # a library that loaded but broke since: report, never raise
+        return [f"libaotriton_rocm: {clip(exc, 600)}"]
     return []
 
 
@@ -88,7 +109,11 @@ def _inputs_problem(archive: Archive, path: Path, arch: str) -> List[str]:
 
 
 def archive_problems(arch: str, path: Path, native_check: bool = True) -> Tuple[Optional[Archive], List[str]]:
-    """The archive (None if it cannot be opened) and its problems, each once."""
+    """The archive (None if it cannot be opened) and its problems, each once,
+    the last one naming the fix. The C reader (``native_check``) reads an
+    archive only once the Python checks found nothing (else it would report
+    the same damage again); where libaotriton_rocm does not load it adds no
+    problem: that is the library's failure (check_library), not the archive's."""
     try:
         a = Archive.open(path)
     except ArchiveError as exc:
@@ -102,14 +127,30 @@ def archive_problems(arch: str, path: Path, native_check: bool = True) -> Tuple[
         problems.append(f"{sidecar}: the manifest sidecar of {path.name} is missing; "
                         f"{identity_fix(arch)}")
     problems += _inputs_problem(a, path, arch)
-    if not problems and native_check:  # (else the C reader would report the same damage again)
-        problems = _native_problems(path)
-    return a, list(dict.fromkeys(problems))
+    if not problems and native_check:
+        problems = native_problems(path) or []
+    return a, with_fix(list(dict.fromkeys(problems)), identity_fix(arch))
+
+
+def archive_note(archive: Optional[Archive], native_checked: bool) -> str:
+    """What a passing archive row adds after its path: a subset image names
+    its filter; an archive the C reader could not read says so."""
+    notes = []
+    subset = subset_of(archive.manifest) if archive is not None else None
+    if subset:
+        notes.append(f"subset image: built with --only {subset}, it holds only the kernels "
+                     f"that filter selects")
+    if not native_checked:
+        notes.append(NOT_READ_BY_C)
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _detail(problems: List[str]) -> str:
+    """The problems on one line, cut to MAX_DETAIL but for the last one (the fix)."""
     text = "; ".join(problems)
-    return text if len(text) <= MAX_DETAIL else clip(text, MAX_DETAIL)
+    if len(text) <= MAX_DETAIL or len(problems) < 2:
+        return clip(text, MAX_DETAIL)
+    return f"{clip('; '.join(problems[:-1]), MAX_DETAIL)}; {problems[-1]}"
 
 
 def check_archives(require_arch: Optional[str]) -> List[Row]:
@@ -117,9 +158,13 @@ def check_archives(require_arch: Optional[str]) -> List[Row]:
     missing or unreadable, and for the GPU's arch (``require_arch``)."""
     rows: List[Row] = []
     found = images.find_archives()
+    native_checked = library_error() is None
     for arch, path in sorted(found.items()):
-        _, problems = archive_problems(arch, path)
-        rows.append((f"archive {arch}", not problems, _detail(problems) or str(path)))
+        archive, problems = archive_problems(arch, path)
+        if problems:
+            rows.append((f"archive {arch}", False, _detail(problems)))
+        else:
+            rows.append((f"archive {arch}", True, f"{path}{archive_note(archive, native_checked)}"))
     for m in images.missing_images():
         if m.arch:
             rows.append((f"archive {m.arch}", False, f"{m.path} is missing or unreadable, but its "

@@ -78,7 +78,7 @@ def one_error(r: subprocess.CompletedProcess, status: str) -> str:
 
 # -- valid archives --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,n", [("gfx942", 0), ("gfx90a", 1), ("gfx950", 5), ("sm_90", 3)])
+@pytest.mark.parametrize("arch,n", [("gfx942", 2), ("gfx90a", 1), ("gfx950", 5), ("sm_90", 3)])
 def test_counts_and_identity_agree_with_python(native_build, tmp_path, arch, n):
     p = make_archive(tmp_path / f"{arch}.aotr", arch, n)
     a = Archive.open(p)
@@ -295,6 +295,7 @@ def test_flipped_blob_byte_fails_verify_naming_the_kernel(native_build, tmp_path
 @pytest.mark.parametrize("edit,needle", [
     (lambda d: d["manifest"].pop("rocm_profile"), "manifest lacks rocm_profile"),
     (lambda d: d.pop("kernels"), "no kernels list"),
+    (lambda d: d.update(kernels=[]), "lists no kernels (an empty image)"),
     (lambda d: d["kernels"][1]["args"].append(["flag", "i1"]), "'i1'"),
     (lambda d: d["kernels"][0]["functional"].update(dtype="fp8"), "'fp8'"),
     (lambda d: d["kernels"][0].pop("symbol"), "no symbol"),
@@ -310,6 +311,7 @@ def test_flipped_blob_byte_fails_verify_naming_the_kernel(native_build, tmp_path
 def test_bad_records(native_build, tmp_path, edit, needle):
     p = make_archive(tmp_path / "gfx942.aotr")
     reseal(p, edit)
+    assert _python_rejects(p)  # one verdict: the Python reader refuses it too
     line = one_error(tool(native_build, p), "AOTR_ARCHIVE_INVALID")
     assert needle in line, line
     assert line.startswith(f"ERROR AOTR_ARCHIVE_INVALID: {p}: ")

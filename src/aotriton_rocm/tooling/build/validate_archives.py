@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from ..._version import ABI_VERSION
-from ...archive import Archive, ArchiveError, identity_problems
+from ...archive import Archive, ArchiveError, identity_fix, identity_problems
 from ...errors import CommandError, UsageError
 from .codeobject import ArchLimits, validate_kernel
 from ..common.tables import render_table
@@ -55,8 +55,37 @@ class ArchReport:
         return dict(self.__dict__)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _manifest_type_problem(m: Dict[str, Any]) -> Optional[str]:
+    """Why the manifest fields only ``validate`` reads (arch_limits,
+    code_object_version, exceptions) have the wrong JSON types, or None."""
+    lim = m.get("arch_limits")
+    if lim is not None and not isinstance(lim, dict):
+        return "arch_limits is not an object"
+    if lim:
+        for k in ArchLimits.__dataclass_fields__:
+            v = lim.get(k)
+            want_str = k in ("name", "vgpr_mode")
+            if (k == "name" or v is not None) and not (isinstance(v, str) if want_str else _is_int(v)):
+                return f"arch_limits.{k} is not {'a string' if want_str else 'an integer'}"
+    cov = m.get("code_object_version")
+    if cov is not None and not _is_int(cov):
+        return "code_object_version is not an integer"
+    exc = m.get("exceptions")
+    if exc is not None and not (isinstance(exc, list) and all(isinstance(e, dict) for e in exc)):
+        return "exceptions is not a list of objects"
+    return None
+
+
 def _limits_for(archive: Archive, targets_path: Optional[str]):
     m = archive.manifest
+    bad = _manifest_type_problem(m)
+    if bad:
+        raise ArchiveError(f"{archive.path}: the manifest's {bad}; "
+                           f"{identity_fix(archive.arch, 'build', archive.path)}")
     lim = m.get("arch_limits")
     cov = m.get("code_object_version")
     if lim:
@@ -152,7 +181,24 @@ def validate_archives(paths: Sequence[str], targets_path: Optional[str] = None) 
                                    "ok": v.ok, "problems": v.problems, "allowed": v.allowed,
                                    "mfma": mfma, "wmma": st.get("wmma"), **s})
         rep.min_occupancy = min(occs) if occs else None
+    for rep in reports:
+        if not rep.failures:
+            rep.failures.extend(c_reader_failures(Path(rep.archive)))
     return reports
+
+
+def c_reader_failures(path: Path) -> List[str]:
+    """What the runtime's C reader (libaotriton_rocm) refuses in an archive
+    the Python checks passed; a library that does not load is a failure
+    too: no archive passes unread by the reader the GPU calls use."""
+    from ...install_checks import library_error, native_problems
+
+    problems = native_problems(path)
+    if problems is None:
+        return [f"C reader: not checked, libaotriton_rocm did not load ({library_error()}): "
+                f"install aotriton-rocm with its native library (pip install -e . in a "
+                f"checkout) or point AOTRITON_ROCM_NATIVE_LIB at a built libaotriton_rocm"]
+    return [f"C reader: {msg}" for msg in problems]
 
 
 def _cell(v: Any) -> str:

@@ -1,21 +1,20 @@
 """Archive intake: the archives ``build`` wrote, checked before anything is
 packaged from them (:func:`collect_archives`): each is what its file name and
 sidecar say, of the ABI line being packaged, matches its sidecar byte for
-byte, every kernel's sha256 checks out (:func:`verify_archive`), and the
-archives of one release share one build-inputs hash (:func:`check_one_build`).
-Build-time only.
+byte, every kernel's sha256 checks out and the runtime's C reader accepts it
+(:func:`verify_archive`), and the archives of one release share one
+build-inputs hash (:func:`check_one_build`). Build-time only.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
-from ...archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, identity_problems,
-                       verify_against_manifest)
+from ...archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, identity_fix,
+                       identity_problems, strict_json_loads, verify_against_manifest, with_fix)
 from ..common.inputs_hash import source_tree_inputs_hash
 from .naming import PackagingError, archname, check_profile
 
@@ -33,7 +32,7 @@ class ArchiveInput:
 
 def read_manifest(path: Path) -> Dict[str, object]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = strict_json_loads(path.read_bytes())
     except (OSError, ValueError) as e:
         raise PackagingError(f"{path}: cannot read the manifest: {e}") from e
     if not isinstance(doc, dict):
@@ -116,8 +115,10 @@ _verified: Dict[tuple, List[str]] = {}
 def verify_archive(archive: Path, manifest_path: Path, version: str) -> List[str]:
     """Everything that must hold before an archive ships: it opens, is what
     its name and sidecar say, of ``version``'s ABI line
-    (archive.identity_problems), matches its sidecar byte for byte and every
-    kernel's sha256 checks out (verify_against_manifest, Archive.verify)."""
+    (archive.identity_problems), matches its sidecar byte for byte, every
+    kernel's sha256 checks out (verify_against_manifest, Archive.verify) and
+    the runtime's C reader accepts it (native.verify_archive). The problems
+    end with the fix."""
     try:
         st, sst = os.stat(archive), os.stat(manifest_path)
         key = (str(Path(archive).resolve()), st.st_size, st.st_mtime_ns, sst.st_size,
@@ -134,9 +135,31 @@ def verify_archive(archive: Path, manifest_path: Path, version: str) -> List[str
         problems = identity_problems(a, archive, expected_abi=abi_line(version),
                                      context="build")
         problems += verify_against_manifest(archive, manifest_path)
-        problems = list(dict.fromkeys(problems))
+        if not problems:
+            problems = _c_reader_problems(Path(archive), version)
+        problems = with_fix(list(dict.fromkeys(problems)),
+                            identity_fix(a.arch, "build", archive))
     if key is not None:
         _verified[key] = problems
+    return problems
+
+
+def _c_reader_problems(archive: Path, version: str) -> List[str]:
+    """What the runtime's C reader refuses in ``archive`` (the Python checks
+    passed it). It can judge only archives of its own ABI line (the line is
+    compiled in): packaging another line's release, which the tests do,
+    leaves the C reading to that release's library."""
+    from ..._version import ABI_VERSION
+    from ...install_checks import library_error, native_problems
+
+    if abi_line(version) != ABI_VERSION:
+        return []
+    problems = native_problems(archive)
+    if problems is None:
+        return [f"{archive}: not checked by the C reader: libaotriton_rocm did not load "
+                f"({library_error()}); nothing ships unread by it: install aotriton-rocm with "
+                f"its native library (pip install -e . in a checkout) or point "
+                f"AOTRITON_ROCM_NATIVE_LIB at a built libaotriton_rocm"]
     return problems
 
 
