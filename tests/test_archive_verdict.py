@@ -319,3 +319,20 @@ def test_subset_image_is_named_in_info_and_smoke(isolated_images, capsys, monkey
     rc, out = _smoke(capsys, monkeypatch)
     assert rc == 0 and "PASS  archive gfx942: " in out
     assert "(subset image: built with --only attn_fwd:dtype=fp16" in out
+
+
+@pytest.mark.parametrize("sidecar", [
+    "[]", '{"manifest": [], "archive": {}, "kernels": []}', '{"manifest": {}, "archive": []}',
+    '{"manifest": {"arch": NaN}, "archive": {}, "kernels": []}', '{"manifest": {}, "kernels": "x"}',
+    '{"manifest": {"x": ' + _nested(80) + '}}', '{"manifest": {"arch": "\\ud800"}}',
+])
+def test_crafted_sidecar_is_refused_without_traceback(sidecar, isolated_images, capsys,
+                                                      monkeypatch):
+    path = RA.write(isolated_images, "gfx942")
+    A.manifest_path_for(path).write_text(sidecar)
+    rc, out = _smoke(capsys, monkeypatch)
+    [row] = [line for line in out.splitlines() if "archive gfx942" in line]
+    assert rc == 1 and row.startswith("FAIL  archive gfx942: ") and "pip install" in row
+    assert cli.main(["info"]) == 1
+    with pytest.raises(PackagingError):
+        AI.collect_archives(isolated_images, ["gfx942"], __version__)
