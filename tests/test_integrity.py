@@ -416,7 +416,8 @@ def test_package_refuses_before_any_work(tmp_path):
     _refused(_package("--archives", d, "--out", out, "--no-conda"), out,
              "2 archive(s) were not built from the sources being packaged",
              f"build inputs hash {'b' * 64}, the source tree's {RA.tree_hash()}",
-             f"aotriton-rocm build --arch gfx90a,gfx942 --out {tmp_path}/older")
+             "aotriton-rocm build --arch gfx90a,gfx942 --out OUT, then package OUT/archives "
+             f"(build writes its archives into OUT/archives/, never into {tmp_path}/older itself)")
     d = tmp_path / "subset"
     RA.write(d, "gfx942", subset="dtype=fp16")
     _refused(_package("--archives", d, "--out", out, "--no-conda"), out,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import signal
 import sys
 import threading
@@ -108,15 +109,31 @@ def _load(command: Command):
         raise
 
 
+_RST_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
+
+
+def plain_text(text: Optional[str]) -> Optional[str]:
+    """``text`` without the reStructuredText markup of docstrings (double
+    backquotes, :func:-style roles), as ``--help`` shows it."""
+    if not text:
+        return text
+    text = _RST_ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return text.replace("``", "").replace("::\n", ":\n")
+
+
 def _parser(chosen: Optional[Command]) -> argparse.ArgumentParser:
     """Every command is listed; only the chosen one's module is imported to
-    add its options."""
-    parser = argparse.ArgumentParser(prog="aotriton-rocm", description=__doc__.split("\n\n")[0])
+    add its options. Descriptions taken from docstrings lose their markup."""
+    parser = argparse.ArgumentParser(prog="aotriton-rocm",
+                                     description=plain_text(__doc__.split("\n\n")[0]))
     sub = parser.add_subparsers(dest="command", required=True)
     for c in COMMANDS.values():
         p = sub.add_parser(c.name, help=c.help)
         if c is chosen:
             getattr(_load(c), c.add_arguments)(p)
+            p.description = plain_text(p.description)
+            for action in p._actions:
+                action.help = plain_text(action.help)
     return parser
 
 

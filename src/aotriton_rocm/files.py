@@ -15,7 +15,7 @@ from typing import Any, Callable, BinaryIO, Optional, Union
 
 __all__ = ["describe_os_error", "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
            "atomic_copy", "atomic_move", "file_sha256", "link_or_copy", "pid_alive",
-           "left_by_dead_process", "replace_dir_problem"]
+           "left_by_dead_process", "parent_file_problem", "replace_dir_problem"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -148,6 +148,25 @@ def _read_only_fs(path: Path) -> bool:
         return False
 
 
+def _nearest_existing(path: Path) -> Path:
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def parent_file_problem(out: PathLike, option: str = "--out") -> Optional[str]:
+    """Why nothing can be created at ``out`` because a file stands where one
+    of its parent directories should be (``/etc/passwd/x``), or None. (The
+    OS says "not a directory", or "permission denied" for a test of write
+    access, neither of which names the file.)"""
+    out = Path(os.path.abspath(out))
+    probe = _nearest_existing(out.parent)
+    if probe.is_dir():
+        return None
+    return (f"{option} {out}: {probe} is a file, not a directory, so nothing can be written "
+            f"under it: pass an {option} whose parent directories are directories")
+
+
 def replace_dir_problem(out: Path, command: str, example: str) -> Optional[str]:
     """Why ``command`` cannot write the directory ``--out out`` by staging it
     beside ``out`` and renaming it into place, or None. Checked before any
@@ -159,12 +178,10 @@ def replace_dir_problem(out: Path, command: str, example: str) -> Optional[str]:
     if out.exists() and not out.is_dir():
         return (f"--out {out} is a file, not a directory: pass a directory (created if missing), "
                 f"or remove the file")
-    probe = out.parent
-    while not os.path.lexists(probe) and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        return (f"--out {out}: {probe} is a file, not a directory, so nothing can be written "
-                f"under it: pass an --out whose parent directories are directories")
+    why = parent_file_problem(out)
+    if why:
+        return why
+    probe = _nearest_existing(out.parent)
     if out.is_dir() and _is_mount_point(out):
         return (f"--out {out} is a mount point: {command} builds its output beside --out and "
                 f"renames it into place, which cannot replace a mount point; pass a directory "

@@ -86,7 +86,7 @@ def published_image_extras() -> Optional[List[str]]:
         extra = marker.split("extra ==")[-1].strip().strip("\"'") if "extra ==" in marker else ""
         if extra and name.strip().startswith(f"aotriton-rocm-{extra}"):
             extras.add(extra)
-    return sorted(extras)
+    return sorted(extras, key=lambda e: (e.rstrip("0123456789abcdef"), len(e), e))
 
 
 def _reinstall_command(ep, arch: str) -> str:

@@ -58,7 +58,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 from ... import _version
 from ...archive import ARCHIVE_SUFFIX
 from ...errors import INTERRUPTED, CommandError, UsageError
-from ...files import atomic_write_bytes, atomic_write_json, pid_alive
+from ...files import atomic_write_bytes, atomic_write_json, parent_file_problem, pid_alive
 from ...kernel_spec import VariantSpecError
 from .compile import TRITON_CACHE_PREFIX, Compiled, Executor, compile_plan
 from .plan import (BuildError, BuildPlan, Sources, Subset, build_inputs_hash, parse_shard,
@@ -125,6 +125,9 @@ def check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise OutDirError(f"--out {out} is a file, not a directory: pass a directory (created if "
                           f"missing), or remove the file")
+    why = parent_file_problem(out)
+    if why:
+        raise OutDirError(why)
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=out)

@@ -51,8 +51,10 @@ def _read_json(path: Path) -> Dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ReportError(f"{path.parent} has no {path.name}: pass the --out directory of "
-                          f"`aotriton-rocm build` (or merge)") from None
+        up = path.parent.parent / path.name
+        hint = (f"pass {up.parent}, the --out of the build that wrote {path.parent}" if
+                up.is_file() else "pass the --out directory of `aotriton-rocm build` (or merge)")
+        raise ReportError(f"{path.parent} has no {path.name}: {hint}") from None
     except (OSError, ValueError) as e:
         raise ReportError(f"{path}: unreadable ({e})") from None
     if not isinstance(doc, dict):

@@ -316,10 +316,23 @@ class ValidateOptions:
                    targets=args.targets, verbose=args.verbose)
 
 
+def _directory_message(d: Path) -> str:
+    """validate takes archive files; where a build's are (OUT/archives/)."""
+    for where in (d / "archives", d):
+        if any(where.glob("*.aotr")):
+            return (f"{d} is a directory: validate takes archive files; pass "
+                    f"{where / '*.aotr'}")
+    return (f"{d} is a directory: validate takes archive files (<arch>.aotr; a build writes "
+            f"them into OUT/archives/)")
+
+
 def run_validate(args: ValidateOptions, stream: Optional[TextIO] = None) -> int:
     """Validate, print the tables (and write the JSON / chart); CommandError
     when an archive failed (exit 1) or could not be read (exit 2)."""
     out = stream or sys.stdout
+    for a in args.archives:
+        if Path(a).is_dir():
+            raise UsageError(_directory_message(Path(a)))
     try:
         reports = validate_archives(args.archives, args.targets)
     except OSError as e:

@@ -65,7 +65,7 @@ def collect_archives(archives_dir: os.PathLike, archs: Optional[Sequence[str]],
     if archs is None or len(archs) == 0:
         archs = available_archs(d)
         if not archs:
-            raise PackagingError(f"no *{ARCHIVE_SUFFIX} archive in {d} (run `aotriton-rocm build`)")
+            raise PackagingError(_no_archives_message(d))
     seen = set()
     out: List[ArchiveInput] = []
     names = {}
@@ -80,7 +80,7 @@ def collect_archives(archives_dir: os.PathLike, archs: Optional[Sequence[str]],
         ap = d / f"{arch}{ARCHIVE_SUFFIX}"
         mp = d / f"{arch}{MANIFEST_SUFFIX}"
         if not ap.is_file():
-            raise PackagingError(f"{ap}: no archive for {arch} (run `aotriton-rocm build --arch {arch}`)")
+            raise PackagingError(f"{ap}: no archive for {arch}; build it: {build_command(d, [arch])}")
         if ap.stat().st_size == 0:
             raise PackagingError(f"{ap}: archive is empty (a failed build?)")
         if not mp.is_file():
@@ -173,20 +173,35 @@ def check_one_build(inputs: Sequence[ArchiveInput]) -> None:
     if len(by_hash) > 1:
         groups = "; ".join(f"{', '.join(archs)}: {h[:16]}..." for h, archs in
                            sorted(by_hash.items(), key=lambda kv: kv[1]))
-        archs = ",".join(i.arch for i in inputs)
-        out = inputs[0].archive.parent
-        out = out.parent if out.name == "archives" else out
         raise PackagingError(
             f"the archives in {inputs[0].archive.parent} come from {len(by_hash)} different builds "
             f"(build inputs hash {groups}): a release ships archives of one build only. Rebuild "
-            f"them together: aotriton-rocm build --arch {archs} --out {out} (or package only the "
-            f"current ones with --arch)")
+            f"them together: {_rebuild_command(inputs)} (or package only the current ones with "
+            f"--arch)")
+
+
+def build_command(archives_dir: Path, archs: Optional[Sequence[str]] = None) -> str:
+    """The ``build`` command that writes ``archs`` into ``archives_dir``.
+    build writes ``OUT/archives/``: only a directory named ``archives`` is
+    one it writes, as ``--out`` its parent."""
+    d = Path(archives_dir)
+    cmd = "aotriton-rocm build" + (f" --arch {','.join(archs)}" if archs else "")
+    if d.name == "archives":
+        return f"{cmd} --out {d.parent}"
+    return (f"{cmd} --out OUT, then package OUT/archives (build writes its archives into "
+            f"OUT/archives/, never into {d} itself)")
+
+
+def _no_archives_message(d: Path) -> str:
+    inner = d / "archives"
+    if available_archs(inner):
+        return (f"no *{ARCHIVE_SUFFIX} archive in {d}, but {inner} holds some: build writes its "
+                f"archives into OUT/archives/; pass --archives {inner}")
+    return f"no *{ARCHIVE_SUFFIX} archive in {d}; build them first: {build_command(d)}"
 
 
 def _rebuild_command(inputs: Sequence[ArchiveInput]) -> str:
-    out = inputs[0].archive.parent
-    out = out.parent if out.name == "archives" else out
-    return f"aotriton-rocm build --arch {','.join(i.arch for i in inputs)} --out {out}"
+    return build_command(inputs[0].archive.parent, [i.arch for i in inputs])
 
 
 def check_matches_sources(inputs: Sequence[ArchiveInput], source_root: Path) -> None:
@@ -216,17 +231,19 @@ def check_matches_sources(inputs: Sequence[ArchiveInput], source_root: Path) -> 
             + "\n  ".join(wrong) + f"\nRebuild them: {_rebuild_command(inputs)}")
 
 
-def check_complete(inputs: Sequence[ArchiveInput], allow_subset: bool = False) -> None:
+def check_complete(inputs: Sequence[ArchiveInput], allow_subset: bool = False,
+                   offer_allow_subset: bool = True) -> None:
     """A subset build (``build --only``) holds only some kernels: refused for
-    a release unless ``allow_subset`` (tests)."""
+    a release unless ``allow_subset`` (tests). ``offer_allow_subset``: the
+    message names ``--allow-subset`` (package has it, release does not)."""
     partial = [i for i in inputs if i.manifest.get("subset")]
     if partial and not allow_subset:
         listed = "; ".join(f"{i.archive} (--only {i.manifest['subset']})" for i in partial)
         raise PackagingError(
             f"{len(partial)} archive(s) come from a subset build and hold only some kernels: "
-            f"{listed}. Rebuild them whole: aotriton-rocm build --arch "
-            f"{','.join(i.arch for i in partial)} --out {_rebuild_command(partial).split('--out ')[1]}"
-            f" (or pass --allow-subset to package a subset anyway, e.g. for a test)")
+            f"{listed}. Rebuild them whole: {_rebuild_command(partial)}"
+            + (" (or pass --allow-subset to package a subset anyway, e.g. for a test)"
+               if offer_allow_subset else ""))
 
 
 def resolve_rocm_profile(rocm_profile: Optional[str], inputs: Iterable[ArchiveInput]) -> Optional[str]:

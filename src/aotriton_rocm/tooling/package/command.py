@@ -28,7 +28,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...errors import INTERRUPTED, CommandError, UsageError
 from ...files import describe_os_error
@@ -38,6 +38,7 @@ from .dist_dir import (COMPLETE_MARKER, MARKER_KIND, check_out, clean_leftovers,
                        swap_into_place, write_sha256sums)
 from .naming import PackagingError, read_release_version
 from ..common.source_tree import find_source_root
+from ..common.targets import TargetError, load_targets
 from .wheels import build_wheels
 
 __all__ = ["PackageOptions", "PackageResult", "package", "add_package_arguments", "run_package"]
@@ -102,6 +103,18 @@ def add_package_arguments(parser: argparse.ArgumentParser) -> None:
                              "test; a release needs whole builds")
 
 
+def _check_known_archs(archs: Sequence[str], root: Path) -> None:
+    """``--arch`` names archs of the source tree's ci/targets.toml."""
+    try:
+        targets = load_targets(root / "ci" / "targets.toml")
+    except (OSError, TargetError):
+        return  # the packaging steps say what is wrong with the tree
+    unknown = [a for a in archs if a not in targets.archs]
+    if unknown:
+        raise UsageError(f"unknown arch {', '.join(unknown)}: the archs of {targets.path} are "
+                         f"{', '.join(targets.archs)}")
+
+
 def package(options: PackageOptions) -> PackageResult:
     """Build everything into a staging directory beside ``options.out``, write
     ``PACKAGE-COMPLETE`` last, then rename it into place. Raises
@@ -116,6 +129,7 @@ def package(options: PackageOptions) -> PackageResult:
                                               ("the source tree", root)])
     if why:
         raise UsageError(why)
+    _check_known_archs(options.archs, root)
     staging: Optional[Path] = None
     try:
         version = read_release_version(root)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ... import torch_compat
+from ... import images, torch_compat
 from ...errors import CommandError
 
 __all__ = ["PinError", "PinOptions", "pin_lines", "update_readme", "add_pin_arguments", "run_pin"]
@@ -93,9 +93,13 @@ def pin_lines(torch_version: str, archs: Sequence[str] = (), *, rocm: Optional[s
     line = lines[0]
     low, high = _line_bounds(line)
     names = []
+    published = images.published_image_extras() if archs else None
     for a in archs:
         if not _ARCH.match(a):
             raise PinError(f"invalid arch {a!r}")
+        if published is not None and a.replace("_", "") not in published:
+            raise PinError(f"unknown arch {a}: aotriton-rocm publishes kernel images for "
+                           f"{', '.join(published)}")
         names.append(a.replace("_", ""))
     extras = f"[{','.join(names)}]" if names else ""
     pip = [f"aotriton-rocm{extras}~={low}", f"torch=={minor}.*"]

@@ -56,6 +56,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ...cli import plain_text
 from ..build.tuning import SEQLEN_BUCKETS, dump_measured
 from .upstream_drops import check_spills, drops_by_key, dropped_key, load_drops, merge_drops, point_key
 
@@ -371,7 +372,7 @@ def convert(db_root: Path, arch: str, *, tag: str, commit: str = "",
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m aotriton_rocm.tooling.tune.upstream",
-                                description=__doc__.split("\n\n")[0])
+                                description=plain_text(__doc__.split("\n\n")[0]))
     p.add_argument("--db", required=True, type=Path, help="folder of <gpu>/flash/<kernel>.sqlite3[.tar.xz]")
     p.add_argument("--tag", default="0.13b")
     p.add_argument("--commit", default="")
