@@ -124,6 +124,12 @@ def test_changed_or_added_files_need_clean(tmp_path, images_dir):
         _write(foreign)
     _write(foreign, clean=True)
     assert not (foreign / "keep.txt").exists() and (foreign / AP.MARKER).is_file()
+    marker = json.loads((foreign / AP.MARKER).read_text())
+    del marker["files"]   # as the first version of the command wrote it
+    (foreign / AP.MARKER).write_text(json.dumps(marker))
+    with pytest.raises(UsageError, match="written by an earlier aotriton-rocm, whose "
+                                         "aotriton-rocm-prefix.json does not list the files"):
+        _write(foreign)
 
 
 def test_an_interrupt_between_the_renames_keeps_the_old_prefix(tmp_path, images_dir, monkeypatch):

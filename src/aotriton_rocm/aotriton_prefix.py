@@ -216,10 +216,16 @@ def _check_content(out: Path, clean: bool) -> None:
         raise UsageError(f"--out {out} cannot be read ({describe_os_error(e)}): pass another "
                          f"--out") from None
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        what = (f"holds files added or changed since aotriton-rocm aotriton-prefix wrote it "
-                f"({shown})" if marker else
-                f"was not written by aotriton-rocm aotriton-prefix (it holds {shown})")
+        more = len(foreign) - 5
+        shown = ", ".join(foreign[:5]) + (f" and {more} more" if more > 0 else "")
+        if marker:
+            what = (f"holds files added or changed since aotriton-rocm aotriton-prefix wrote it "
+                    f"({shown})")
+        elif (out / MARKER).is_file():
+            what = (f"was written by an earlier aotriton-rocm, whose {MARKER} does not list the "
+                    f"files it wrote")
+        else:
+            what = f"was not written by aotriton-rocm aotriton-prefix (it holds {shown})"
         raise UsageError(f"--out {out} {what}; the command replaces the whole directory: pass "
                          f"--clean to replace its content, or an empty or new --out")
 
