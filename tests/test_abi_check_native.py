@@ -55,7 +55,7 @@ def insert_field(src: Path) -> None:
           "    int32_t device;           /* device index */\n    int32_t flags;")
 
 
-FWD_TAIL = "    aotr_tensor alibi_slopes;\n} aotr_attn_fwd_params;"
+FWD_TAIL = "    aotr_tensor seq_starts_q, seq_starts_k, seqlens_k;\n} aotr_attn_fwd_params;"
 
 
 def compatible(src: Path) -> None:
@@ -128,7 +128,7 @@ BREAKS = {
                    r" header: struct aotr_tensor: field sizes offset changed: 16 -> 24"],
     "inserted": [r" header: struct aotr_attn_fwd_params: field stream offset changed: 8 -> 16",
                  r" header: struct aotr_attn_fwd_params: field flags \(int32_t\) inserted at offset 8, "
-                 r"inside the old 1016 bytes"],
+                 r"inside the old 1256 bytes"],
 }
 ABIGAIL_BREAKS = {
     "removed": r"\(libabigail\): function aotr_abi_line removed",
@@ -160,7 +160,7 @@ def test_compatible_point_release_is_accepted(libs, capsys, mode):
     assert "compatible addition: C library header: new function aotr_new_feature: int ()" in out
     assert "compatible addition: C library: new exported symbol aotr_new_feature@AOTR_0.1" in out
     assert ("compatible addition: C library header: struct aotr_attn_fwd_params: new field extra_flags "
-            "(int32_t) appended at offset 1016") in out
+            "(int32_t) appended at offset 1256") in out
     if mode == "libabigail":
         assert "C library (libabigail): struct aotr_attn_fwd_params: new field extra_flags" in out
     assert "OK: 0.1.1 is ABI compatible with 0.1.0" in out

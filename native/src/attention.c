@@ -718,6 +718,9 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
+    if (rt && params && params->struct_size >= offsetof(aotr_attn_fwd_params, softcap) &&
+        aotr_varlen_fwd_gathers(params))
+        return aotr_attn_fwd_gathered(rt, params);
     aotr_status st = begin(rt, params, params ? params->struct_size : 0,
                            offsetof(aotr_attn_fwd_params, softcap), p, &d, "aotr_attn_fwd");
     if (st != AOTR_OK)
@@ -835,6 +838,9 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
+    if (rt && params && params->struct_size >= offsetof(aotr_attn_bwd_params, softcap) &&
+        aotr_varlen_bwd_gathers(params))
+        return aotr_attn_bwd_gathered(rt, params);
     aotr_status st = begin(rt, params, params ? params->struct_size : 0,
                            offsetof(aotr_attn_bwd_params, softcap), p, &d, "aotr_attn_bwd");
     if (st != AOTR_OK)

@@ -243,6 +243,13 @@ typedef struct aotr_launchable aotr_launchable;
  * first use; the status of a failed initialisation is kept and returned
  * again with its message. */
 AOTR_HIDDEN aotr_status aotr_runtime_device(aotr_runtime *rt, int32_t device, aotr_device **out);
+/* varlen.c: a variable-length batch placed by seq_starts_q/k or seqlens_k
+ * (the params ask for it when struct_size covers them and one is given),
+ * run on packed copies. */
+AOTR_HIDDEN int aotr_varlen_fwd_gathers(const aotr_attn_fwd_params *p);
+AOTR_HIDDEN int aotr_varlen_bwd_gathers(const aotr_attn_bwd_params *p);
+AOTR_HIDDEN aotr_status aotr_attn_fwd_gathered(aotr_runtime *rt, const aotr_attn_fwd_params *p);
+AOTR_HIDDEN aotr_status aotr_attn_bwd_gathered(aotr_runtime *rt, const aotr_attn_bwd_params *p);
 /* -- request helpers shared by the entry points (attention.c) ------------ */
 
 static inline int aotr_present(const aotr_tensor *t) { return t->data != NULL; }

@@ -127,9 +127,6 @@ aotr_status map_varlen(const Varlen &v, aotr_attn_problem *p, SeqInfo *si) {
   }
   if (qm == kStridedSide) si->starts_q = core_tensor(v.q1);
   if (km != kPackedSide) si->starts_k = core_tensor(v.k1);
-  if (si->starts_q.data || si->starts_k.data || si->lens_k.data)
-    return fail(AOTR_UNSUPPORTED, "varlen_bits: strided and seqused_k batches are not computed "
-                                  "by this build");
   return AOTR_OK;
 }
 
@@ -206,9 +203,11 @@ aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_a
     p->max_seqlen_q = in.Max_seqlen_q;
     p->max_seqlen_k = in.Max_seqlen_k;
     /* PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens (its
-     * TODO): upstream's kernels never needed it, the core does. */
+     * TODO): upstream's kernels never needed it, the core does (but where
+     * it reads the sequences itself: starts or key counts given). */
+    const bool core_reads = si->starts_q.data || si->starts_k.data || si->lens_k.data;
     int capturing = 0;
-    for (int side = 0; side < 2; side++) {
+    for (int side = 0; side < 2 && !core_reads; side++) {
       int32_t *longest = side ? &p->max_seqlen_k : &p->max_seqlen_q;
       const aotr_tensor &cu = side ? p->cu_seqlens_k : p->cu_seqlens_q;
       if (*longest > 0 || !cu.data || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32)
@@ -366,6 +365,9 @@ hipError_t forward(const attn_fwd_params &in, void *stream) {
     f.debug_mask = user_mask;
     st = s.output(&f.debug_mask, false, true);
   }
+  f.seq_starts_q = si.starts_q;
+  f.seq_starts_k = si.starts_k;
+  f.seqlens_k = si.lens_k;
   if (st == AOTR_OK) st = aotr_attn_fwd(runtime(), &f);
   if (st == AOTR_OK) st = s.finish();
   if (st == AOTR_OK && padded_lse && in.L)
@@ -442,6 +444,9 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
         is_contiguous(acc) && s.zero(acc) == AOTR_OK)
       b.grad_q_accum = acc;
   }
+  b.seq_starts_q = si.starts_q;
+  b.seq_starts_k = si.starts_k;
+  b.seqlens_k = si.lens_k;
   if (st == AOTR_OK) st = aotr_attn_bwd(runtime(), &b);
   if (st == AOTR_OK) st = s.finish();
   in.D.free();

@@ -220,6 +220,23 @@ typedef struct aotr_attn_fwd_params {
      * whatever causal_alignment says), after the softcap, before the bias
      * and the masks; the lse is that of the biased scores. */
     aotr_tensor alibi_slopes;
+    /* ---- appended in 0.1 (absent when struct_size does not cover them):
+     * a variable-length batch whose sequences do not lie end to end as
+     * cu_seqlens says. int32 (B,) device vectors, each optional:
+     *   seq_starts_q/k[b]: the row of q / of k and v where sequence b starts
+     *     (absent: cu_seqlens_q/k[b]; e.g. Transformer Engine's
+     *     cu_seqlens_padded);
+     *   seqlens_k[b]: sequence b's number of keys (absent: cu_seqlens_k[b + 1]
+     *     - cu_seqlens_k[b]; e.g. flash-attn's seqused_k). With seqlens_k and
+     *     seq_starts_k given, cu_seqlens_k may be absent.
+     * Queries are counted by cu_seqlens_q (B + 1) as before; max_seqlen_q/k
+     * bound the lengths (0: the longest). The lse is (Hq, rows of q),
+     * sequence b's values at its rows; rows of out (and, backward, of the
+     * gradients) outside every sequence are not written. The call reads the
+     * vectors on the host (it synchronises `stream`; AOTR_UNSUPPORTED while
+     * the stream captures a graph) and runs on packed copies in stream-ordered
+     * device memory. */
+    aotr_tensor seq_starts_q, seq_starts_k, seqlens_k;
 } aotr_attn_fwd_params;
 
 typedef struct aotr_attn_bwd_params {
@@ -245,6 +262,10 @@ typedef struct aotr_attn_bwd_params {
      * to run (not bitwise deterministic). Absent: the split kernels, which
      * are deterministic. */
     aotr_tensor grad_q_accum;
+    /* ---- appended in 0.1 (absent when struct_size does not cover them):
+     * the forward's sequence layout (see aotr_attn_fwd_params); then
+     * grad_q_accum is not used. */
+    aotr_tensor seq_starts_q, seq_starts_k, seqlens_k;
 } aotr_attn_bwd_params;
 
 /* The device-independent half of aotr_attn_supported: ranks, dtypes,

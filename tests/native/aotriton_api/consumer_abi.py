@@ -35,7 +35,7 @@ class CCase(ctypes.Structure):
                 ("offset_output", CTensor), ("varlen_mode", ctypes.c_int32),
                 ("lse_th", ctypes.c_int32), ("seq_starts_q", CTensor), ("seq_starts_k", CTensor),
                 ("seqused_k", CTensor)]
-VARLEN_MODES = {"packed": 0, "seqused_k": 1, "strided": 2}
+VARLEN_MODES = {"packed": 0, "seqused_k": 1, "strided": 2, "padded": 3}
 
 
 def ctensor(t) -> CTensor:

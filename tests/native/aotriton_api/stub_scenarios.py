@@ -220,6 +220,79 @@ case = make_case(mask="bottom_right", max_seqlen=(56, 56), q=qv, k=kv, v=vv, out
 rc, ls = run(lambda: api.backward(case))
 check(rc & 0xFFFFF == HIP_SUCCESS and ls, f"varlen backward: {rc & 0xFFFFF}")
 
+# -- the 0.14 line's other VarlenBits: strided (Transformer Engine's cu_seqlens_padded in
+# seqinfo_?1), seqused_k (K's lengths individual, its starts in seqinfo_k1) and the TH
+# logsumexp: the core runs them on packed copies of the sequences' rows
+if line == "0.14":
+    cu_k = torch.tensor([0, 48, 112], dtype=torch.int32)      # K's slots: 48 and 64 rows
+    used = torch.tensor([30, 56], dtype=torch.int32)          # of which these are keys
+    starts_q = torch.tensor([4, 60], dtype=torch.int32)       # Q: 40 and 56 rows, padded apart
+    starts_k = torch.tensor([0, 50], dtype=torch.int32)
+    total_q, total_k = 120, 112
+    qs, ks, vs = (torch.randn(n, h, D).half() for n, h in ((total_q, HQ), (total_k, HK), (total_k, HK)))
+    SENTINEL = 7.0
+
+    def rows_of(starts, lens, total):
+        inside = torch.zeros(total, dtype=torch.bool)
+        for a, n in zip(starts.tolist(), lens.tolist()):
+            inside[a:a + n] = True
+        return inside
+
+    for mode, extra, q_rows, lse_th in (
+            ("seqused_k", dict(seqused_k=used, cu_seqlens_k=cu_k), None, False),
+            ("strided", dict(seq_starts_q=starts_q, seq_starts_k=starts_k, cu_seqlens_k=cu), starts_q, False),
+            ("seqused_k", dict(seqused_k=used, cu_seqlens_k=cu_k), None, True)):
+        q = qv if q_rows is None else qs
+        k, v = ks, vs
+        out = torch.full_like(q, SENTINEL)
+        lse = torch.full((q.shape[0], HQ) if lse_th else (HQ, q.shape[0]), SENTINEL)
+        case = make_case(mask="bottom_right", max_seqlen=(56, 0), q=q, k=k, v=v, out=out,
+                         lse=lse.t() if lse_th else lse, cu_seqlens_q=cu, varlen_mode=mode,
+                         lse_th=lse_th, **extra)
+        stub.aotr_stub_reset()
+        rc, ls = run(lambda: api.forward(case))
+        check(rc == HIP_SUCCESS and [kernel(s) for s, _ in ls] == ["attn_fwd"], f"{mode} forward: {rc} {ls}")
+        a = ls[0][1]
+        longest_k = 56  # seqused 30, 56; strided: cu_seqlens 40, 56
+        check(a["varlen"] == 1 and a["batch"] == B and a["max_seqlen_q"] == 56 and
+              a["max_seqlen_k"] == longest_k, f"{mode}: packed problem {a}")
+        check(a["Q"] != q.data_ptr() and a["K"] != k.data_ptr() and a["CU_K"] != cu_k.data_ptr(),
+              f"{mode}: the kernels read packed copies")
+        check(calls("cuStreamSynchronize") == 1, f"{mode}: the sequence vectors read once")
+        inside = rows_of(starts_q if q_rows is not None else cu[:-1], cu[1:] - cu[:-1], q.shape[0])
+        check(bool((out[~inside] == SENTINEL).all()), f"{mode}: rows outside the sequences untouched")
+        check(bool((out[inside] != SENTINEL).any()), f"{mode}: the sequences' rows written back")
+        check(stub.aotr_stub_scratch(None, None) == 0, f"{mode}: workspace freed")
+        # the backward: the same copies, gradients written back to the sequences' rows only
+        dq, dk, dvv_ = (torch.full_like(x, SENTINEL) for x in (q, k, v))
+        bcase = make_case(mask="bottom_right", max_seqlen=(56, 0), q=q, k=k, v=v, out=out,
+                          lse=lse.t() if lse_th else lse, cu_seqlens_q=cu, varlen_mode=mode,
+                          lse_th=lse_th, dout=torch.randn_like(q), dq=dq, dk=dk, dv=dvv_, **extra)
+        rc, ls = run(lambda: api.backward(bcase))
+        names = [kernel(s) for s, _ in ls]
+        check(rc & 0xFFFFF == HIP_SUCCESS and "attn_bwd_dkdv" in names, f"{mode} backward: {rc & 0xFFFFF} {names}")
+        k_inside = rows_of(starts_k if mode == "strided" else cu_k[:-1],
+                           cu[1:] - cu[:-1] if mode == "strided" else used, k.shape[0])
+        check(bool((dk[~k_inside] == SENTINEL).all()) and bool((dq[~inside] == SENTINEL).all()),
+              f"{mode}: gradient rows outside the sequences untouched")
+        check(stub.aotr_stub_scratch(None, None) == 0, f"{mode} backward: workspace freed")
+
+    # a TH logsumexp of a packed batch: staged (the kernels write (heads, tokens))
+    lse_th = torch.full((total, HQ), SENTINEL)
+    case = make_case(mask="bottom_right", max_seqlen=(56, 56), q=qv, k=kv, v=vv, out=outv,
+                     lse=lse_th.t(), cu_seqlens_q=cu, cu_seqlens_k=cu, lse_th=True)
+    rc, ls = run(lambda: api.forward(case))
+    a = ls[0][1]
+    check(rc == HIP_SUCCESS and a["LSE"] != lse_th.data_ptr() and a["stride_lh"] >= total,
+          f"TH logsumexp staged: {rc} {a['stride_lh']}")
+    check(bool((lse_th != SENTINEL).all()), "TH logsumexp copied back")
+
+    # reserved bits, an unknown mode, the padded layout: refused, outputs poisoned
+    case = make_case(mask="bottom_right", max_seqlen=(56, 56), q=qv, k=kv, v=vv, out=outv,
+                     lse=lse_v, cu_seqlens_q=cu, cu_seqlens_k=cu, varlen_mode="padded")
+    rc, ls = run(lambda: api.forward(case))
+    check(rc == HIP_NOT_SUPPORTED and not ls and bool(outv.isnan().all()), f"padded refused: {rc}")
+
 # -- debug_simulate_encoded_softmax: the dropout draws (an image with the kernel only)
 r = torch.empty(B, HQ, SQ, SK)
 rc, _ = run(lambda: api.simulate(r, 0.3, seed, offset))
@@ -238,4 +311,12 @@ if not LEGACY:
     rc, ls = run(lambda: api.forward(case))
     check(rc == HIP_SUCCESS and ls[0][1]["max_seqlen_k"] == total, f"captured varlen: {rc} {ls}")
     check(calls("cuStreamSynchronize") == 0, "no synchronisation while capturing")
+if line == "0.14":
+    # sequences placed by seqinfo_k1 are read on the host: refused while capturing
+    case = make_case(mask="bottom_right", max_seqlen=(56, 0), q=qv, k=ks, v=vs, out=outv,
+                     lse=lse_v, cu_seqlens_q=cu, cu_seqlens_k=cu_k, seqused_k=used,
+                     varlen_mode="seqused_k")
+    rc, ls = run(lambda: api.forward(case))
+    check(rc == HIP_NOT_SUPPORTED and not ls and calls("cuStreamSynchronize") == 0,
+          f"captured seqused_k refused: {rc}")
 print("ok")

@@ -42,7 +42,7 @@ struct consumer_case {
   uint64_t philox_offset2;
   consumer_tensor seed_output, offset_output;
   // 0.14: varlen_mode 0 packed, 1 seqused_k (K's lengths in seqused_k, its
-  // starts in cu_seqlens_k), 2 strided (starts in seq_starts_q/k); lse_th:
+  // starts in cu_seqlens_k), 2 strided (starts in seq_starts_q/k), 3 padded; lse_th:
   // the logsumexp as (total, heads)
   int32_t varlen_mode, lse_th;
   consumer_tensor seq_starts_q, seq_starts_k, seqused_k;
@@ -135,6 +135,11 @@ void set_varlen(const consumer_case &c, Params *p) {
     p->seqinfo_k0 = view<1>(c.cu_seqlens_k);
     p->seqinfo_q1 = view<1>(c.seq_starts_q);
     p->seqinfo_k1 = view<1>(c.seq_starts_k);
+  } else if (c.varlen_mode == 3) {  // padded BHSD (Transformer Engine's); not covered here
+    v3::VarlenMode padded{};
+    padded.length = v3::VarlenLength::CUMULATIVE & 3u;
+    p->varlen_bits = v3::VarlenBits{.qmode = padded, .kmode = padded};
+    p->seqinfo_k0 = view<1>(c.cu_seqlens_k);
   } else {
     p->varlen_bits = mk_varlen_bits_packed();
     p->seqinfo_k0 = view<1>(c.cu_seqlens_k);
