@@ -24,9 +24,10 @@ def test_data_covers_this_torch_and_line():
     supported = torch_compat.supported_torch()
     assert supported == torch_compat.supported_torch(aotriton_rocm.ABI_VERSION)
     # the registry route needs torch >= 2.10, the aten-override route >= 2.5
-    # (the SDPA op schemas it overrides); 2.11 runs on the GPU machine, 2.13 here
+    # (the SDPA op schemas it overrides); 2.11 runs on the GPU machine, 2.13 here,
+    # 2.14 and 2.15 in scripts/test-torch-compat.sh
     assert all(tuple(map(int, v.split("."))) >= (2, 5) for v in supported)
-    assert {"2.11", "2.13"} <= set(supported)
+    assert {"2.11", "2.13", "2.14", "2.15"} <= set(supported)
     assert torch_compat.torch_minor(torch.__version__) in supported
     assert data["schema"] == 1
 
@@ -46,7 +47,8 @@ def test_check_torch_refuses_with_a_clear_message(monkeypatch):
         torch_compat.check_torch("2.4.1+rocm6.1")
     msg = str(e.value)
     assert "does not support torch 2.4.1+rocm6.1" in msg
-    assert "2.5, 2.6, 2.7, 2.8, 2.9, 2.10, 2.11, 2.12, 2.13" in msg and "torch==2.13.*" in msg
+    assert "2.5, 2.6, 2.7, 2.8, 2.9, 2.10, 2.11, 2.12, 2.13, 2.14, 2.15" in msg
+    assert "torch==2.15.*" in msg
     assert torch_compat.ALLOW_ENV in msg
     monkeypatch.setenv(torch_compat.ALLOW_ENV, "1")
     with pytest.warns(UserWarning, match="going ahead anyway"):
@@ -120,8 +122,9 @@ def test_wheel_ships_the_data():
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     shipped = data["tool"]["setuptools"]["package-data"]["aotriton_rocm"]
-    assert "torch_compat.json" in shipped and "abi.json" in shipped
+    assert {"torch_compat.json", "torch_schemas.json", "abi.json"} <= set(shipped)
     json.loads(torch_compat.DATA_FILE.read_text(encoding="utf-8"))
+    json.loads(torch_compat.SCHEMAS_FILE.read_text(encoding="utf-8"))
 
 
 def test_conda_recipe_takes_the_torch_range_from_the_data():
@@ -142,7 +145,7 @@ def test_conda_recipe_takes_the_torch_range_from_the_data():
     supported = torch_compat.supported_torch()
     hi = supported[-1].split(".")
     spec = f">={supported[0]},<{hi[0]}.{int(hi[1]) + 1}.0a0"
-    assert conda.torch_requirement(aotriton_rocm.__version__, ROOT) == spec == ">=2.5,<2.14.0a0"
+    assert conda.torch_requirement(aotriton_rocm.__version__, ROOT) == spec == ">=2.5,<2.16.0a0"
 
     variants = conda._variant_config(ROOT, aotriton_rocm.__version__, "6.4", ["gfx942"], ["3.12"])
     rendered = Stage0Recipe.from_file(ROOT / "recipe" / "recipe.yaml").render(variants)
@@ -152,7 +155,8 @@ def test_conda_recipe_takes_the_torch_range_from_the_data():
         constraints = v.recipe.requirements.to_dict()["run_constraints"]
         assert f"pytorch {spec}" in constraints, constraints
     ms = MatchSpec(f"pytorch {spec}")
-    for version in ("2.9.1", "2.10.0", "2.11.2", "2.13.0", "2.14.0a0", "2.14.0rc1", "2.14.0"):
+    for version in ("2.9.1", "2.10.0", "2.11.2", "2.13.0", "2.15.0", "2.16.0a0", "2.16.0rc1",
+                    "2.16.0"):
         rec = PackageRecord(name="pytorch", version=version, build=BuildString("0"), build_number=0,
                             subdir="linux-64")
         assert ms.matches(rec) == (torch_compat.torch_minor(version) in supported), version
