@@ -72,7 +72,8 @@ def test_elf_dynamic_reads_soname_and_needed(tmp_path):
         read_dynamic(tmp_path / "text.so")
 
 
-@pytest.mark.parametrize("version,line", [("0.11.2", "0.11"), ("0.12.0", "0.13"), ("0.13.0", "0.13")])
+@pytest.mark.parametrize("version,line", [("0.11.2", "0.11"), ("0.12.0", "0.13"), ("0.13.0", "0.13"),
+                                          ("0.14.0", "0.14")])
 def test_dropin_installs_the_same_line_and_undo_restores(tmp_path, version, line):
     lib = fake_torch(tmp_path, version)
     name = f"libaotriton_v2.so.{version}"
@@ -192,7 +193,7 @@ def test_prefix_layout_and_replacement(tmp_path, images_dir):
 
 @pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("c++") is None,
                     reason="needs cmake and a C++ compiler")
-@pytest.mark.parametrize("line", ["0.11", "0.13"])
+@pytest.mark.parametrize("line", ["0.11", "0.13", "0.14"])
 def test_prefix_builds_a_consumer_as_pytorch_does(tmp_path, images_dir, line):
     """PyTorch's aotriton.cmake with AOTRITON_INSTALLED_PREFIX=$P: link
     $P/lib/libaotriton_v2.so, include $P/include."""

@@ -34,9 +34,10 @@ def install_root() -> Path:
 
 # AOTriton's C++ API (libaotriton_v2, native/aotriton_api/): one library per
 # API line, under lib/aotriton_api/<line>/ and include/aotriton_api/<line>/.
-# The 0.12 line shares the 0.13 line's params (attn_fwd 3, attn_bwd 6).
-AOTRITON_API_VERSIONS = {"0.11": "0.11.2", "0.13": "0.13.0"}
-AOTRITON_API_LINE_OF = {"0.11": "0.11", "0.12": "0.13", "0.13": "0.13"}
+# The 0.12 line shares the 0.13 line's params (attn_fwd 3, attn_bwd 6); the
+# 0.14 line (params 4/7, VarlenBits) also takes 0.12/0.13 callers' params.
+AOTRITON_API_VERSIONS = {"0.11": "0.11.2", "0.13": "0.13.0", "0.14": "0.14.0"}
+AOTRITON_API_LINE_OF = {"0.11": "0.11", "0.12": "0.13", "0.13": "0.13", "0.14": "0.14"}
 
 
 def aotriton_api_line(version: str) -> str:
@@ -49,7 +50,7 @@ def aotriton_api_line(version: str) -> str:
 
 
 def aotriton_api_library(line: str) -> Path:
-    """``libaotriton_v2.so.<version>`` of our API ``line`` ("0.11" or "0.13")."""
+    """``libaotriton_v2.so.<version>`` of our API ``line`` ("0.11", "0.13" or "0.14")."""
     return install_root() / "lib" / "aotriton_api" / line / f"libaotriton_v2.so.{AOTRITON_API_VERSIONS[line]}"
 
 

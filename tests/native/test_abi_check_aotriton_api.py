@@ -49,11 +49,13 @@ def breaking(src: Path) -> None:
     """isArchTechPreview removed, a field appended to attn_fwd_params."""
     _edit(src / "include/aotriton/util.h", "bool AOTRITON_API isArchTechPreview(hipStream_t);", "")
     _edit(src / "src/runtime.cpp", "bool isArchTechPreview(hipStream_t) { return false; }", "")
-    _edit(src / "include/aotriton/flash.h", "  int32_t window_right;\n\n#if AOTRITON_ROCM_API_LINE >= 12\n"
-          "  static constexpr int32_t kVersion = 3;",
-          "  int32_t window_right;\n  uint64_t extra_field;\n\n#if AOTRITON_ROCM_API_LINE >= 12\n"
-          "  static constexpr int32_t kVersion = 3;")
-    _edit(src / "include/aotriton/flash.h", "sizeof(attn_fwd_params) == 832", "sizeof(attn_fwd_params) == 840")
+    _edit(src / "include/aotriton/flash.h", "  int32_t window_right;\n#if AOTRITON_ROCM_API_LINE >= 14\n",
+          "  int32_t window_right;\n  uint64_t extra_field;\n#if AOTRITON_ROCM_API_LINE >= 14\n")
+    _edit(src / "include/aotriton/flash.h", "#elif AOTRITON_ROCM_API_LINE >= 12\nstatic_assert(sizeof(attn_options) "
+          "== 8, \"attn_options ABI\");\nAOTRITON_ROCM_AT(attn_options, deterministic, 4);\n"
+          "static_assert(sizeof(attn_fwd_params) == 832",
+          "#elif AOTRITON_ROCM_API_LINE >= 12\nstatic_assert(sizeof(attn_options) == 8, \"attn_options ABI\");\n"
+          "AOTRITON_ROCM_AT(attn_options, deterministic, 4);\nstatic_assert(sizeof(attn_fwd_params) == 840")
 
 
 def leaky(src: Path) -> None:
@@ -137,8 +139,19 @@ def _abi_check(capsys, old, new):
 def test_install_reads_both_lines(releases, capsys):
     rc, out = _abi_check(capsys, releases["old"], releases["old"])
     assert rc == 0 and "no ABI changes" in out, out
-    for line in ("0.11", "0.13"):
+    for line in ("0.11", "0.13", "0.14"):
         assert f"note: libaotriton_v2 (AOTriton API {line}): layouts of" in out
+    # the 0.14 line: VarlenBits' bit positions are compared too (the wire word)
+    v14 = AA.scan_api_libs(releases["old"] / "lib", releases["old"] / "include")["0.14"]
+    fl = "aotriton::v3::flash::"
+    assert v14.types[fl + "VarlenMode"].fields == [
+        ("stacked", 0, "uint8_t:1 at bit 0"), ("length", 0, "uint8_t:2 at bit 1"),
+        ("position", 0, "uint8_t:2 at bit 3"), ("reserved", 0, "uint8_t:3 at bit 5")]
+    assert ("lse_layout", 2, "uint16_t:2 at bit 16") in v14.types[fl + "VarlenBits"].fields
+    assert ("varlen_bits", 1232, "VarlenBits") in v14.types[fl + "attn_bwd_params"].fields
+    assert (v14.constants[fl + "attn_fwd_params::kVersion"], v14.constants[fl + "attn_bwd_params::kVersion"],
+            v14.constants[fl + "OpAttnBwdBackend::kFlyc"]) == (4, 7, 3)
+    assert AA.release_problems(v14) == []
     lib = AA.scan_api_libs(releases["old"] / "lib", releases["old"] / "include")[LINE]
     fwd = lib.types["aotriton::v3::flash::attn_fwd_params"]
     assert fwd.size == 832 and ("philox_offset2", 680, "uint64_t") in fwd.fields

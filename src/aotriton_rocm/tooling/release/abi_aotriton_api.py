@@ -185,6 +185,22 @@ def _offset(attr) -> Optional[int]:
     return None
 
 
+def _bit_field(member, loc) -> Optional[Tuple[int, int]]:
+    """(bit offset in the struct, width) of a bit-field member, else None.
+    DWARF 4+ gives DW_AT_data_bit_offset; older producers a byte location and
+    DW_AT_bit_offset counted from the storage unit's most significant bit
+    (little-endian targets)."""
+    a = member.attributes
+    if member.tag != "DW_TAG_member" or "DW_AT_bit_size" not in a:
+        return None
+    width = a["DW_AT_bit_size"].value
+    if "DW_AT_data_bit_offset" in a:
+        return a["DW_AT_data_bit_offset"].value, width
+    unit = a["DW_AT_byte_size"].value if "DW_AT_byte_size" in a else 4
+    base = (_offset(loc) or 0) if loc is not None else 0
+    return base * 8 + unit * 8 - a["DW_AT_bit_offset"].value - width, width
+
+
 def _walk(die, scope: List[str], lib: ApiLib) -> None:
     for child in die.iter_children():
         tag, name = child.tag, _name(child)
@@ -204,7 +220,11 @@ def _walk(die, scope: List[str], lib: ApiLib) -> None:
             fields = []
             for m in child.iter_children():
                 loc = m.attributes.get("DW_AT_data_member_location")
-                if m.tag in ("DW_TAG_member", "DW_TAG_inheritance") and loc is not None:
+                bits = _bit_field(m, loc)
+                if bits is not None:  # VarlenMode, VarlenBits: the bits' place is the ABI
+                    t = _type_name(m.get_DIE_from_attribute("DW_AT_type"))
+                    fields.append((_name(m), bits[0] // 8, f"{t}:{bits[1]} at bit {bits[0]}"))
+                elif m.tag in ("DW_TAG_member", "DW_TAG_inheritance") and loc is not None:
                     t = _type_name(m.get_DIE_from_attribute("DW_AT_type"))
                     fields.append((_name(m) if m.tag == "DW_TAG_member" else f"<base {t}>", _offset(loc), t))
             size = child.attributes.get("DW_AT_byte_size")
