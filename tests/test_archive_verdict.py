@@ -178,6 +178,34 @@ def test_both_readers_agree_on_every_document(crafted):
     assert not wrong, "(document, expected, python, C): " + repr(wrong)
 
 
+# Number, string, literal and nesting edge cases of RFC 8259, put in the manifest: json.c
+# decides each one way or the other, and the Python reader decides it the same way.
+EDGES = [b"-0", b"-0.0", b"0e5", b"1E+2", b"1e", b"-", b".5", b"+1", b"0x1", b"1.", b"00", b"-01",
+         b"1e+", b"4.9e-324", b"2.4e-324", b"1.7976931348623157e308", b"1.7976931348623159e308",
+         b"-9223372036854775808", b"9223372036854775808", b"1" + b"0" * 308, b"1" + b"0" * 309,
+         b"9" * 5000, b"0." + b"1" * 1000, b"-NaN", b"Infinity1", b"tru", b"nul", b"[1,]",
+         b'{"a":1,}', b"{1:2}", b"\x0c1", b"\xc2\xa01", b"\t\n\r 2", b'"\x7f"', b'"\\/"',
+         b'"\\u00e9"', '"\u00e9"'.encode(), b'"\xc0\xaf"', b'"\xf4\x90\x80\x80"',
+         b'"\xed\xa0\x80"', b'"\xef\xbf\xbf"', b'"\\uD800\\uDC00"', b'"\\udbff\\udfff"',
+         b'"\\ud800\\ud800\\udc00"', b'"\\u12"', b'"\\u004G"', b'"\\U0041"', b'"\\x"',
+         b'"\x00"', b'"a\\\\"', b'["]"]', b'"\\"["', b'{"":1}',
+         b'{"a":' * 62 + b"1" + b"}" * 62, b'{"a":' * 63 + b"1" + b"}" * 63]
+
+
+def test_readers_agree_on_edge_cases(base, tmp_path):
+    data, doc, _ = base
+    text = _text(doc).encode()
+    head = b'{"manifest":{'
+    verdicts = {}
+    for i, fragment in enumerate(EDGES):
+        path = tmp_path / str(i) / f"{ARCH}.aotr"
+        path.parent.mkdir()
+        path.write_bytes(reseal(data, head + b'"x":' + fragment + b"," + text[len(head):]))
+        verdicts[fragment[:40]] = (_python_accepts(path), _c_accepts(path))
+    assert [f for f, (py, c) in verdicts.items() if py != c] == []
+    assert 10 < sum(py for py, _ in verdicts.values()) < len(EDGES) - 10
+
+
 def test_refusals_are_archive_errors_that_say_the_fix(crafted):
     for name, p, ok in crafted:
         if ok:
@@ -314,8 +342,9 @@ def test_subset_image_is_named_in_info_and_smoke(isolated_images, capsys, monkey
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     [line] = [l for l in out.splitlines() if l.startswith("  gfx942:")]
-    assert line.startswith("  gfx942: subset image, 2 kernels")
-    assert "built with --only attn_fwd:dtype=fp16" in line
+    assert line.startswith("  gfx942: 2 kernels")
+    assert line.endswith("(subset image: built with --only attn_fwd:dtype=fp16, it holds only the "
+                         "kernels that filter selects)")
     rc, out = _smoke(capsys, monkeypatch)
     assert rc == 0 and "PASS  archive gfx942: " in out
     assert "(subset image: built with --only attn_fwd:dtype=fp16" in out

@@ -30,7 +30,7 @@ def run_info(options: InfoOptions) -> int:
 
     from . import device, gpus_present, images
     from ._version import ABI_VERSION, TRITON_VERSION, __version__
-    from .archive import clip, subset_of
+    from .archive import clip
     from .install_checks import (archive_note, archive_problems, check_library,
                                  check_torch_extension, library_error)
     from .torch_dropin import loaded_aotriton
@@ -65,11 +65,10 @@ def run_info(options: InfoOptions) -> int:
                 print(f"      {problem}")
         else:
             m = archive.manifest
-            kind = "subset image, " if subset_of(m) else ""
-            print(f"  {arch}: {'BAD ' if problems else ''}{kind}{len(archive.kernels)} kernels, "
+            print(f"  {arch}: {'BAD ' if problems else ''}{len(archive.kernels)} kernels, "
                   f"ROCm profile {clip(m.get('rocm_profile'), 40)}, version "
                   f"{clip(m.get('package_version'), 40)}, ABI {m.get('abi_version')}, {path}"
-                  + ("" if problems else archive_note(archive, native_checked)))
+                  + archive_note(archive, native_checked or bool(problems)))
             for problem in problems:
                 print(f"      {problem}")
         bad += bool(problems)
