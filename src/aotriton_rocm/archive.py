@@ -20,7 +20,10 @@ Each kernel record gives its blob's ``offset`` (relative to the blob region),
 ``compressed_size``, the uncompressed ``size`` and the ``sha256`` of the
 uncompressed code object. ``manifest["blob_sha256"]`` is the sha256 of the
 whole blob region. Opening an archive reads the header and the index only;
-code objects are read, decompressed and checked on first use.
+code objects are read, decompressed and checked on first use. The index is
+read under the rules of the runtime's C reader (native/src/json.c,
+archive.c): strict RFC 8259 JSON, nesting up to 64, the same field types
+and ranges, at least one kernel; what one reader refuses the other refuses.
 
 Next to each ``<arch>.aotr`` the builder writes ``<arch>.manifest.json``: the
 manifest, the kernel records and the archive file's sha256 and size, so an
@@ -280,7 +283,8 @@ def _record_problem(d: Any, i: int, blob_size: int) -> Optional[str]:
             return f"kernel {k!r}: {name} is not an object (it is {_json_type(d.get(name))})"
     f, c = d["functional"], d["config"]
     if f.get("dtype") not in _DTYPES:
-        return f"kernel {k!r}: functional dtype {clip(f.get('dtype'), 40)!r} is not one of {', '.join(_DTYPES)}"
+        return (f"kernel {k!r}: functional dtype {clip(f.get('dtype'), 40)!r} is not one of "
+                f"{', '.join(_DTYPES)}")
     if not _int_in(f, "head_dim", 1, _I32):
         return f"kernel {k!r}: functional head_dim is missing or not a positive integer"
     for name in _FLAGS:
