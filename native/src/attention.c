@@ -176,6 +176,7 @@ int aotr_layout_ok(const aotr_tensor *t)
 
 typedef struct dims {
     int64_t b, h, hk, sq, sk, d;
+    int64_t dv; /* value's head dim (d unless V's differs) */
     int varlen;
 } dims;
 
@@ -220,6 +221,17 @@ static int same_shape(const aotr_tensor *a, const aotr_tensor *b)
     return 1;
 }
 
+/* Shaped alike but for the last (head) dim. */
+static int same_rows(const aotr_tensor *a, const aotr_tensor *b)
+{
+    if (a->rank != b->rank || a->rank < 1)
+        return 0;
+    for (int i = 0; i < a->rank - 1; i++)
+        if (a->sizes[i] != b->sizes[i])
+            return 0;
+    return 1;
+}
+
 static aotr_status problem_dims(const aotr_attn_problem *p, dims *d)
 {
     aotr_status st;
@@ -253,6 +265,7 @@ static aotr_status problem_dims(const aotr_attn_problem *p, dims *d)
         d->sq = p->max_seqlen_q;
         d->sk = p->max_seqlen_k;
         d->d = p->q.sizes[2];
+        d->dv = p->v.sizes[2];
     } else {
         d->b = p->q.sizes[0];
         d->h = p->q.sizes[1];
@@ -260,6 +273,7 @@ static aotr_status problem_dims(const aotr_attn_problem *p, dims *d)
         d->sq = p->q.sizes[2];
         d->sk = p->k.sizes[2];
         d->d = p->q.sizes[3];
+        d->dv = p->v.sizes[3];
     }
     return AOTR_OK;
 }
@@ -292,9 +306,9 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
     if (dtype != AOTR_FP16 && dtype != AOTR_BF16 && dtype != AOTR_FP32)
         return aotr_fail(AOTR_UNSUPPORTED, "dtype %s is not covered (fp16, bf16 and fp32 are)",
                          dtype_text(dtype));
-    if (!same_shape(&p->k, &p->v) || p->q.sizes[p->q.rank - 1] != p->k.sizes[p->k.rank - 1])
-        return aotr_fail(AOTR_UNSUPPORTED, "key and value must have one shape, and query "
-                         "their head_dim");
+    if (!same_rows(&p->k, &p->v) || p->q.sizes[p->q.rank - 1] != p->k.sizes[p->k.rank - 1])
+        return aotr_fail(AOTR_UNSUPPORTED, "key and value must have one shape but for the "
+                         "head_dim, and query the key's head_dim");
     if (!d.varlen && p->k.sizes[0] != d.b)
         return aotr_fail(AOTR_UNSUPPORTED, "query and key/value batch sizes differ");
     if ((d.hk == 0 && d.h > 0) || (d.hk && d.h % d.hk))
@@ -303,6 +317,9 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
     if (d.d < 1 || d.d > MAX_HEAD_DIM)
         return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld is not covered (1 to %d are)",
                          (long long)d.d, MAX_HEAD_DIM);
+    if (d.dv < 1 || d.dv > MAX_HEAD_DIM)
+        return aotr_fail(AOTR_UNSUPPORTED, "the value's head_dim %lld is not covered (1 to %d "
+                         "are)", (long long)d.dv, MAX_HEAD_DIM);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
         return aotr_fail(AOTR_UNSUPPORTED, "dropout_p=%g is outside [0, 1)",
                          (double)p->dropout_p);
@@ -403,14 +420,15 @@ aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_att
     dims d;
     problem_dims(p, &d);
     int dropout = p->dropout_p > 0.0f || (needs & AOTR_NEED_DEBUG_MASK);
-    if (d.d % 8 && (needs & AOTR_NEED_DQ_ACCUM))
-        return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld: the fused backward (a dQ "
-                         "accumulator) serves multiples of 8 only", (long long)d.d);
+    if ((d.d % 8 || d.dv != d.d) && (needs & AOTR_NEED_DQ_ACCUM))
+        return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld (value %lld): the fused backward (a dQ "
+                         "accumulator) serves one head dim, a multiple of 8", (long long)d.d,
+                         (long long)d.dv);
     int kernels[AOTR_KERNEL_COUNT];
     uint32_t n = kernels_needed(needs, kernels);
     for (uint32_t i = 0; i < n; i++)
         if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype,
-                              (int32_t)aotr_kernel_head_dim(d.d),
+                              (int32_t)aotr_kernel_head_dim(d.d > d.dv ? d.d : d.dv),
                               pick_features(aotr_present(&p->bias), dropout, NULL), d.sq, d.sk))
             return AOTR_UNSUPPORTED;
     return AOTR_OK;
@@ -690,12 +708,30 @@ static aotr_status shaped_like(const aotr_tensor *t, const aotr_tensor *model, c
     return st;
 }
 
+/* out and grad_out: q's rows, the value's head dim. */
+static aotr_status shaped_like_out(const aotr_tensor *t, const aotr_attn_problem *p,
+                                   const char *name)
+{
+    aotr_status st = check_tensor(t, name);
+    if (st == AOTR_OK && (!aotr_present(t) || !same_rows(t, &p->q) || t->dtype != p->q.dtype ||
+                          t->sizes[t->rank - 1] != p->v.sizes[p->v.rank - 1]))
+        st = aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be given, shaped like q with the value's "
+                       "head_dim, typed like q", name);
+    return st;
+}
+
+/* The head dim the staged copies run at: both dims' next multiple of 8. */
+static int64_t staged_width(const dims *d)
+{
+    return aotr_kernel_head_dim(d->d > d->dv ? d->d : d->dv);
+}
+
 /* A head dim that is not a multiple of 8: the same call on zero-padded
  * copies (stage.c) at the next multiple of 8. */
 static aotr_status staged_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params,
                               const dims *d)
 {
-    aotr_status st = shaped_like(&params->out, &params->problem.q, "out", "q");
+    aotr_status st = shaped_like_out(&params->out, &params->problem, "out");
     aotr_device *dev = NULL;
     if (st == AOTR_OK)
         st = aotr_runtime_device(rt, params->device, &dev);
@@ -703,7 +739,7 @@ static aotr_status staged_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *para
         return st;
     aotr_attn_fwd_params p;
     params_copy(&p, params, sizeof p, params->struct_size);
-    int64_t width = aotr_kernel_head_dim(d->d);
+    int64_t width = staged_width(d);
     aotr_stage s;
     aotr_stage_init(&s, dev, params->stream);
     if ((st = aotr_stage_add(&s, &p.problem.q, "q", 0, width)) ||
@@ -725,7 +761,7 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
                            offsetof(aotr_attn_fwd_params, softcap), p, &d, "aotr_attn_fwd");
     if (st != AOTR_OK)
         return st;
-    if (d.d % 8)
+    if (d.d % 8 || d.dv != d.d)
         return staged_fwd(rt, params, &d);
     if ((st = like(&params->out, &p->q, "out", "q")) != AOTR_OK)
         return st;
@@ -807,8 +843,8 @@ static aotr_status staged_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *para
 {
     const aotr_attn_problem *q = &params->problem;
     aotr_status st;
-    if ((st = shaped_like(&params->out, &q->q, "out", "q")) ||
-        (st = shaped_like(&params->grad_out, &q->q, "grad_out", "q")) ||
+    if ((st = shaped_like_out(&params->out, q, "out")) ||
+        (st = shaped_like_out(&params->grad_out, q, "grad_out")) ||
         (st = shaped_like(&params->grad_q, &q->q, "grad_q", "q")) ||
         (st = shaped_like(&params->grad_k, &q->k, "grad_k", "k")) ||
         (st = shaped_like(&params->grad_v, &q->v, "grad_v", "v")))
@@ -819,7 +855,7 @@ static aotr_status staged_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *para
     aotr_attn_bwd_params p;
     params_copy(&p, params, sizeof p, params->struct_size);
     memset(&p.grad_q_accum, 0, sizeof p.grad_q_accum);
-    int64_t width = aotr_kernel_head_dim(d->d);
+    int64_t width = staged_width(d);
     aotr_stage s;
     aotr_stage_init(&s, dev, params->stream);
     if ((st = aotr_stage_add(&s, &p.problem.q, "q", 0, width)) ||
@@ -845,7 +881,7 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
                            offsetof(aotr_attn_bwd_params, softcap), p, &d, "aotr_attn_bwd");
     if (st != AOTR_OK)
         return st;
-    if (d.d % 8)
+    if (d.d % 8 || d.dv != d.d)
         return staged_bwd(rt, params, &d);
     if ((st = like(&params->out, &p->q, "out", "q")) ||
         (st = like(&params->grad_out, &p->q, "grad_out", "q")) ||

@@ -260,31 +260,72 @@ static aotr_status check_lse_view(const aotr_tensor *t, const aotr_tensor *q, co
     return AOTR_OK;
 }
 
-static aotr_status like_rows(const aotr_tensor *t, const aotr_tensor *model, const char *name)
+/* Shaped like `model` (rows, heads) with head dim `d` (0: model's). */
+static aotr_status like_rows_d(const aotr_tensor *t, const aotr_tensor *model, int64_t d,
+                               const char *name)
 {
     if (!aotr_present(t) || t->rank != 3 || t->dtype != model->dtype ||
         t->sizes[0] != model->sizes[0] || t->sizes[1] != model->sizes[1] ||
-        t->sizes[2] != model->sizes[2] || t->strides[2] != 1)
+        t->sizes[2] != (d ? d : model->sizes[2]) || t->strides[2] != 1)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be shaped and typed like its input, "
                          "with a unit last stride", name);
     return AOTR_OK;
 }
 
-/* Queue the block, the packed cu_seqlens and the packed copies of q, k, v. */
-static aotr_status begin_packed(layout *l, const aotr_attn_problem *p, aotr_attn_problem *packed)
+static aotr_status like_rows(const aotr_tensor *t, const aotr_tensor *model, const char *name)
 {
-    aotr_status st = aotr_alloc_async(l->rt, l->device, l->stream, l->size, (void **)&l->block);
-    if (st != AOTR_OK) {
-        l->block = NULL;
-        return st;
-    }
-    l->used = 0;
+    return like_rows_d(t, model, 0, name);
+}
+
+/* The packed problem's tensors: cu_seqlens, q, k, v (sizing pass: the
+ * block not yet allocated). */
+static void carve_problem(layout *l, const aotr_attn_problem *p, aotr_attn_problem *packed)
+{
     const int64_t tq = l->q.cu[l->b], tk = l->k.cu[l->b];
     packed->cu_seqlens_q = carve(l, AOTR_INT32, 1, l->b + 1, 0, 0);
     packed->cu_seqlens_k = carve(l, AOTR_INT32, 1, l->b + 1, 0, 0);
     packed->q = carve(l, p->q.dtype, 3, tq, p->q.sizes[1], p->q.sizes[2]);
     packed->k = carve(l, p->k.dtype, 3, tk, p->k.sizes[1], p->k.sizes[2]);
     packed->v = carve(l, p->v.dtype, 3, tk, p->v.sizes[1], p->v.sizes[2]);
+}
+
+static void carve_fwd(layout *l, const aotr_attn_problem *p, aotr_attn_fwd_params *f)
+{
+    const int64_t tq = l->q.cu[l->b];
+    carve_problem(l, p, &f->problem);
+    f->out = carve(l, p->q.dtype, 3, tq, p->q.sizes[1], p->v.sizes[2]);
+    f->lse = carve(l, AOTR_FP32, 2, tq, p->q.sizes[1], 0);
+}
+
+static void carve_bwd(layout *l, const aotr_attn_problem *p, aotr_attn_bwd_params *g)
+{
+    const int64_t tq = l->q.cu[l->b], tk = l->k.cu[l->b];
+    carve_problem(l, p, &g->problem);
+    g->out = carve(l, p->q.dtype, 3, tq, p->q.sizes[1], p->v.sizes[2]);
+    g->grad_out = carve(l, p->q.dtype, 3, tq, p->q.sizes[1], p->v.sizes[2]);
+    g->grad_q = carve(l, p->q.dtype, 3, tq, p->q.sizes[1], p->q.sizes[2]);
+    g->grad_k = carve(l, p->k.dtype, 3, tk, p->k.sizes[1], p->k.sizes[2]);
+    g->grad_v = carve(l, p->v.dtype, 3, tk, p->v.sizes[1], p->v.sizes[2]);
+    g->lse = carve(l, AOTR_FP32, 2, tq, p->q.sizes[1], 0);
+    g->delta = carve(l, AOTR_FP32, 2, tq, p->q.sizes[1], 0);
+}
+
+/* Allocate the block of l->size bytes (the sizing pass's l->used). */
+static aotr_status alloc_block(layout *l)
+{
+    l->size = l->used;
+    l->used = 0;
+    aotr_status st = aotr_alloc_async(l->rt, l->device, l->stream, l->size, (void **)&l->block);
+    if (st != AOTR_OK)
+        l->block = NULL;
+    return st;
+}
+
+/* Queue the packed cu_seqlens and the packed copies of q, k, v. */
+static aotr_status copy_problem(layout *l, const aotr_attn_problem *p,
+                                const aotr_attn_problem *packed)
+{
+    aotr_status st;
     if ((st = aotr_copy_2d(l->rt, l->device, l->stream, packed->cu_seqlens_q.data, 4, l->q.cu, 4, 4,
                            (size_t)(l->b + 1))) ||
         (st = aotr_copy_2d(l->rt, l->device, l->stream, packed->cu_seqlens_k.data, 4, l->k.cu, 4, 4,
@@ -294,24 +335,6 @@ static aotr_status begin_packed(layout *l, const aotr_attn_problem *p, aotr_attn
         (st = move_rows(l, &l->k, &p->v, &packed->v, 0)))
         return st;
     return AOTR_OK;
-}
-
-/* The block's size: cu_seqlens x2, q, k, v, then `extra_q` tensors like q
- * and `extra_k` like k, and `lse` (heads, rows of q) fp32 ones. */
-static void size_block(layout *l, const aotr_attn_problem *p, int extra_q, int extra_k, int lse)
-{
-    l->block = NULL;
-    l->used = 0;
-    const int64_t tq = l->q.cu[l->b], tk = l->k.cu[l->b];
-    (void)carve(l, AOTR_INT32, 1, l->b + 1, 0, 0);
-    (void)carve(l, AOTR_INT32, 1, l->b + 1, 0, 0);
-    for (int i = 0; i < 1 + extra_q; i++)
-        (void)carve(l, p->q.dtype, 3, tq, p->q.sizes[1], p->q.sizes[2]);
-    for (int i = 0; i < 2 + extra_k; i++)
-        (void)carve(l, p->k.dtype, 3, tk, p->k.sizes[1], p->k.sizes[2]);
-    for (int i = 0; i < lse; i++)
-        (void)carve(l, AOTR_FP32, 2, tq, p->q.sizes[1], 0);
-    l->size = l->used;
 }
 
 static aotr_status finish(layout *l, aotr_status st)
@@ -346,16 +369,16 @@ aotr_status aotr_attn_fwd_gathered(aotr_runtime *rt, const aotr_attn_fwd_params 
     aotr_status st = read_layout(&l, p, &params->seq_starts_q, &params->seq_starts_k,
                                  &params->seqlens_k, &f.problem);
     if (st == AOTR_OK)
-        st = like_rows(&params->out, &p->q, "out");
+        st = like_rows_d(&params->out, &p->q, p->v.sizes[2], "out");
     if (st == AOTR_OK && aotr_present(&params->lse))
         st = check_lse_view(&params->lse, &p->q, "lse");
     if (st != AOTR_OK)
         return finish(&l, st);
-    size_block(&l, p, 1, 0, 1);
-    if ((st = begin_packed(&l, p, &f.problem)) == AOTR_OK) {
-        f.out = carve(&l, params->out.dtype, 3, l.q.cu[l.b], p->q.sizes[1], p->q.sizes[2]);
-        f.lse = carve(&l, AOTR_FP32, 2, l.q.cu[l.b], p->q.sizes[1], 0);
-        st = aotr_attn_fwd(rt, &f);
+    carve_fwd(&l, p, &f); /* sizing */
+    if ((st = alloc_block(&l)) == AOTR_OK) {
+        carve_fwd(&l, p, &f);
+        if ((st = copy_problem(&l, p, &f.problem)) == AOTR_OK)
+            st = aotr_attn_fwd(rt, &f);
     }
     if (st == AOTR_OK)
         st = move_rows(&l, &l.q, &params->out, &f.out, 1);
@@ -377,24 +400,18 @@ aotr_status aotr_attn_bwd_gathered(aotr_runtime *rt, const aotr_attn_bwd_params 
     const aotr_attn_problem *p = &params->problem;
     aotr_status st = read_layout(&l, p, &params->seq_starts_q, &params->seq_starts_k,
                                  &params->seqlens_k, &g.problem);
-    if (st != AOTR_OK || (st = like_rows(&params->out, &p->q, "out")) ||
-        (st = like_rows(&params->grad_out, &p->q, "grad_out")) ||
+    if (st != AOTR_OK || (st = like_rows_d(&params->out, &p->q, p->v.sizes[2], "out")) ||
+        (st = like_rows_d(&params->grad_out, &p->q, p->v.sizes[2], "grad_out")) ||
         (st = like_rows(&params->grad_q, &p->q, "grad_q")) ||
         (st = like_rows(&params->grad_k, &p->k, "grad_k")) ||
         (st = like_rows(&params->grad_v, &p->v, "grad_v")) ||
         (st = check_lse_view(&params->lse, &p->q, "lse")))
         return finish(&l, st);
-    size_block(&l, p, 3, 2, 2);
-    const int64_t tq = l.q.cu[l.b], tk = l.k.cu[l.b];
-    if ((st = begin_packed(&l, p, &g.problem)) == AOTR_OK) {
-        g.out = carve(&l, p->q.dtype, 3, tq, p->q.sizes[1], p->q.sizes[2]);
-        g.grad_out = carve(&l, p->q.dtype, 3, tq, p->q.sizes[1], p->q.sizes[2]);
-        g.grad_q = carve(&l, p->q.dtype, 3, tq, p->q.sizes[1], p->q.sizes[2]);
-        g.grad_k = carve(&l, p->k.dtype, 3, tk, p->k.sizes[1], p->k.sizes[2]);
-        g.grad_v = carve(&l, p->v.dtype, 3, tk, p->v.sizes[1], p->v.sizes[2]);
-        g.lse = carve(&l, AOTR_FP32, 2, tq, p->q.sizes[1], 0);
-        g.delta = carve(&l, AOTR_FP32, 2, tq, p->q.sizes[1], 0);
-        if ((st = move_rows(&l, &l.q, &params->out, &g.out, 0)) ||
+    carve_bwd(&l, p, &g); /* sizing */
+    if ((st = alloc_block(&l)) == AOTR_OK) {
+        carve_bwd(&l, p, &g);
+        if ((st = copy_problem(&l, p, &g.problem)) ||
+            (st = move_rows(&l, &l.q, &params->out, &g.out, 0)) ||
             (st = move_rows(&l, &l.q, &params->grad_out, &g.grad_out, 0)) ||
             (st = move_lse(&l, &params->lse, &g.lse, 0)))
             return finish(&l, st);

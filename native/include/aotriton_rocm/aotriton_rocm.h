@@ -175,7 +175,8 @@ typedef enum aotr_causal_alignment {
 
 /* One attention problem. Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D),
  * Hq a multiple of Hkv. Variable length: cu_seqlens_q/k given, q (total_q,
- * Hq, D), k/v (total_k, Hkv, D), max_seqlen_q/k the longest sequences. */
+ * Hq, D), k/v (total_k, Hkv, D), max_seqlen_q/k the longest sequences.
+ * v may have a head dim Dv of its own; out and grad_out then have Dv. */
 typedef struct aotr_attn_problem {
     aotr_tensor q, k, v;
     aotr_tensor cu_seqlens_q, cu_seqlens_k; /* int32 (B + 1,), or absent */
@@ -306,6 +307,9 @@ AOTR_API aotr_status aotr_attn_supported(aotr_runtime *runtime, int32_t device,
  * the same kind (hipMallocAsync on HIP), with 2D copies that need a unit
  * last stride (else AOTR_NEEDS_LAYOUT) but no other layout rule; the
  * outputs are copied back at D and the memory freed in `stream`'s order.
+ * Likewise when v's head dim Dv differs from D: the call runs at the next
+ * multiple of 8 of the larger one (zero columns add nothing to q.k nor to
+ * the outputs' columns, which are copied back at D and Dv).
  * There the backward ignores grad_q_accum (the split kernels run). */
 AOTR_API aotr_status aotr_attn_fwd(aotr_runtime *runtime, const aotr_attn_fwd_params *params);
 AOTR_API aotr_status aotr_attn_bwd(aotr_runtime *runtime, const aotr_attn_bwd_params *params);

@@ -220,6 +220,22 @@ case = make_case(mask="bottom_right", max_seqlen=(56, 56), q=qv, k=kv, v=vv, out
 rc, ls = run(lambda: api.backward(case))
 check(rc & 0xFFFFF == HIP_SUCCESS and ls, f"varlen backward: {rc & 0xFFFFF}")
 
+# -- a value head dim of its own (Dv = 32, Q/K at 64): the core runs it at 64 on
+# zero-padded copies of v (and out, grad_out, grad_v), written back at 32
+t = dense(v=bshd(SK, HK, 32), out=torch.full((B, SQ, HQ, 32), 7.0).half())
+rc, ls = run(lambda: api.forward(make_case(mask="bottom_right", **t)))
+check(rc == HIP_SUCCESS and [kernel(s) for s, _ in ls] == ["attn_fwd"], f"Dv forward: {rc} {ls}")
+a = ls[0][1]
+check(a["head_dim"] == 64 and a["V"] != t["v"].data_ptr() and a["O"] != t["out"].data_ptr(),
+      f"Dv forward runs at 64 on copies: {a['head_dim']}")
+check(bool((t["out"] != 7.0).all()) and stub.aotr_stub_scratch(None, None) == 0, "out written back")
+t.update(dout=torch.randn_like(t["out"]), dq=torch.empty_like(t["q"]), dk=torch.empty_like(t["k"]),
+         dv=torch.full_like(t["v"], 7.0))
+rc, ls = run(lambda: api.backward(make_case(mask="bottom_right", deterministic=True, **t)))
+check(rc & 0xFFFFF == HIP_SUCCESS and "attn_bwd_dkdv" in [kernel(s) for s, _ in ls],
+      f"Dv backward: {rc & 0xFFFFF}")
+check(bool((t["dv"] != 7.0).all()) and stub.aotr_stub_scratch(None, None) == 0, "dv written back")
+
 # -- the 0.14 line's other VarlenBits: strided (Transformer Engine's cu_seqlens_padded in
 # seqinfo_?1), seqused_k (K's lengths individual, its starts in seqinfo_k1) and the TH
 # logsumexp: the core runs them on packed copies of the sequences' rows
