@@ -117,3 +117,27 @@ def test_validate_and_report_name_the_right_directory(tmp_path):
     with pytest.raises(UsageError) as e:
         run_report(ReportOptions(build_dir=out / "archives"))
     assert f"pass {out}, the --out of the build" in str(e.value)
+
+
+def test_a_damaged_archive_of_an_unknown_arch_is_not_sent_to_pip_or_build(tmp_path):
+    from aotriton_rocm import images
+    from aotriton_rocm.archive import Archive, ArchiveError, identity_fix
+
+    published = images.published_image_extras()
+    if published is None:
+        pytest.skip("this runtime has no package metadata to name its archs")
+    (tmp_path / "gfx9422.aotr").write_bytes(b"not an archive")
+    with pytest.raises(ArchiveError) as e:
+        Archive.open(tmp_path / "gfx9422.aotr")
+    assert "'gfx9422' is no arch aotriton-rocm publishes kernel images for" in str(e.value)
+    assert "aotriton-rocm-gfx9422" not in str(e.value) and "--arch gfx9422" not in str(e.value)
+    (tmp_path / "gfx942.aotr").write_bytes(b"not an archive")
+    with pytest.raises(ArchiveError) as e:
+        Archive.open(tmp_path / "gfx942.aotr")
+    assert "pip install --force-reinstall --no-deps 'aotriton-rocm-gfx942~=" in str(e.value)
+    # a build's rebuild hint names the --out that build writes the archive directory under
+    out = tmp_path / "out"
+    assert identity_fix("gfx942", "build", out / "archives" / "gfx942.aotr").endswith(
+        f"aotriton-rocm build --arch gfx942 --out {out}")
+    elsewhere = identity_fix("gfx942", "build", tmp_path / "gfx942.aotr")
+    assert f"--out {tmp_path}" not in elsewhere and "then package OUT/archives" in elsewhere

@@ -99,8 +99,36 @@ def _fix_hint(path: "PathLike") -> str:
     if not name.endswith(".aotr"):
         return "Reinstall the kernel image wheel it came from, or rebuild it with `aotriton-rocm build`."
     arch = name[: -len(".aotr")]
+    if _unpublished_arch(arch):
+        return f"Fix: {identity_fix(arch, path=path)}."
     return (f"Fix: {identity_fix(arch)}, or rebuild it with "
             f"`aotriton-rocm build --arch {arch}`.")
+
+
+def _unpublished_arch(arch: str) -> Optional[str]:
+    """Why no image of ``arch`` can be installed or built (None: it can, or
+    this runtime has no package metadata to tell)."""
+    from .images import published_image_extras
+
+    published = published_image_extras()
+    if published is None or arch.replace("_", "") in published:
+        return None
+    return (f"{arch!r} is no arch aotriton-rocm publishes kernel images for (it publishes "
+            f"{', '.join(published)})")
+
+
+def build_command(archives_dir: Optional[PathLike], archs: Optional[Sequence[str]] = None) -> str:
+    """The ``build`` command that writes ``archs`` into ``archives_dir``.
+    build writes ``OUT/archives/``: only a directory named ``archives`` is one
+    it writes, as ``--out`` its parent."""
+    cmd = "aotriton-rocm build" + (f" --arch {','.join(archs)}" if archs else "")
+    if archives_dir is None:
+        return f"{cmd} --out OUT"
+    d = Path(archives_dir)
+    if d.name == "archives":
+        return f"{cmd} --out {d.parent}"
+    return (f"{cmd} --out OUT, then package OUT/archives (build writes its archives into "
+            f"OUT/archives/, never into {d} itself)")
 
 
 def clip(value: object, limit: int = 200) -> str:
@@ -809,11 +837,10 @@ def identity_fix(arch: str, context: str = "installed", path: Optional[PathLike]
     holds ``path`` (``OUT/archives/<arch>.aotr``).
     """
     if context == "build":
-        out = "OUT"
-        if path is not None:
-            d = Path(path).parent
-            out = str(d.parent if d.name == "archives" else d)
-        return f"rebuild it: aotriton-rocm build --arch {arch} --out {out}"
+        return f"rebuild it: {build_command(None if path is None else Path(path).parent, [arch])}"
+    unpublished = _unpublished_arch(arch)
+    if unpublished:
+        return f"remove {path or f'{arch}.aotr'}: {unpublished}"
     if abi_line is None:
         from ._version import ABI_VERSION as abi_line
     an = arch.replace("_", "")

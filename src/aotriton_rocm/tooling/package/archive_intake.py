@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
-from ...archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, identity_fix,
-                       identity_problems, strict_json_loads, verify_against_manifest, with_fix)
+from ...archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, build_command,
+                         identity_fix, identity_problems, strict_json_loads,
+                         verify_against_manifest, with_fix)
 from ..common.inputs_hash import source_tree_inputs_hash
 from .naming import PackagingError, archname, check_profile
 
@@ -178,18 +179,6 @@ def check_one_build(inputs: Sequence[ArchiveInput]) -> None:
             f"(build inputs hash {groups}): a release ships archives of one build only. Rebuild "
             f"them together: {_rebuild_command(inputs)} (or package only the current ones with "
             f"--arch)")
-
-
-def build_command(archives_dir: Path, archs: Optional[Sequence[str]] = None) -> str:
-    """The ``build`` command that writes ``archs`` into ``archives_dir``.
-    build writes ``OUT/archives/``: only a directory named ``archives`` is
-    one it writes, as ``--out`` its parent."""
-    d = Path(archives_dir)
-    cmd = "aotriton-rocm build" + (f" --arch {','.join(archs)}" if archs else "")
-    if d.name == "archives":
-        return f"{cmd} --out {d.parent}"
-    return (f"{cmd} --out OUT, then package OUT/archives (build writes its archives into "
-            f"OUT/archives/, never into {d} itself)")
 
 
 def _no_archives_message(d: Path) -> str:
