@@ -167,7 +167,7 @@ def cpu_route(ext, native_build, tmp_path, monkeypatch):
     monkeypatch.setattr(attention, "backend_for", lambda t: aot)
 
     overrides = torch_integration._Overrides(cpu=False)  # the Python route's kernels
-    kernels = {op.split("::")[1]: fn for op, fn in overrides.dispatch().items()}
+    kernels = {op.split("::")[1]: fn for op, fn in overrides.cuda_kernels().items()}
     monkeypatch.setattr(torch_native, "fallback_calls", {op: 0 for op in torch_native.OPS})
     torch_native.activate(kernels, rng_layout=torch_integration._rng_layout(),
                           efficient_lse_align=32, dispatch_key="CPU", python_keys=("CPU",),
