@@ -227,3 +227,21 @@ def test_help_names_every_line_and_clean():
     assert "--clean" in text and "not write" in text
     assert all(line in text for line in AP.api_lines())
     assert p.parse_args(["--out", "x"]).clean is False
+
+
+def test_concurrent_runs_take_turns(tmp_path, images_dir):
+    """Runs writing one --out at once (one per rank of a job) take turns on a
+    lock beside it: each ends whole, and nothing of theirs is left beside it."""
+    out = tmp_path / "prefix"
+    code = ("import sys; from pathlib import Path; from aotriton_rocm import aotriton_prefix as AP; "
+            "AP.write_prefix(AP.PrefixOptions(Path(sys.argv[1]), '0.13', None, False), say=print)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stdout.close()
+        p.stderr.close()
+    assert all(rc == 0 for rc, _ in results), results
+    marker = json.loads((out / AP.MARKER).read_text())
+    assert {rel: file_sha256(out / rel) for rel in marker["files"]} == marker["files"]
+    assert _hidden(tmp_path) == []

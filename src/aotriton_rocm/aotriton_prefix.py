@@ -34,7 +34,8 @@ from typing import Dict, List, Optional, Tuple
 from . import images
 from ._version import __version__
 from .errors import INTERRUPTED, CommandError, UsageError
-from .files import describe_os_error, file_sha256, left_by_dead_process, replace_dir_problem
+from .files import (describe_os_error, exclusive_lock, file_sha256, left_by_dead_process,
+                    replace_dir_problem)
 from .paths import (AOTRITON_API_LINE_OF, AOTRITON_API_VERSIONS, aotriton_api_include,
                     aotriton_api_library, aotriton_api_line)
 
@@ -324,14 +325,9 @@ def write_prefix(options: PrefixOptions, say=print) -> dict:
         raise UsageError(why)
     stage = out.parent / f".{out.name}.prefix-{STAGE}{os.getpid()}"
     try:
-        for note in recover(out):
-            say(note)
-        _check_content(out, options.clean)
-        chosen = _chosen_images(options.archs)
-        _verify_images(chosen)
-        sources = _sources(options.line, chosen)
-        record = _write(stage, options.line, sources, chosen)
-        _swap(stage, out)
+        with exclusive_lock(out.parent / f".{out.name}.prefix-lock",
+                            f"waiting for another aotriton-prefix writing {out}"):
+            record = _replace(out, stage, options, say)
     except OSError as e:
         raise CommandError(f"could not write the prefix {out} ({describe_os_error(e)}); "
                            f"{out} is as it was") from e
@@ -339,6 +335,18 @@ def write_prefix(options: PrefixOptions, say=print) -> dict:
         raise CommandError(f"interrupted; {out} is as it was", INTERRUPTED) from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+    return record
+
+
+def _replace(out: Path, stage: Path, options: PrefixOptions, say) -> dict:
+    for note in recover(out):
+        say(note)
+    _check_content(out, options.clean)
+    chosen = _chosen_images(options.archs)
+    _verify_images(chosen)
+    sources = _sources(options.line, chosen)
+    record = _write(stage, options.line, sources, chosen)
+    _swap(stage, out)
     return record
 
 

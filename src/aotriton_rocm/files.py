@@ -5,13 +5,16 @@ share it).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, BinaryIO, Optional, Union
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
 
 __all__ = ["describe_os_error", "atomic_write", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
            "atomic_copy", "atomic_move", "file_sha256", "link_or_copy", "pid_alive",
@@ -194,3 +197,32 @@ def replace_dir_problem(out: Path, command: str, example: str) -> Optional[str]:
                 f"staged beside --out and renamed into place, so its parent directory must be "
                 f"writable: pass another --out")
     return None
+
+
+@contextmanager
+def exclusive_lock(path: Path, waiting: str) -> Iterator[None]:
+    """Hold ``flock`` on the file ``path`` (printing ``waiting`` while another
+    process holds it). The holder removes the file when done, so a waiter
+    that wakes on a removed file locks the new one instead."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(waiting, file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            held, there = os.fstat(fd), os.stat(path)
+            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)

@@ -43,13 +43,11 @@ import argparse
 import base64
 import csv
 import errno
-import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import re
-import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,7 +57,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 from ._version import __version__
 from .elf_dynamic import ElfError, read_dynamic
 from .errors import CommandError, UsageError
-from .files import describe_os_error, file_sha256
+from .files import describe_os_error, exclusive_lock, file_sha256
 from .paths import AOTRITON_API_VERSIONS, aotriton_api_library, aotriton_api_line
 
 RECORD = ".aotriton-rocm-dropin.json"
@@ -318,33 +316,11 @@ def _check_writable(lib: Path) -> None:
 
 @contextmanager
 def _locked(lib: Path) -> Iterator[None]:
-    """Hold ``flock`` on the lock file of ``lib``; the holder removes the file
-    when done, so a waiter that wakes on a removed file opens the new one."""
-    path = lib / LOCK
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                print(f"waiting for another torch-dropin on {lib}", file=sys.stderr, flush=True)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            held, there = os.fstat(fd), os.stat(path)
-            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
-                break
-        except FileNotFoundError:
-            pass
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-    try:
+    """One run at a time on ``lib``; temporary files of a killed run are removed."""
+    with exclusive_lock(lib / LOCK, f"waiting for another torch-dropin on {lib}"):
         for leftover in lib.glob(f".*{TMP_SUFFIX}"):   # of a run killed mid-write
             leftover.unlink(missing_ok=True)
         yield
-    finally:
-        path.unlink(missing_ok=True)
-        os.close(fd)
 
 
 def _sync_dir(path: Path) -> None:
