@@ -112,6 +112,12 @@ static aotr_status read_layout(layout *l, const aotr_attn_problem *p, const aotr
     const aotr_tensor *cu_q = &p->cu_seqlens_q, *cu_k = &p->cu_seqlens_k;
     if (p->q.rank != 3 || p->k.rank != 3 || p->v.rank != 3)
         return aotr_fail(AOTR_UNSUPPORTED, "query/key/value must be 3-D (total, heads, head_dim)");
+    const aotr_tensor *qkv[3] = {&p->q, &p->k, &p->v};
+    const char *const names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++)
+        if (qkv[i]->strides[2] != 1 && qkv[i]->sizes[2] > 1)
+            return aotr_fail(AOTR_NEEDS_LAYOUT, "%s needs a unit last stride: pass a copy that has "
+                             "one", names[i]);
     if (!aotr_present(cu_q) || cu_q->dtype != AOTR_INT32 || cu_q->rank != 1 || cu_q->sizes[0] < 2)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "cu_seqlens_q must be a 1-D int32 tensor "
                          "(batch + 1)");

@@ -6,7 +6,11 @@ installed image of the GPU, computes forward and backward like the float32
 math reference: permuted (B, S, H, D) views, both causal alignments, a
 window, GQA, bias and its gradient, dropout (checked through the debug mask
 it returns, and under CUDA-graph capture), compact varlen, staged layouts,
-deterministic backward.
+deterministic backward, a value head dim of its own; on the 0.14 line every
+VarlenBits mode PyTorch and Transformer Engine pass (packed, seqused_k,
+strided) with the logsumexp as (heads, tokens) and as (tokens, heads); and a
+consumer built against the 0.13 headers linked to the 0.14 library
+("0.13@0.14": its params versions 3/6 translated).
 
 Head dims 40 and 72 (multiples of 8 but not of 16: staged by the layer),
 100 (not a multiple of 8: run by the core on zero-padded copies), 160 and 512.
@@ -47,9 +51,12 @@ def archive():
     return arch, path
 
 
-@pytest.fixture(scope="module", params=sorted(LINES))
+@pytest.fixture(scope="module", params=sorted(LINES) + ["0.13@0.14"])
 def api(request, native_build, archive, tmp_path_factory):
-    line, version = request.param, LINES[request.param][0]
+    """(the headers' line, the consumer built against them); "0.13@0.14": the
+    0.13 headers, linked to the 0.14 library."""
+    line, lib_line = (request.param.split("@") + [request.param])[:2]
+    version = LINES[lib_line][0]
     if not shutil.which("c++") and not shutil.which("g++"):
         pytest.skip("needs a C++ compiler")
     inst = tmp_path_factory.mktemp("install")
@@ -57,7 +64,7 @@ def api(request, native_build, archive, tmp_path_factory):
     p = tmp_path_factory.mktemp(f"prefix-{line}")
     (p / "lib" / "aotriton.images").mkdir(parents=True)
     name = f"libaotriton_v2.so.{version}"
-    shutil.copy2(inst / "lib" / "aotriton_api" / line / name, p / "lib" / name)
+    shutil.copy2(inst / "lib" / "aotriton_api" / lib_line / name, p / "lib" / name)
     (p / "lib" / "libaotriton_v2.so").symlink_to(name)
     shutil.copytree(inst / "include" / "aotriton_api" / line, p / "include")
     arch, path = archive
@@ -329,3 +336,88 @@ def test_gpu_queries(api):
     assert c.experimental(_stream()) == 0
     # the installed image covers every call PyTorch admits (any head dim 1..512)
     assert c.check_gpu(_stream()) == HIP_SUCCESS
+
+
+@pytest.mark.parametrize("d,dv", [(72, 40), (64, 128)])
+def test_value_head_dim_of_its_own(api, d, dv):
+    """V (and Out, dO, dV) with a head dim other than Q/K's (the efficient
+    op's call since AOTriton 0.12): run by the core at the larger one."""
+    line, c = api
+    q, k, _ = _inputs(d, seed=4)
+    v = torch.randn(B, SK, HK, dv, device="cuda", dtype=q.dtype)
+    scale = 1 / math.sqrt(d)
+    out = torch.empty(B, SQ, HQ, dv, device="cuda", dtype=q.dtype)
+    lse = torch.empty(B * HQ, SQ, device="cuda")
+    case = dict(mask="bottom_right", scale=scale, q=q, k=k, v=v, out=out, lse=lse)
+    assert c.forward(make_case(**case), _stream()) == HIP_SUCCESS
+    ref, _ = reference(q, k, v, scale=scale, mask="bottom_right")
+    _close("out", out, ref)
+    dout = torch.randn_like(out)
+    dq, dk, dvv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    rc = c.backward(make_case(**case, dout=dout, dq=dq, dk=dk, dv=dvv), _stream())
+    assert rc & 0xFFFFF == HIP_SUCCESS
+    for name, test, w in zip(("dq", "dk", "dv"), (dq, dk, dvv),
+                             _grads(q, k, v, dout, scale=scale, mask="bottom_right")):
+        _close(name, test, w, fudge=16.0)
+
+
+@pytest.mark.parametrize("lse_th", [False, True])
+@pytest.mark.parametrize("mode", ["packed", "seqused_k", "strided"])
+def test_varlen_bits_modes(api, mode, lse_th):
+    """The 0.14 line's VarlenBits as PyTorch's aotriton_adapter.h builds them
+    (packed 0x0B0B, seqused_k 0x150B) and as Transformer Engine passes
+    cu_seqlens_padded (strided 0x1313), the logsumexp (heads, tokens) or
+    (tokens, heads): forward and backward per sequence against the float32
+    reference; rows outside every sequence keep what they held."""
+    line, c = api
+    if line != "0.14":
+        pytest.skip("VarlenBits: the 0.14 line")
+    d, sentinel = 72, 7.0
+    lens_q, lens_k = [50, 78], [64, 100]
+    dev = dict(device="cuda", dtype=torch.int32)
+    cu_q = torch.tensor([0, 50, 128], **dev)
+    if mode == "strided":          # each sequence in a slot with padding after it
+        starts_q, starts_k = torch.tensor([0, 60], **dev), torch.tensor([0, 80], **dev)
+        rows_q, rows_k = 140, 190
+        extra = dict(cu_seqlens_k=torch.tensor([0, 64, 164], **dev), seq_starts_q=starts_q,
+                     seq_starts_k=starts_k)
+    elif mode == "seqused_k":      # K's slots of 80 and 110 rows, of which lens_k are keys
+        starts_q, starts_k = cu_q[:-1], torch.tensor([0, 80], **dev)
+        rows_q, rows_k = 128, 190
+        extra = dict(cu_seqlens_k=torch.tensor([0, 80, 190], **dev),
+                     seqused_k=torch.tensor(lens_k, **dev))
+    else:
+        starts_q, starts_k = cu_q[:-1], torch.tensor([0, 64], **dev)
+        rows_q, rows_k = 128, 164
+        extra = dict(cu_seqlens_k=torch.tensor([0, 64, 164], **dev))
+    q = torch.randn(rows_q, HQ, d, device="cuda", dtype=torch.float16)
+    k = torch.randn(rows_k, HK, d, device="cuda", dtype=torch.float16)
+    v = torch.randn(rows_k, HK, d, device="cuda", dtype=torch.float16)
+    out = torch.full_like(q, sentinel)
+    lse_buf = torch.full((rows_q, HQ) if lse_th else (HQ, rows_q), sentinel, device="cuda")
+    lse = lse_buf.t() if lse_th else lse_buf          # (heads, tokens) either way
+    scale = 1 / math.sqrt(d)
+    case = dict(mask="bottom_right", scale=scale, max_seqlen=(78, 0), q=q, k=k, v=v, out=out,
+                lse=lse, cu_seqlens_q=cu_q, varlen_mode=mode, lse_th=lse_th, **extra)
+    assert c.forward(make_case(**case), _stream()) == HIP_SUCCESS
+    dout = torch.randn_like(q)
+    dq, dk, dv = (torch.full_like(x, sentinel) for x in (q, k, v))
+    rc = c.backward(make_case(**case, dout=dout, dq=dq, dk=dk, dv=dv), _stream())
+    assert rc & 0xFFFFF == HIP_SUCCESS
+    inside_q = torch.zeros(rows_q, dtype=torch.bool, device="cuda")
+    inside_k = torch.zeros(rows_k, dtype=torch.bool, device="cuda")
+    for b in range(2):
+        sq = slice(int(starts_q[b]), int(starts_q[b]) + lens_q[b])
+        sk = slice(int(starts_k[b]), int(starts_k[b]) + lens_k[b])
+        inside_q[sq], inside_k[sk] = True, True
+        qb, kb, vb = q[sq][None], k[sk][None], v[sk][None]
+        ref, ref_lse = reference(qb, kb, vb, scale=scale, mask="bottom_right")
+        _close(f"out[{b}]", out[sq][None], ref)
+        torch.testing.assert_close(lse[:, sq], ref_lse[0], atol=2e-3, rtol=1e-3)
+        want = _grads(qb, kb, vb, dout[sq][None], scale=scale, mask="bottom_right")
+        for name, test, w in zip(("dq", "dk", "dv"), (dq[sq], dk[sk], dv[sk]), want):
+            _close(f"{name}[{b}]", test[None], w, fudge=16.0)
+    assert bool((out[~inside_q] == sentinel).all()) and bool((dq[~inside_q] == sentinel).all())
+    assert bool((lse[:, ~inside_q] == sentinel).all())
+    if mode != "packed":
+        assert bool((dk[~inside_k] == sentinel).all()) and bool((dv[~inside_k] == sentinel).all())

@@ -281,9 +281,10 @@ if line == "0.14":
         check(stub.aotr_stub_scratch(None, None) == 0, f"{mode}: workspace freed")
         # the backward: the same copies, gradients written back to the sequences' rows only
         dq, dk, dvv_ = (torch.full_like(x, SENTINEL) for x in (q, k, v))
+        dout = torch.randn_like(q)  # alive while the case points at it
         bcase = make_case(mask="bottom_right", max_seqlen=(56, 0), q=q, k=k, v=v, out=out,
                           lse=lse.t() if lse_th else lse, cu_seqlens_q=cu, varlen_mode=mode,
-                          lse_th=lse_th, dout=torch.randn_like(q), dq=dq, dk=dk, dv=dvv_, **extra)
+                          lse_th=lse_th, dout=dout, dq=dq, dk=dk, dv=dvv_, **extra)
         rc, ls = run(lambda: api.backward(bcase))
         names = [kernel(s) for s, _ in ls]
         check(rc & 0xFFFFF == HIP_SUCCESS and "attn_bwd_dkdv" in names, f"{mode} backward: {rc & 0xFFFFF} {names}")
