@@ -99,6 +99,8 @@ Varlen varlen_of(const Params &in) {
 struct SeqInfo {
   aotr_tensor starts_q{}, starts_k{}, lens_k{};
   bool lse_th = false;
+  bool gathered = false;    /* the core copies the sequences' rows (and lse) itself */
+  bool core_copies = false; /* ... or V's head dim differs: see core_stages() */
 };
 
 /* The word onto the core's packed problem (cu_seqlens) and SeqInfo. */
@@ -167,12 +169,15 @@ aotr_status map_mask(int8_t causal_type, int32_t left, int32_t right, aotr_attn_
   return AOTR_OK;
 }
 
-/* At a head dim that is not a multiple of 8 the core runs the call on
- * zero-padded copies of the head-dim tensors (any strides but a unit last
- * one): staging them here too would copy them twice. */
-bool core_stages(const aotr_tensor &t) {
+/* The core runs the call on copies of the head-dim tensors it makes itself
+ * (from any strides but a unit last one) at a head dim that is not a
+ * multiple of 8, when V's head dim differs (`core_copies`), and for
+ * sequences placed by seq_starts / seqlens_k (`core_copies`: staging here
+ * would also write back rows outside the sequences): staging them here too
+ * would copy them twice. */
+bool core_stages(const aotr_tensor &t, bool core_copies) {
   const int64_t d = t.rank > 0 ? t.sizes[t.rank - 1] : 0;
-  return d % 8 != 0 && (d == 1 || t.strides[t.rank - 1] == 1);
+  return (core_copies || d % 8 != 0) && (d == 1 || t.strides[t.rank - 1] == 1);
 }
 
 /* Where the forward returns the (seed, offset) it used; the backward does not. */
@@ -241,9 +246,11 @@ aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_a
                        &p->philox_offset);
   }
   if (st == AOTR_OK) st = map_mask(in.causal_type, in.window_left, in.window_right, p);
-  if (st == AOTR_OK && !core_stages(p->q)) st = s.input(&p->q);
-  if (st == AOTR_OK && !core_stages(p->k)) st = s.input(&p->k);
-  if (st == AOTR_OK && !core_stages(p->v)) st = s.input(&p->v);
+  si->gathered = si->starts_q.data || si->starts_k.data || si->lens_k.data;
+  si->core_copies = si->gathered || p->q.sizes[p->q.rank - 1] != p->v.sizes[p->v.rank - 1];
+  if (st == AOTR_OK && !core_stages(p->q, si->core_copies)) st = s.input(&p->q);
+  if (st == AOTR_OK && !core_stages(p->k, si->core_copies)) st = s.input(&p->k);
+  if (st == AOTR_OK && !core_stages(p->v, si->core_copies)) st = s.input(&p->v);
   if (st == AOTR_OK) st = s.input(&p->bias);
   return st;
 }
@@ -352,13 +359,13 @@ hipError_t forward(const attn_fwd_params &in, void *stream) {
   const bool padded_lse = varlen && AOTRITON_ROCM_API_LINE < 12;
   if (st == AOTR_OK) {
     f.out = user_out;
-    if (!core_stages(f.out)) st = s.output(&f.out);
+    if (!core_stages(f.out, si.core_copies)) st = s.output(&f.out);
   }
   if (st == AOTR_OK) {
     f.lse = lse_view(in.L.data_ptr(), f.problem, varlen, si.lse_th);
     if (!in.L || padded_lse)
       st = s.scratch(&f.lse, AOTR_FP32, f.lse.rank, f.lse.sizes, false);
-    else if (!lse_fits(f.lse))
+    else if (!lse_fits(f.lse) && !si.gathered) /* the core copies a gathered call's lse */
       st = s.output(&f.lse);
   }
   if (st == AOTR_OK && user_mask.data) {
@@ -404,8 +411,8 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   if (st == AOTR_OK) {
     b.out = rows(core_tensor(in.Out));
     b.grad_out = rows(core_tensor(in.DO));
-    if (!core_stages(b.out)) st = s.input(&b.out);
-    if (st == AOTR_OK && !core_stages(b.grad_out)) st = s.input(&b.grad_out);
+    if (!core_stages(b.out, si.core_copies)) st = s.input(&b.out);
+    if (st == AOTR_OK && !core_stages(b.grad_out, si.core_copies)) st = s.input(&b.grad_out);
   }
   if (st == AOTR_OK) {
     b.lse = lse_view(in.L.data_ptr(), p, varlen, si.lse_th);
@@ -414,7 +421,7 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
       st = s.scratch(&packed, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
       if (st == AOTR_OK) st = convert_padded_lse(s, p, in.L.data_ptr(), packed, false);
       b.lse = packed;
-    } else if (!lse_fits(b.lse)) {
+    } else if (!lse_fits(b.lse) && !si.gathered) {
       st = s.input(&b.lse);
     }
   }
@@ -422,9 +429,9 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   b.grad_k = user_dk;
   b.grad_v = user_dv;
   b.grad_bias = user_db;
-  if (st == AOTR_OK && !core_stages(b.grad_q)) st = s.output(&b.grad_q);
-  if (st == AOTR_OK && !core_stages(b.grad_k)) st = s.output(&b.grad_k);
-  if (st == AOTR_OK && !core_stages(b.grad_v)) st = s.output(&b.grad_v);
+  if (st == AOTR_OK && !core_stages(b.grad_q, si.core_copies)) st = s.output(&b.grad_q);
+  if (st == AOTR_OK && !core_stages(b.grad_k, si.core_copies)) st = s.output(&b.grad_k);
+  if (st == AOTR_OK && !core_stages(b.grad_v, si.core_copies)) st = s.output(&b.grad_v);
   if (st == AOTR_OK) st = s.output(&b.grad_bias, true);
   if (st == AOTR_OK) {
     /* Delta: the caller's lazy tensor where it has the logsumexp's layout */

@@ -257,7 +257,8 @@ if line == "0.14":
     for mode, extra, q_rows, lse_th in (
             ("seqused_k", dict(seqused_k=used, cu_seqlens_k=cu_k), None, False),
             ("strided", dict(seq_starts_q=starts_q, seq_starts_k=starts_k, cu_seqlens_k=cu), starts_q, False),
-            ("seqused_k", dict(seqused_k=used, cu_seqlens_k=cu_k), None, True)):
+            ("seqused_k", dict(seqused_k=used, cu_seqlens_k=cu_k), None, True),
+            ("strided", dict(seq_starts_q=starts_q, seq_starts_k=starts_k, cu_seqlens_k=cu), starts_q, True)):
         q = qv if q_rows is None else qs
         k, v = ks, vs
         out = torch.full_like(q, SENTINEL)
@@ -277,6 +278,9 @@ if line == "0.14":
         check(calls("cuStreamSynchronize") == 1, f"{mode}: the sequence vectors read once")
         inside = rows_of(starts_q if q_rows is not None else cu[:-1], cu[1:] - cu[:-1], q.shape[0])
         check(bool((out[~inside] == SENTINEL).all()), f"{mode}: rows outside the sequences untouched")
+        lse_rows = lse if lse_th else lse.t()  # (tokens, heads)
+        check(bool((lse_rows[~inside] == SENTINEL).all()) and bool((lse_rows[inside] != SENTINEL).any()),
+              f"{mode}: logsumexp written at the sequences' rows only (TH: {lse_th})")
         check(bool((out[inside] != SENTINEL).any()), f"{mode}: the sequences' rows written back")
         check(stub.aotr_stub_scratch(None, None) == 0, f"{mode}: workspace freed")
         # the backward: the same copies, gradients written back to the sequences' rows only
