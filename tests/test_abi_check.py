@@ -232,7 +232,7 @@ def test_wheels_removed_public_function_is_refused(releases, tmp_path, capsys):
     assert "breaking: public function aotriton_rocm.reset_launch_counts removed" in out
     assert "compatible addition: new arch sm_90" in out and f"NEW {POINT} " in out
     # one .conda file each (the images), and a .conda against the wheels it was made from
-    old_img = next((tmp_path / "old-conda" / "noarch").glob("*.conda"))
+    old_img = next((tmp_path / "old-conda" / "noarch").glob("aotriton-rocm-gfx942-*.conda"))
     new_img = next((tmp_path / "new-conda" / "noarch").glob("aotriton-rocm-gfx942-*.conda"))
     rc, out = _abi_check(capsys, old_img, new_img)
     assert rc == 0 and "no ABI changes" in out, out

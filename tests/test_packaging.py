@@ -464,7 +464,8 @@ def test_conda_packages_built(conda_channel):
     names = sorted(f.relative_to(chan).as_posix() for f in files)
     assert names == sorted([f"linux-64/aotriton-rocm-{VERSION}-py{nodot}_rocm64_0.conda",
                             f"noarch/aotriton-rocm-gfx942-{VERSION}-rocm64_0.conda",
-                            f"noarch/aotriton-rocm-sm90-{VERSION}-rocm64_0.conda"])
+                            f"noarch/aotriton-rocm-sm90-{VERSION}-rocm64_0.conda",
+                            f"noarch/aotriton-rocm-auto-{VERSION}-gfx942_rocm64_0.conda"])
     repo = json.loads((chan / "linux-64" / "repodata.json").read_text())
     [rt] = repo["packages.conda"].values()
     assert rt["depends"] == ["__glibc >=2.28"]
@@ -473,6 +474,9 @@ def test_conda_packages_built(conda_channel):
     for rec in noarch["packages.conda"].values():
         assert rec["noarch"] == "generic"
         major, minor = ABI.split(".")
+        if rec["name"] == "aotriton-rocm-auto":  # the image of the GPU present (no sm_90 build)
+            assert rec["depends"] == ["__amdgpu_arch ==9.4.2", f"aotriton-rocm-gfx942 =={VERSION} rocm64_*"]
+            continue
         assert rec["depends"] == [f"aotriton-rocm >={VERSION},<{major}.{int(minor) + 1}.0a0 *_rocm64_*"]
 
 

@@ -131,12 +131,13 @@ def test_matrix_dry_run_prints_every_gate_for_every_target(dry, toy):
     assert list(_verdicts(out)) == list(want)  # gate order: build, package, ..., publish
     assert "matrix: ROCm 6.4, 7.0 x arch all; targets: default, rocm6.4, rocm7.0" in out
     assert "[build rocm7.0] PASS: reused 2 archive(s)" in out
-    assert "[package rocm7.0] PASS: 0.1.1+rocm7.0 (ROCm 7.0): 3 wheel(s), 3 conda package(s)" in out
+    # conda: the runtime, 2 images and their 2 aotriton-rocm-auto metapackages
+    assert "[package rocm7.0] PASS: 0.1.1+rocm7.0 (ROCm 7.0): 3 wheel(s), 5 conda package(s)" in out
     assert "[package default] PASS: 0.1.1 (ROCm 6.4): 2 wheel(s), 0 conda package(s)" in out
     assert "[credentials] PASS: TWINE_USERNAME and TWINE_PASSWORD from the environment" in out
     assert f"[publish default] SKIPPED: dry run: would upload 3 file(s) to {NOWHERE}\n" in out
     assert f"[publish rocm7.0] SKIPPED: dry run: would upload 4 file(s) to {NOWHERE}rocm7.0/\n" in out
-    assert "[publish conda] SKIPPED: dry run: would add 5 conda package(s)" in out
+    assert "[publish conda] SKIPPED: dry run: would add 8 conda package(s)" in out
     assert f"release {VERSION}: all gates passed (dry run: nothing uploaded" in out
     assert SECRET not in out and not (toy["base"] / "never").exists()
     dist = dry["dist"]
@@ -151,7 +152,10 @@ def test_matrix_dry_run_prints_every_gate_for_every_target(dry, toy):
                              f"aotriton-rocm-{VERSION}-py{PY.replace('.', '')}_rocm70_0.conda",
                              f"aotriton-rocm-gfx942-{VERSION}-rocm64_0.conda",
                              f"aotriton-rocm-gfx942-{VERSION}-rocm70_0.conda",
-                             f"aotriton-rocm-gfx90a-{VERSION}-rocm70_0.conda"])
+                             f"aotriton-rocm-gfx90a-{VERSION}-rocm70_0.conda",
+                             f"aotriton-rocm-auto-{VERSION}-gfx942_rocm64_0.conda",
+                             f"aotriton-rocm-auto-{VERSION}-gfx942_rocm70_0.conda",
+                             f"aotriton-rocm-auto-{VERSION}-gfx90a_rocm70_0.conda"])
     for t in TARGETS:
         assert (dist / t / "SHA256SUMS").is_file() and list((dist / t).glob("*.cdx.json")), t
 
@@ -262,6 +266,8 @@ def test_publish_with_keyring_credentials_to_per_rocm_paths(dry, toy, capsys, mo
     assert sorted(r["build"] for r in rt.values()) == [f"py{PY.replace('.', '')}_rocm64_0",
                                                        f"py{PY.replace('.', '')}_rocm70_0"]
     assert sorted((r["name"], r["build"]) for r in img.values()) == [
+        ("aotriton-rocm-auto", "gfx90a_rocm70_0"), ("aotriton-rocm-auto", "gfx942_rocm64_0"),
+        ("aotriton-rocm-auto", "gfx942_rocm70_0"),
         ("aotriton-rocm-gfx90a", "rocm70_0"), ("aotriton-rocm-gfx942", "rocm64_0"),
         ("aotriton-rocm-gfx942", "rocm70_0")]
     # what a ROCm 7.0 user gets from the per-ROCm path

@@ -124,6 +124,8 @@ def test_package_writes_a_cyclonedx_sbom(release_dir):
     rt_conda = next(f"conda/{c.parent.name}/{c.name}" for c in condas if c.parent.name != "noarch")
     assert deps["conda:" + image_conda] == ["conda:" + rt_conda]
     assert deps["conda:" + rt_conda] == ["requirement:torch"]
+    [auto] = [f"conda/noarch/{c.name}" for c in condas if c.name.startswith("aotriton-rocm-auto-")]
+    assert image_conda != auto and deps["conda:" + auto] == ["conda:" + image_conda]
 
     def requires(rel):
         return [p["value"] for p in listed[rel]["properties"] if p["name"] == "aotriton-rocm:requires"]

@@ -37,6 +37,7 @@ from ...aotriton_prefix import DEFAULT_LINE
 from ...files import atomic_move, atomic_write, link_or_copy
 from ...paths import AOTRITON_API_VERSIONS
 from .archive_intake import collect_archives
+from .conda_auto import build_auto_packages
 from .dist_dir import scratch_dir
 from .naming import PackagingError, check_profile, log, read_release_version
 from .reproducible import fixed_umask, normalize_modes, source_date_epoch
@@ -462,6 +463,9 @@ def build_conda(source_root: os.PathLike, archives_dir: os.PathLike, out_dir: os
                 subdir = p.parent.name  # output/<subdir>/<file>.conda
                 # atomic, and 0644: rattler-build writes 0600; a channel is read by others
                 final.append(atomic_move(p, out / subdir / p.name))
+            # aotriton-rocm-auto: the image of the GPU present, where the solver has __amdgpu_arch
+            final += build_auto_packages(out, version, profile, [i.arch for i in inputs],
+                                         int(epoch) if epoch is not None else None)
         if epoch is None:
             log("no SOURCE_DATE_EPOCH and not a git checkout: the .conda files carry the build "
                  "time (not reproducible)")

@@ -37,6 +37,7 @@ from typing import Dict, List, Optional
 
 from ..._version import abi_line
 from ...files import atomic_write_text
+from .conda_auto import AUTO_PACKAGE
 from .dist_dir import sha256sums_path
 from .reproducible import source_date_epoch
 
@@ -205,6 +206,11 @@ def build_sbom(out_dir: os.PathLike, version: str, *, source_root: Optional[os.P
             continue
         if a.name == RUNTIME:
             bom.register_dependency(comps[a.ref], [torch])
+        elif a.name == AUTO_PACKAGE:
+            # the image of its arch (named in its requires)
+            wanted = {str(r).split()[0] for r in a.requires}
+            bom.register_dependency(comps[a.ref], [comps[r.ref] for r in arts
+                                                   if r.kind == "conda" and r.name in wanted])
         elif a.name.startswith(RUNTIME + "-"):
             # an image needs the runtime of its own kind (wheel or conda package)
             bom.register_dependency(comps[a.ref], [comps[r.ref] for r in arts
