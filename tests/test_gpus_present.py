@@ -98,6 +98,15 @@ def test_smoke_lists_them_too(sysfs, one_image, capsys, monkeypatch):
     assert f'install: pip install "aotriton-rocm[gfx1151]=={_version()}"' in out
 
 
+def test_an_arch_without_images_is_named(sysfs, monkeypatch):
+    _node(sysfs, 11, 100300)  # an RX 6800 (gfx1030): we build no image for RDNA2
+    monkeypatch.setattr(images, "published_image_extras", lambda: ["gfx942", "gfx1151"])
+    lines = gpus_present.report_lines(["gfx942", "gfx1151"])
+    assert lines[-2:] == ["  gfx1030 x1, node 11: NO kernel image installed",
+                          "      aotriton-rocm publishes no kernel image for gfx1030 (images: gfx942, "
+                          "gfx1151); torch's own attention kernels run there"]
+
+
 def test_no_driver(tmp_path, monkeypatch):
     monkeypatch.setenv(gpus_present.SYSFS_ENV, str(tmp_path))
     assert gpus_present.report_lines(["gfx942"]) == [

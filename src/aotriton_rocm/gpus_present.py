@@ -95,8 +95,12 @@ def install_commands(arch: str, version: Optional[str] = None) -> List[str]:
 
 def report_lines(installed: Iterable[str], gpus: Optional[List[Gpu]] = None) -> List[str]:
     """``info``/``smoke`` lines: the GPUs found, then for each arch without an
-    installed image the commands that install it."""
+    installed image the commands that install it (or, for an arch we publish
+    no image for, that there is none)."""
+    from .images import published_image_extras
+
     gpus = gpus_present() if gpus is None else gpus
+    published = published_image_extras()
     if not gpus:
         return ["GPUs in the KFD topology: none (no amdgpu driver, or no AMD GPU)"]
     by_arch: Dict[str, List[Gpu]] = {}
@@ -110,6 +114,11 @@ def report_lines(installed: Iterable[str], gpus: Optional[List[Gpu]] = None) -> 
         state = "kernel image installed" if arch in have else "NO kernel image installed"
         lines.append(f"  {arch} x{len(group)}{' (' + ', '.join(names) + ')' if names else ''}, "
                      f"node {nodes}: {state}")
-        if arch not in have:
+        if arch in have:
+            continue
+        if published is not None and arch.replace("_", "") not in published:
+            lines.append(f"      aotriton-rocm publishes no kernel image for {arch} (images: "
+                         f"{', '.join(published)}); torch's own attention kernels run there")
+        else:
             lines += [f"      install: {cmd}" for cmd in install_commands(arch)]
     return lines
