@@ -84,7 +84,11 @@ Conventions shared by all kernels:
   one, times 2**-24 (a uniform draw u in (0, 1],
   like curand_uniform's range), is > ``dropout_p`` (torch's rule for the
   efficient op's mask: ``u > p``; u is never 0, so p = 0 keeps everything);
-  kept probabilities are scaled by 1 / (1 - dropout_p). Seed and offset are
+  kept probabilities are scaled by 1 / (1 - dropout_p), in fp32 (the
+  output and dV once at their stores, dP before dS), never before a
+  rounding to fp16/bf16: a row's largest P is exactly 1 and fp16(1 / (1 -
+  p)) is not 1 / (1 - p), a bias that Delta = rowsum(O dO) sums into dK
+  over every query row (flash-attn scales at the end too). Seed and offset are
   read from device memory, so a CUDA graph replays with whatever the
   captured RNG op wrote there. The backward kernels regenerate the same
   draws, and ``dropout_uniform`` writes them out for torch's mask
@@ -486,7 +490,10 @@ def attn_fwd(
                     # The debug mask: the unnormalised probability, negated where dropped.
                     tl.store(DMASK + rng_row + inner, tl.where(kept, p, -p).to(
                         DMASK.dtype.element_ty), mask=m_valid[:, None] & (cols < seqlen_k)[None, :])
-                p_lp = (tl.where(kept, p, 0.0) * drop_scale).to(V.dtype.element_ty)
+                # Unscaled: 1 / (1 - p) multiplies the fp32 output at the end
+                # (p = 1 at each row's maximum, and fp16(1 / (1 - p)) is not
+                # 1 / (1 - p): scaled here, every row would lean one way).
+                p_lp = tl.where(kept, p, 0.0).to(V.dtype.element_ty)
             else:
                 p_lp = p.to(V.dtype.element_ty)
             if UPCAST_DOT:
@@ -499,7 +506,10 @@ def attn_fwd(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    acc = acc * (1.0 / l_safe)[:, None]
+    inv_l = 1.0 / l_safe
+    if ENABLE_DROPOUT:
+        inv_l = inv_l * drop_scale
+    acc = acc * inv_l[:, None]
     tl.store(o_blk + (offs_m0[:, None] * stride_om + offs_d[None, :]), acc.to(O.dtype.element_ty),
              mask=q_mask)
     lse_ptrs = LSE + off_z * stride_lz + off_h * stride_lh + q_start + offs_m
@@ -725,7 +735,8 @@ def attn_bwd_dkdv(
                             dpT = tl.where(kept, dpT * drop_scale, 0.0)
                     if part == 0:
                         if ENABLE_DROPOUT:
-                            pT_lp = (tl.where(kept, pT, 0.0) * drop_scale).to(DO.dtype.element_ty)
+                            # (scaled by 1 / (1 - p) in fp32 at the store, as the forward)
+                            pT_lp = tl.where(kept, pT, 0.0).to(DO.dtype.element_ty)
                         else:
                             pT_lp = pT.to(DO.dtype.element_ty)
                         if UPCAST_DOT:
@@ -746,6 +757,8 @@ def attn_bwd_dkdv(
             tl.store(dk_blk + (offs_n0[:, None] * stride_dkn + offs_d[None, :]),
                      dk.to(DK.dtype.element_ty), mask=kv_mask)
         if part == 0:
+            if ENABLE_DROPOUT:
+                dv = dv * drop_scale
             tl.store(dv_blk + (offs_n0[:, None] * stride_dvn + offs_d[None, :]),
                      dv.to(DV.dtype.element_ty), mask=kv_mask)
 
