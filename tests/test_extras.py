@@ -193,3 +193,16 @@ def test_release_plan_builds_every_arch_of_rocm_10(tmp_path, capsys):
     assert cli_main(["release", "--source-root", str(ROOT), "--rocm", "7.2", "--arch", "gfx1102",
                      "--plan"]) == 2
     assert "profiles that support it: 7.14, 7.15, 10.0" in capsys.readouterr().err
+
+
+def test_pin_takes_a_group_extra(extras):
+    """pip gets the group's extra, conda the group's image packages (read from
+    the installed runtime's metadata)."""
+    from aotriton_rocm import images
+
+    if images.published_image_extras() is None:
+        pytest.skip("the runtime has no distribution metadata here")
+    res = pin.pin_lines("2.13", ["gfx110x", "gfx1100", "gfx950"], rocm="7.14")
+    assert res["pip"][1] == "aotriton-rocm[gfx110x,gfx1100,gfx950]~=0.1.0"
+    want = [d.removeprefix("aotriton-rocm-") for d in extras["gfx110x"]] + ["gfx950"]
+    assert res["conda"][1:] == [f"aotriton-rocm-{a} >=0.1.0,<0.2.0a0 rocm714_*" for a in want]

@@ -18,6 +18,7 @@ matching ``rocm714``).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,15 +93,22 @@ def pin_lines(torch_version: str, archs: Sequence[str] = (), *, rocm: Optional[s
                        f"{', '.join(known)} (see the table in README.md)")
     line = lines[0]
     low, high = _line_bounds(line)
-    names = []
+    names, images_of = [], []
     published = images.published_image_extras() if archs else None
+    groups = _group_extras() if archs else {}
     for a in archs:
         if not _ARCH.match(a):
             raise PinError(f"invalid arch {a!r}")
-        if published is not None and a.replace("_", "") not in published:
+        name = a.replace("_", "")
+        if name in groups:  # gfx110x, all: pip takes the extra, conda its members
+            names.append(name)
+            images_of += [m for m in groups[name] if m not in images_of]
+            continue
+        if published is not None and name not in published:
             raise PinError(f"unknown arch {a}: aotriton-rocm publishes kernel images for "
                            f"{', '.join(published)}")
-        names.append(a.replace("_", ""))
+        names.append(name)
+        images_of += [name] if name not in images_of else []
     extras = f"[{','.join(names)}]" if names else ""
     pip = [f"aotriton-rocm{extras}~={low}", f"torch=={minor}.*"]
     runtime_build = image_build = ""
@@ -109,8 +117,23 @@ def pin_lines(torch_version: str, archs: Sequence[str] = (), *, rocm: Optional[s
         pip.insert(0, f"--index-url {rocm_index(rocm, index_url)}")
         runtime_build, image_build = f" *_{tag}_*", f" {tag}_*"
     conda = [f"aotriton-rocm >={low},<{high}{runtime_build}"]
-    conda += [f"aotriton-rocm-{n} >={low},<{high}{image_build}" for n in names]
+    conda += [f"aotriton-rocm-{n} >={low},<{high}{image_build}" for n in images_of]
     return {"line": [line], "pip": pip, "conda": conda}
+
+
+def _group_extras() -> Dict[str, List[str]]:
+    """The installed runtime's extras that pull in several images (``gfx110x``,
+    ``all``) -> those images' arch names, in the metadata's order."""
+    try:
+        requires = importlib.metadata.requires("aotriton-rocm") or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    members: Dict[str, List[str]] = {}
+    for req in requires:
+        m = re.match(r"\s*aotriton-rocm-([a-z0-9]+)\b.*;.*extra\s*==\s*[\"']([^\"']+)[\"']", req)
+        if m:
+            members.setdefault(m.group(2), []).append(m.group(1))
+    return {extra: archs for extra, archs in members.items() if len(archs) > 1}
 
 
 def update_readme(readme: Path, *, check: bool = False) -> bool:
