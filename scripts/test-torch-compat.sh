@@ -28,7 +28,8 @@ fi
 echo "== torch==$version and the test tools in $venv"
 # PIP_CONSTRAINT=/dev/null: a machine-wide constraints file that caps torch
 # must not stop the very version asked for.
-PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install -q "torch==$version" numpy pytest hypothesis
+PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install -q "torch==$version" numpy pytest hypothesis \
+  "setuptools>=74"  # the wheel is built without build isolation
 
 headers="${TORCH_COMPAT_HEADERS:-}"
 if [ -z "$headers" ] && [ -x "$root/.venv/bin/python" ]; then
