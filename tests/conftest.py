@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -41,3 +42,18 @@ def enabled():
     backends.reset_launch_counts()
     yield
     aotriton_rocm.disable()
+
+
+@pytest.fixture
+def isolated_images(monkeypatch, tmp_path):
+    """No installed image is visible but AOTRITON_ROCM_ARCHIVE_DIR=tmp/images."""
+    from aotriton_rocm import images
+
+    d = tmp_path / "images"
+    d.mkdir()
+    monkeypatch.setenv(images.ENV_VAR, str(d))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "empty-prefix"))
+    monkeypatch.setattr(images, "_entry_points", lambda: [])
+    images.clear_cache()
+    yield d
+    images.clear_cache()

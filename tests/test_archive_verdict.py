@@ -231,19 +231,6 @@ def test_strict_json_rules():
 
 # -- the commands --------------------------------------------------------------------------
 
-@pytest.fixture
-def isolated_images(monkeypatch, tmp_path):
-    """No installed image is visible but AOTRITON_ROCM_ARCHIVE_DIR=tmp/images."""
-    d = tmp_path / "images"
-    d.mkdir()
-    monkeypatch.setenv(images.ENV_VAR, str(d))
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "empty-prefix"))
-    monkeypatch.setattr(images, "_entry_points", lambda: [])
-    images.clear_cache()
-    yield d
-    images.clear_cache()
-
-
 def _install(path: Path, images_dir: Path) -> None:
     for f in (path, A.manifest_path_for(path)):
         shutil.copyfile(f, images_dir / f.name)

@@ -38,16 +38,11 @@ def sysfs(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def one_image(monkeypatch, tmp_path):
+def one_image(isolated_images):
     """gfx942's image is installed (AOTRITON_ROCM_ARCHIVE_DIR), nothing else."""
-    d = tmp_path / "images"
-    RA.write(d, "gfx942")
-    monkeypatch.setenv(images.ENV_VAR, str(d))
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "empty-prefix"))
-    monkeypatch.setattr(images, "_entry_points", lambda: [])
+    RA.write(isolated_images, "gfx942")
     images.clear_cache()
-    yield d
-    images.clear_cache()
+    return isolated_images
 
 
 def test_target_versions_name_the_arch():

@@ -24,19 +24,6 @@ from aotriton_rocm._version import ABI_VERSION
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def isolated_images(monkeypatch, tmp_path):
-    """No installed image is visible but AOTRITON_ROCM_ARCHIVE_DIR=tmp/images."""
-    d = tmp_path / "images"
-    d.mkdir()
-    monkeypatch.setenv(images.ENV_VAR, str(d))
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "empty-prefix"))
-    monkeypatch.setattr(images, "_entry_points", lambda: [])
-    images.clear_cache()
-    yield d
-    images.clear_cache()
-
-
 # -- the rule ------------------------------------------------------------------
 
 def test_identity_rule(tmp_path):
