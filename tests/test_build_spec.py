@@ -232,6 +232,13 @@ def test_real_variant_counts(targets, spec):
                           {("attn_bwd_dkdv", "fp32", 512), ("attn_bwd_dq", "fp32", 512)}), a
     # the RDNA bias/dropout points may ship spilling (allow.only)
     assert all(v.allow for a in ("gfx1100", "gfx1201") for v in spec.variants_for(targets.archs[a]) if feature(v))
+    # the masked forward without bias/dropout, where the first-release tiles
+    # spill since softcap/ALiBi, has the unwaived 32x16 8-warp tile
+    small = {(a, v.functional["head_dim"]) for a in ("gfx1100", "gfx1150", "gfx1201")
+             for v in spec.variants_for(targets.archs[a])
+             if v.kernel == "attn_fwd" and v.functional["pad_head"] and not feature(v) and not v.allow
+             and (v.config["BLOCK_M"], v.config["BLOCK_N"], v.config["num_warps"]) == (32, 16, 8)}
+    assert small == {("gfx1100", 64), ("gfx1100", 128), ("gfx1150", 64), ("gfx1150", 128), ("gfx1201", 256)}
 
 
 def test_real_variant_contents(targets, spec):
