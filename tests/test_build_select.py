@@ -126,7 +126,7 @@ def test_spill_fails_the_build_without_a_waiver(built, tmp_path):
     with pytest.raises(B.BuildError) as ei:
         B.build("6.4", ["gfx1100"], out, source_root=root, jobs=1, progress=False)
     msg = str(ei.value)
-    assert re.search(r"gfx1100 hog \[dtype=fp16\]: no candidate config can ship \(BLOCK_M=32,WIDTH=256,"
+    assert re.search(r"gfx1100 hog \[dtype=fp16,head_dim=64\]: no candidate config can ship \(BLOCK_M=32,WIDTH=256,"
                      r"num_warps=1,num_stages=1: uses \d+ bytes of scratch memory per lane \(VGPR spills: \d+",
                      msg), msg
     assert 'allow = {spills = true, reason = "..."}' in msg and "no archive written" in msg
@@ -147,7 +147,7 @@ def test_waiver_ships_and_is_recorded(built, tmp_path, capsys):
     assert res.report["per_arch"]["gfx1100"]["validation"]["allowed"]
     assert cli_main(["validate", str(res.archives["gfx1100"])]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"^allowed gfx1100 hog\|dtype=fp16\|BLOCK_M=32.*spills.*toy: measured acceptable", text, re.M)
+    assert re.search(r"^allowed gfx1100 hog\|dtype=fp16\|head_dim=64\|BLOCK_M=32.*spills.*toy: measured acceptable", text, re.M)
     assert "1 allowed" in text
 
 
@@ -167,7 +167,8 @@ def test_waiver_syntax_errors(tmp_path, allow, match):
 def test_waiver_only_at_some_points(tmp_path):
     allow = 'allow = { spills = true, reason = "x", only = [{ dtype = "bf16" }] }'
     spec = load_variants(make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", allow).replace(
-        'functional = { dtype = ["fp16"] }', 'functional = { dtype = ["fp16", "bf16"] }')) / "kernels")
+        'functional = { dtype = ["fp16"], head_dim = [64] }',
+        'functional = { dtype = ["fp16", "bf16"], head_dim = [64] }')) / "kernels")
     from aotriton_rocm.tooling.common.targets import load_targets
     vs = spec.variants_for(load_targets(ROOT / "ci" / "targets.toml").archs["gfx1100"])
     assert {v.functional["dtype"]: v.allow for v in vs if v.kernel == "hog" and v.config["BLOCK_M"] == 32} == \
@@ -326,7 +327,7 @@ def test_static_report_of_the_toy_build(built, capsys):
     assert hog.chosen.figures.scratch == 0 and hog.chosen.figures.loop is None  # no loop in hog
     assert cli_main(["report", str(out), "--arch", "gfx1100"]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"^hog +fp16 +q any +8 WIDTH=256 w1 s1 .* chosen \(static\)$", text, re.M), text
+    assert re.search(r"^hog +fp16 d64 +q any +8 WIDTH=256 w1 s1 .* chosen \(static\)$", text, re.M), text
     assert re.search(r"^ +vs 32 WIDTH=256 w1 s1 .* rejected: uses \d+ bytes of scratch", text, re.M), text
     assert cli_main(["report", str(out), "--arch", "sm_90"]) == 2
     assert "sm_90 is not an AMD arch" in capsys.readouterr().err

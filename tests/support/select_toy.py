@@ -12,7 +12,7 @@ from .toy_build import SCALE_ADD_KERNEL, TOY_KERNEL, config_table, make_root as 
 KERNELS = TOY_KERNEL + '''
 
 @triton.jit
-def hog(X, Out, seqlen_q, alpha, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+def hog(X, Out, seqlen_q, alpha, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr):
     # BLOCK_M x WIDTH fp32 values live across a row reduction: with BLOCK_M = 32
     # and one wave32 that is 256 per lane, which spills on gfx1100.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -32,9 +32,9 @@ HOG = '''
 [kernels.hog]
 function = "toy:hog"
 args = [["X", "*{dtype}"], ["Out", "*{dtype}"], ["seqlen_q", "i32"], ["alpha", "fp32"]]
-constexprs = ["BLOCK_M", "WIDTH"]
+constexprs = ["BLOCK_M", "WIDTH", "HEAD_DIM"]
 grid = ["cdiv(seqlen_q, BLOCK_M)", "1", "1"]
-functional = { dtype = ["fp16"] }
+functional = { dtype = ["fp16"], head_dim = [64] }
 
 [[kernels.hog.configs]]
 archs = ["rdna3"]
