@@ -23,18 +23,20 @@ __all__ = ["describe_os_error", "atomic_write", "atomic_write_bytes", "atomic_wr
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def atomic_write(path: PathLike, write: Callable[[BinaryIO], Any]) -> None:
+def atomic_write(path: PathLike, write: Callable[[BinaryIO], Any], *, mode: int = 0o644,
+                 suffix: str = ".tmp") -> None:
     """Write a file through ``write(fileobj)`` into a hidden temporary file
-    beside ``path`` (mode 0644, synced), then rename it over ``path``."""
+    beside ``path`` (``.<name>.*<suffix>``, synced), then rename it over
+    ``path``; an exception from ``write`` leaves ``path`` as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

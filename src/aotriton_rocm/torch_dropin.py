@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import argparse
 import base64
-import csv
 import errno
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 from ._version import __version__
 from .elf_dynamic import ElfError, read_dynamic
 from .errors import CommandError, UsageError
-from .files import describe_os_error, exclusive_lock, file_sha256
+from .files import atomic_write, describe_os_error, exclusive_lock, file_sha256
 from .paths import AOTRITON_API_VERSIONS, aotriton_api_library, aotriton_api_line
 
 RECORD = ".aotriton-rocm-dropin.json"
@@ -104,48 +103,36 @@ def torch_lib_dir() -> Path:
 
 # --- the installed torch: pip's metadata beside the package ---------------------------------
 
-def _torch_dist(lib: Path) -> Tuple[Optional[str], Optional[Path]]:
-    """(version, dist-info directory) of the torch whose lib directory is
-    ``lib``; (None, None) without pip metadata (a source build, a bare copy)."""
+def _torch_dist(lib: Path) -> Tuple[Optional[str], Optional[importlib.metadata.Distribution]]:
+    """(version, pip's metadata) of the torch whose lib directory is ``lib``;
+    (None, None) without pip metadata (a source build, a bare copy)."""
     if lib.parent.name != "torch":
         return None, None
     found = []
-    for dist in lib.parent.parent.glob("torch-*.dist-info"):
+    for path in lib.parent.parent.glob("torch-*.dist-info"):
+        dist = importlib.metadata.Distribution.at(path)
         try:
-            meta = _metadata_headers(dist / "METADATA")
-            mtime = (dist / "METADATA").stat().st_mtime
+            meta = dist.metadata
+            mtime = (path / "METADATA").stat().st_mtime
         except OSError:
             continue
-        if meta.get("name", "").lower() == "torch" and meta.get("version"):
-            found.append((mtime, meta["version"], dist))
+        if meta and (meta["Name"] or "").lower() == "torch" and meta["Version"]:
+            found.append((mtime, str(path), meta["Version"], dist))
     if not found:
         return None, None
-    _, version, dist = max(found)   # pip leaves one; after a botched upgrade, the newest
+    _, _, version, dist = max(found)   # pip leaves one; after a botched upgrade, the newest
     return version, dist
 
 
-def _metadata_headers(path: Path) -> Dict[str, str]:
-    """The first value of each header of a core metadata file (lower-case names)."""
-    headers: Dict[str, str] = {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                break
-            key, sep, value = line.partition(":")
-            if sep and not line[0].isspace():
-                headers.setdefault(key.strip().lower(), value.strip())
-    return headers
-
-
-def _pip_sha256(dist: Optional[Path], name: str) -> Optional[str]:
+def _pip_sha256(dist: Optional[importlib.metadata.Distribution], name: str) -> Optional[str]:
     """The sha256 pip recorded for ``torch/lib/<name>`` when it installed torch."""
     try:
-        rows = list(csv.reader((dist / "RECORD").read_text().splitlines())) if dist else []
+        files = (dist.files or []) if dist else []
     except OSError:
         return None
-    for row in rows:
-        if len(row) >= 2 and row[0] == f"torch/lib/{name}" and row[1].startswith("sha256="):
-            digest = row[1][len("sha256="):]
+    for f in files:
+        if f.as_posix() == f"torch/lib/{name}" and f.hash is not None and f.hash.mode == "sha256":
+            digest = f.hash.value
             try:
                 return base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
             except ValueError:
@@ -338,26 +325,19 @@ def _chunks(path: Path) -> Iterator[bytes]:
 
 def _write(dst: Path, chunks: Iterable[bytes], sha: Optional[str] = None, mode: int = 0o644,
            step: str = "") -> None:
-    """``dst`` written whole or not at all: a temporary file beside it
-    (synced, its sha256 checked against ``sha``), renamed over it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=TMP_SUFFIX, dir=dst.parent)
-    try:
+    """``dst`` written whole or not at all (files.atomic_write), its content's
+    sha256 checked against ``sha`` before the rename, the directory synced."""
+    def write(out) -> None:
         h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
-            for chunk in chunks:
-                h.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+        for chunk in chunks:
+            h.update(chunk)
+            out.write(chunk)
         if sha is not None and h.hexdigest() != sha:
             raise CommandError(f"the copy meant for {dst.name} does not have the sha256 its source "
                                "had (another program writing torch's lib?): run the command again")
-        os.chmod(tmp, mode)
         _reached(step + " written")
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(dst, write, mode=mode, suffix=TMP_SUFFIX)
     _sync_dir(dst.parent)
     _reached(step)
 
