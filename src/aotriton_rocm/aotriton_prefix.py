@@ -102,13 +102,12 @@ def _vendor_dir(arch: str) -> str:
 
 def _unknown_archs_message(missing: List[str], installed: Dict[str, Path]) -> str:
     have = ", ".join(sorted(installed)) or "none"
-    published = images.published_image_extras()
-    known = [a for a in missing if published is None or a.replace("_", "") in published]
+    known = [a for a in missing if images.publishes_image(a)]
     unknown = [a for a in missing if a not in known]
     if unknown:
         return (f"unknown arch {', '.join(unknown)}: no kernel image of it is installed here "
                 f"(installed: {have}) or published (aotriton-rocm's images: "
-                f"{', '.join(published)}); pass --arch with installed archs, or leave --arch out "
+                f"{', '.join(images.published_image_extras())}); pass --arch with installed archs, or leave --arch out "
                 f"for all of them")
     return (f"no kernel image installed for {', '.join(known)} (installed: {have}): pip install "
             f"'aotriton-rocm[{','.join(a.replace('_', '') for a in known)}]'")

@@ -108,13 +108,12 @@ def _fix_hint(path: "PathLike") -> str:
 def _unpublished_arch(arch: str) -> Optional[str]:
     """Why no image of ``arch`` can be installed or built (None: it can, or
     this runtime has no package metadata to tell)."""
-    from .images import published_image_extras
+    from .images import published_image_extras, publishes_image
 
-    published = published_image_extras()
-    if published is None or arch.replace("_", "") in published:
+    if publishes_image(arch):
         return None
     return (f"{arch!r} is no arch aotriton-rocm publishes kernel images for (it publishes "
-            f"{', '.join(published)})")
+            f"{', '.join(published_image_extras())})")
 
 
 def build_command(archives_dir: Optional[PathLike], archs: Optional[Sequence[str]] = None) -> str:

@@ -97,10 +97,9 @@ def report_lines(installed: Iterable[str], gpus: Optional[List[Gpu]] = None) -> 
     """``info``/``smoke`` lines: the GPUs found, then for each arch without an
     installed image the commands that install it (or, for an arch we publish
     no image for, that there is none)."""
-    from .images import published_image_extras
+    from .images import published_image_extras, publishes_image
 
     gpus = gpus_present() if gpus is None else gpus
-    published = published_image_extras()
     if not gpus:
         return ["GPUs in the KFD topology: none (no amdgpu driver, or no AMD GPU)"]
     by_arch: Dict[str, List[Gpu]] = {}
@@ -116,9 +115,10 @@ def report_lines(installed: Iterable[str], gpus: Optional[List[Gpu]] = None) -> 
                      f"node {nodes}: {state}")
         if arch in have:
             continue
-        if published is not None and arch.replace("_", "") not in published:
+        if not publishes_image(arch):
             lines.append(f"      aotriton-rocm publishes no kernel image for {arch} (images: "
-                         f"{', '.join(published)}); torch's own attention kernels run there")
+                         f"{', '.join(published_image_extras())}); torch's own attention kernels "
+                         f"run there")
         else:
             lines += [f"      install: {cmd}" for cmd in install_commands(arch)]
     return lines

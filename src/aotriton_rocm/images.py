@@ -33,6 +33,7 @@ __all__ = [
     "missing_images",
     "packaged_inputs_hash",
     "published_image_extras",
+    "publishes_image",
     "ENTRY_POINT_GROUP",
     "find_archive",
     "find_archives",
@@ -87,6 +88,13 @@ def published_image_extras() -> Optional[List[str]]:
         if extra and name.strip().startswith(f"aotriton-rocm-{extra}"):
             extras.add(extra)
     return sorted(extras, key=lambda e: (e.rstrip("0123456789abcdef"), len(e), e))
+
+
+def publishes_image(arch: str) -> bool:
+    """Whether aotriton-rocm publishes a kernel image for ``arch`` (True where
+    this runtime has no package metadata to tell)."""
+    published = published_image_extras()
+    return published is None or arch.replace("_", "") in published
 
 
 def _reinstall_command(ep, arch: str) -> str:

@@ -94,7 +94,6 @@ def pin_lines(torch_version: str, archs: Sequence[str] = (), *, rocm: Optional[s
     line = lines[0]
     low, high = _line_bounds(line)
     names, images_of = [], []
-    published = images.published_image_extras() if archs else None
     groups = _group_extras() if archs else {}
     for a in archs:
         if not _ARCH.match(a):
@@ -104,9 +103,9 @@ def pin_lines(torch_version: str, archs: Sequence[str] = (), *, rocm: Optional[s
             names.append(name)
             images_of += [m for m in groups[name] if m not in images_of]
             continue
-        if published is not None and name not in published:
+        if not images.publishes_image(a):
             raise PinError(f"unknown arch {a}: aotriton-rocm publishes kernel images for "
-                           f"{', '.join(published)}")
+                           f"{', '.join(images.published_image_extras())}")
         names.append(name)
         images_of += [name] if name not in images_of else []
     extras = f"[{','.join(names)}]" if names else ""
