@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
 from ...archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX
+from ..common.subprocesses import run_captured
 from .archive_intake import ArchiveInput, collect_archives, resolve_rocm_profile
 from .dist_dir import move_into, scratch_dir, write_sha256sums
 from .naming import (RUNTIME_DIST, PackagingError, archname, image_dist_name, image_package_name,
@@ -39,18 +40,13 @@ __all__ = ["PLATFORM_TAG", "RuntimeBuild", "run_tool", "tool_env", "wheel_tags",
 
 #: manylinux policy the runtime wheel is repaired for (and the image wheels'
 #: platform tag). ROCm itself needs glibc >= 2.28 (RHEL 8 and newer).
-
-
-#: manylinux policy the runtime wheel is repaired for (and the image wheels'
-#: platform tag). ROCm itself needs glibc >= 2.28 (RHEL 8 and newer).
 PLATFORM_TAG = "manylinux_2_28_x86_64"
 
 
 def run_tool(cmd: Sequence[str], what: str, *, cwd: Optional[Path] = None,
          env: Optional[Dict[str, str]] = None, timeout: float = 1800) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        proc = run_captured(cmd, cwd=cwd, env=env, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PackagingError(f"{what}: {e}") from e
     if proc.returncode != 0:
@@ -332,7 +328,7 @@ def _quiet_runner(cmd, cwd=None, extra_environ=None):
     env = os.environ.copy()
     if extra_environ:
         env.update(extra_environ)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = run_captured(cmd, cwd=cwd, env=env, text=False)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.decode("utf-8", "replace").splitlines()[-40:])
         raise PackagingError(f"build backend failed (exit {proc.returncode}) in {cwd}:\n{tail}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from ..package.naming import PackagingError
+from ..package.wheels import run_tool
 
 __all__ = [
     "DEFAULT_EXTRA_REQUIREMENTS",
@@ -47,15 +48,6 @@ def clean_env(base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
-def _run(cmd, what, env=None, timeout=1800) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(c) for c in cmd], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-40:])
-        raise PackagingError(f"{what} failed (exit {proc.returncode}):\n{tail}")
-    return proc
-
-
 def _venv_python(venv_dir: Path) -> Path:
     return venv_dir / "bin" / "python"
 
@@ -73,13 +65,13 @@ def install_wheels_in_fresh_venv(wheels: Sequence[os.PathLike], venv_dir: os.Pat
     """
     vdir = Path(venv_dir).resolve()
     py = Path(base_python or sys.executable)
-    _run([py, "-m", "venv", "--clear", vdir], f"python -m venv {vdir}", env=clean_env())
+    run_tool([py, "-m", "venv", "--clear", vdir], f"python -m venv {vdir}", env=clean_env())
     vpy = _venv_python(vdir)
     env = clean_env()
     env["VIRTUAL_ENV"] = str(vdir)
     env["PATH"] = str(vdir / "bin") + os.pathsep + env.get("PATH", "")
     if extra_requirements:
-        _run([vpy, "-m", "pip", "install", "--disable-pip-version-check", *extra_requirements],
+        run_tool([vpy, "-m", "pip", "install", "--disable-pip-version-check", *extra_requirements],
              f"pip install {' '.join(extra_requirements)}", env=env)
     files = [Path(w).resolve() for w in wheels]
     missing = [str(w) for w in files if not w.is_file()]
@@ -89,7 +81,7 @@ def install_wheels_in_fresh_venv(wheels: Sequence[os.PathLike], venv_dir: os.Pat
         links = []
         for d in dict.fromkeys(w.parent for w in files):
             links += ["--find-links", str(d)]
-        _run([vpy, "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--no-index",
+        run_tool([vpy, "-m", "pip", "install", "--isolated", "--disable-pip-version-check", "--no-index",
               *links, *map(str, files)], "pip install (our wheels, no index)", env=env)
     return vpy
 
@@ -98,7 +90,7 @@ def _site_packages_of(python: os.PathLike) -> list:
     """purelib/platlib of another interpreter."""
     code = ("import sysconfig, json; print(json.dumps(sorted({sysconfig.get_path('purelib'), "
             "sysconfig.get_path('platlib')})))")
-    out = _run([python, "-c", code], f"{python}: site-packages", env=clean_env()).stdout
+    out = run_tool([python, "-c", code], f"{python}: site-packages", env=clean_env()).stdout
     import json
 
     return json.loads(out.strip().splitlines()[-1])
@@ -133,7 +125,7 @@ def python_for_conda_prefix(prefix: os.PathLike, *, host_python: Optional[os.Pat
         return pfx / "bin" / "python", env
 
     host = Path(host_python or sys.executable)
-    ver = _run([host, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+    ver = run_tool([host, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                f"{host} --version", env=clean_env()).stdout.strip().splitlines()[-1]
     sp = pfx / "lib" / f"python{ver}" / "site-packages"
     if not sp.is_dir():
@@ -141,7 +133,7 @@ def python_for_conda_prefix(prefix: os.PathLike, *, host_python: Optional[os.Pat
         raise PackagingError(f"{pfx} has no lib/python{ver}/site-packages for {host} "
                              f"(installed for: {have or 'no Python'}); install the py{ver.replace('.', '')} build")
     if not (pfx / "pyvenv.cfg").is_file():
-        _run([host, "-m", "venv", "--without-pip", pfx], f"venv overlay on {pfx}", env=clean_env())
+        run_tool([host, "-m", "venv", "--without-pip", pfx], f"venv overlay on {pfx}", env=clean_env())
     host_sites = [p for p in _site_packages_of(host) if Path(p).resolve() != sp.resolve()]
     (sp / "_aotriton_rocm_host_site.pth").write_text("".join(f"{p}\n" for p in host_sites),
                                                      encoding="utf-8")
