@@ -25,7 +25,14 @@ Conventions shared by all kernels:
   head_dim) with no z stride; sequence z holds rows ``CU_Q[z] ..
   CU_Q[z + 1]`` of Q (``CU_K`` for K/V) and its own seqlens
   (:func:`packed_rows`); ``max_seqlen_q/k`` size the grid. Dense batches have ``varlen = 0`` and
-  ``seqlen = max_seqlen``; a program past its sequence's end does nothing;
+  ``seqlen = max_seqlen``; a program past its sequence's end does nothing.
+  Sequences need not lie end to end: per side (Q: bits 1-2 of ``varlen``,
+  K/V: bits 3-4) that side's vector holds ``batch + 1`` entries, then
+  ``batch + 1`` more, and a STARTS bit (2, 8) takes sequence z's first row
+  from ``CU[batch + 1 + z]``, a LENGTHS bit (4, 16) its row count from
+  ``CU[z]`` rather than ``CU[z + 1] - CU[z]`` (LENGTHS comes with STARTS).
+  Nothing is read on the host, so a CUDA/HIP graph records such a call like
+  any other: PyTorch's seqused_k and Transformer Engine's padded layout;
 * GQA/MQA: query head ``h`` reads key/value head ``h // gqa_group``
   (``gqa_group = num_heads // num_heads_k``, 1 without GQA). ``attn_bwd_dkdv``
   runs one program per key/value head and key block and loops over the
@@ -154,12 +161,18 @@ def program_batch_head(num_heads, group):
 
 
 @triton.jit
-def packed_rows(CU, z, max_seqlen, varlen):
-    """(start, seqlen) of batch entry ``z``: rows ``CU[z] .. CU[z + 1]`` of a
-    packed batch (varlen), (0, max_seqlen) of a dense one."""
+def packed_rows(CU, z, batch, max_seqlen, varlen, SIDE: tl.constexpr):
+    """(start, seqlen) of batch entry ``z`` on one side (SIDE 0: Q, 1: K/V):
+    rows ``CU[z] .. CU[z + 1]`` of a packed batch, placed apart by the side's
+    STARTS/LENGTHS bits (see the module's conventions); (0, max_seqlen) of
+    a dense one."""
     is_varlen = varlen != 0
-    start = tl.load(CU + z, mask=is_varlen, other=0)
-    seqlen = tl.where(is_varlen, tl.load(CU + z + 1, mask=is_varlen, other=0) - start, max_seqlen)
+    starts_apart = ((varlen >> (1 + 2 * SIDE)) & 1) != 0
+    lengths_apart = ((varlen >> (2 + 2 * SIDE)) & 1) != 0
+    first = tl.load(CU + z, mask=is_varlen, other=0)
+    end = tl.load(CU + z + 1, mask=is_varlen & (lengths_apart == 0), other=0)
+    start = tl.where(starts_apart, tl.load(CU + batch + 1 + z, mask=starts_apart, other=0), first)
+    seqlen = tl.where(is_varlen, tl.where(lengths_apart, first, end - first), max_seqlen)
     return start, seqlen
 
 
@@ -170,13 +183,8 @@ def batch_entry_sequence(CU_Q, CU_K, off_z32, batch, max_seqlen_q, max_seqlen_k,
     seqlen_k) of a packed batch (varlen), or the dense tensors' own. Returns
     (z_last, q_start, k_start, seqlen_q, seqlen_k)."""
     z_last = tl.minimum(off_z32, batch - 1)
-    is_varlen = varlen != 0
-    q_start = tl.load(CU_Q + z_last, mask=is_varlen, other=0)
-    k_start = tl.load(CU_K + z_last, mask=is_varlen, other=0)
-    seqlen_q = tl.where(is_varlen, tl.load(CU_Q + z_last + 1, mask=is_varlen, other=0) - q_start,
-                        max_seqlen_q)
-    seqlen_k = tl.where(is_varlen, tl.load(CU_K + z_last + 1, mask=is_varlen, other=0) - k_start,
-                        max_seqlen_k)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, batch, max_seqlen_q, varlen, 0)
+    k_start, seqlen_k = packed_rows(CU_K, z_last, batch, max_seqlen_k, varlen, 1)
     return z_last, q_start, k_start, seqlen_q, seqlen_k
 
 
@@ -220,7 +228,7 @@ def batch_entry_rows(CU_Q, off_z32, batch, max_seqlen_q, varlen):
     that only read query rows (see :func:`batch_entry_sequence`); seqlen_q
     = 0 past the batch."""
     z_last = tl.minimum(off_z32, batch - 1)
-    q_start, seqlen_q = packed_rows(CU_Q, z_last, max_seqlen_q, varlen)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, batch, max_seqlen_q, varlen, 0)
     return z_last, q_start, tl.where(off_z32 < batch, seqlen_q, 0)
 
 

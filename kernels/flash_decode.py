@@ -110,7 +110,7 @@ def attn_fwd_kvcache(
     off_z = z_last.to(tl.int64)
 
     # This program's queries and keys.
-    q_start, seqlen_q = packed_rows(CU_Q, z_last, max_seqlen_q, varlen)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, batch, max_seqlen_q, varlen, 0)
     k_first = tl.load(K_START + z_last, mask=has_k_start != 0, other=0)
     seqlen_k = tl.maximum(tl.load(K_END + z_last) - k_first, 0)
     rows_total = tl.where(off_z32 < batch, seqlen_q * gqa_group, 0)
@@ -233,7 +233,7 @@ def attn_fwd_kvcache_combine(
     z_last = tl.minimum(off_z32, batch - 1)
     off_z = z_last.to(tl.int64)
     off_h = off_h32.to(tl.int64)
-    q_start, seqlen_q = packed_rows(CU_Q, z_last, max_seqlen_q, varlen)
+    q_start, seqlen_q = packed_rows(CU_Q, z_last, batch, max_seqlen_q, varlen, 0)
     seqlen_q = tl.where(off_z32 < batch, seqlen_q, 0)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d, m_valid, _, mask = row_masks(offs_m, seqlen_q, head_dim, BLOCK_D, True)

@@ -745,18 +745,54 @@ static aotr_status staged_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *para
     if ((st = aotr_stage_add(&s, &p.problem.q, "q", 0, width)) ||
         (st = aotr_stage_add(&s, &p.problem.k, "k", 0, width)) ||
         (st = aotr_stage_add(&s, &p.problem.v, "v", 0, width)) ||
-        (st = aotr_stage_add(&s, &p.out, "out", 1, width)) || (st = aotr_stage_begin(&s)))
+        (st = aotr_stage_add(&s, &p.out, "out", aotr_varlen_fwd_places(params) ? 3 : 1, width)) ||
+        (st = aotr_stage_begin(&s)))
         return st;
     return aotr_stage_end(&s, aotr_attn_fwd(rt, &p));
 }
 
+/* A field appended to a params struct, or NULL where struct_size ends
+ * before it. */
+static const aotr_tensor *appended(uint32_t struct_size, size_t at, const aotr_tensor *t)
+{
+    return struct_size >= at + sizeof(aotr_tensor) ? t : NULL;
+}
+
+/* The kernels' CU_Q, CU_K and varlen for the call (see aotr_placement). */
+static aotr_status place(aotr_runtime *rt, int32_t device, void *stream,
+                         const aotr_attn_problem *p, const aotr_tensor *const fields[3],
+                         aotr_placement *pl, aotr_arg_value *v)
+{
+    aotr_status st = aotr_placement_begin(rt, device, stream, p, fields[0], fields[1], fields[2],
+                                          pl);
+    if (st != AOTR_OK)
+        return aotr_placement_end(pl, st);
+    if (pl->word) {
+        v[A_CU_Q].p = pl->cu_q;
+        v[A_CU_K].p = pl->cu_k;
+    }
+    v[A_VARLEN].i32 = pl->word;
+    return AOTR_OK;
+}
+
+static aotr_status attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params);
+
 aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
+{
+    if (rt && params && params->struct_size >= offsetof(aotr_attn_fwd_params, softcap) &&
+        aotr_varlen_fwd_places(params)) {
+        aotr_attn_fwd_params f;
+        params_copy(&f, params, sizeof f, params->struct_size);
+        aotr_placed_problem(&f.problem, &f.seq_starts_k, &f.seqlens_k);
+        return attn_fwd(rt, &f);
+    }
+    return attn_fwd(rt, params);
+}
+
+static aotr_status attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
-    if (rt && params && params->struct_size >= offsetof(aotr_attn_fwd_params, softcap) &&
-        aotr_varlen_fwd_gathers(params))
-        return aotr_attn_fwd_gathered(rt, params);
     aotr_status st = begin(rt, params, params ? params->struct_size : 0,
                            offsetof(aotr_attn_fwd_params, softcap), p, &d, "aotr_attn_fwd");
     if (st != AOTR_OK)
@@ -810,8 +846,16 @@ aotr_status aotr_attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params)
         return AOTR_UNSUPPORTED;
     if ((st = score_mod_declared(k, v)) != AOTR_OK)
         return st;
-    return launch(rt, dev, k, cdiv(d.sq, aotr_launchable_block_m(k)), d.b * d.h,
-                  params->stream, v);
+    const uint32_t n = params->struct_size;
+    const aotr_tensor *const fields[3] = {
+        appended(n, offsetof(aotr_attn_fwd_params, seq_starts_q), &params->seq_starts_q),
+        appended(n, offsetof(aotr_attn_fwd_params, seq_starts_k), &params->seq_starts_k),
+        appended(n, offsetof(aotr_attn_fwd_params, seqlens_k), &params->seqlens_k)};
+    aotr_placement pl;
+    if ((st = place(rt, params->device, params->stream, p, fields, &pl, v)) != AOTR_OK)
+        return st;
+    st = launch(rt, dev, k, cdiv(d.sq, aotr_launchable_block_m(k)), d.b * d.h, params->stream, v);
+    return aotr_placement_end(&pl, st);
 }
 
 /* The fused route: Delta, then dK, dV and the fp32 sum of dQ in one pass
@@ -856,6 +900,7 @@ static aotr_status staged_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *para
     params_copy(&p, params, sizeof p, params->struct_size);
     memset(&p.grad_q_accum, 0, sizeof p.grad_q_accum);
     int64_t width = staged_width(d);
+    const int out = aotr_varlen_bwd_places(params) ? 3 : 1;
     aotr_stage s;
     aotr_stage_init(&s, dev, params->stream);
     if ((st = aotr_stage_add(&s, &p.problem.q, "q", 0, width)) ||
@@ -863,20 +908,74 @@ static aotr_status staged_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *para
         (st = aotr_stage_add(&s, &p.problem.v, "v", 0, width)) ||
         (st = aotr_stage_add(&s, &p.out, "out", 0, width)) ||
         (st = aotr_stage_add(&s, &p.grad_out, "grad_out", 0, width)) ||
-        (st = aotr_stage_add(&s, &p.grad_q, "grad_q", 1, width)) ||
-        (st = aotr_stage_add(&s, &p.grad_k, "grad_k", 1, width)) ||
-        (st = aotr_stage_add(&s, &p.grad_v, "grad_v", 1, width)) || (st = aotr_stage_begin(&s)))
+        (st = aotr_stage_add(&s, &p.grad_q, "grad_q", out, width)) ||
+        (st = aotr_stage_add(&s, &p.grad_k, "grad_k", out, width)) ||
+        (st = aotr_stage_add(&s, &p.grad_v, "grad_v", out, width)) || (st = aotr_stage_begin(&s)))
         return st;
     return aotr_stage_end(&s, aotr_attn_bwd(rt, &p));
 }
 
+static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params);
+
 aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
+{
+    if (rt && params && params->struct_size >= offsetof(aotr_attn_bwd_params, softcap) &&
+        aotr_varlen_bwd_places(params)) {
+        aotr_attn_bwd_params g;
+        params_copy(&g, params, sizeof g, params->struct_size);
+        aotr_placed_problem(&g.problem, &g.seq_starts_k, &g.seqlens_k);
+        return attn_bwd(rt, &g);
+    }
+    return attn_bwd(rt, params);
+}
+
+/* The backward's launches once its values are bound: the fused route where
+ * a dQ accumulator is given and the image has its kernels, else the split. */
+static aotr_status bwd_launches(aotr_runtime *rt, aotr_device *dev, const aotr_attn_problem *p,
+                                const dims *d, unsigned features, const aotr_tensor *acc,
+                                void *stream, aotr_arg_value *v)
+{
+    aotr_dtype dtype = (aotr_dtype)p->q.dtype;
+    const aotr_launchable *pre = aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d->d,
+                                                  0, d->sq, d->sk);
+    if (!pre)
+        return AOTR_UNSUPPORTED;
+    if (acc) {
+        const aotr_launchable *fused = aotr_device_pick(dev, AOTR_KERNEL_BWD_FUSED, dtype,
+                                                        (int32_t)d->d, features, d->sq, d->sk);
+        const aotr_launchable *conv = fused ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ_CONVERT,
+                                                               dtype, (int32_t)d->d, 0, d->sq, d->sk)
+                                            : NULL;
+        if (conv)
+            return fused_backward(rt, dev, pre, fused, conv, acc, d, stream, v);
+        aotr_clear_error(); /* no fused kernels for this problem: the split ones below */
+    }
+    const aotr_launchable *dkdv = aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype,
+                                                   (int32_t)d->d, features, d->sq, d->sk);
+    const aotr_launchable *dq = dkdv ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ, dtype,
+                                                        (int32_t)d->d, features, d->sq, d->sk)
+                                     : NULL;
+    if (!dq)
+        return AOTR_UNSUPPORTED;
+    /* Check all three before the first launch, so a refusal launches nothing. */
+    aotr_status st;
+    if ((st = aotr_launchable_check(pre, v)) || (st = aotr_launchable_check(dkdv, v)) ||
+        (st = aotr_launchable_check(dq, v)) || (st = score_mod_declared(dkdv, v)) ||
+        (st = score_mod_declared(dq, v)))
+        return st;
+    if ((st = launch(rt, dev, pre, cdiv(d->sq, aotr_launchable_block_m(pre)), d->b * d->h,
+                     stream, v)) != AOTR_OK)
+        return st;
+    if ((st = launch(rt, dev, dkdv, cdiv(d->sk, aotr_launchable_block_n(dkdv)), d->b * d->hk,
+                     stream, v)) != AOTR_OK)
+        return st;
+    return launch(rt, dev, dq, cdiv(d->sq, aotr_launchable_block_m(dq)), d->b * d->h, stream, v);
+}
+
+static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
 {
     const aotr_attn_problem *p = params ? &params->problem : NULL;
     dims d;
-    if (rt && params && params->struct_size >= offsetof(aotr_attn_bwd_params, softcap) &&
-        aotr_varlen_bwd_gathers(params))
-        return aotr_attn_bwd_gathered(rt, params);
     aotr_status st = begin(rt, params, params ? params->struct_size : 0,
                            offsetof(aotr_attn_bwd_params, softcap), p, &d, "aotr_attn_bwd");
     if (st != AOTR_OK)
@@ -955,43 +1054,17 @@ aotr_status aotr_attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params)
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
-    aotr_dtype dtype = (aotr_dtype)p->q.dtype;
-    int bias = aotr_present(&p->bias);
-    unsigned features = pick_features(bias, dropout, &mod);
-    const aotr_launchable *pre = aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d.d,
-                                                  0, d.sq, d.sk);
-    if (!pre)
-        return AOTR_UNSUPPORTED;
-    if (acc) {
-        const aotr_launchable *fused = aotr_device_pick(dev, AOTR_KERNEL_BWD_FUSED, dtype,
-                                                        (int32_t)d.d, features, d.sq, d.sk);
-        const aotr_launchable *conv = fused ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ_CONVERT,
-                                                               dtype, (int32_t)d.d, 0, d.sq, d.sk)
-                                            : NULL;
-        if (conv)
-            return fused_backward(rt, dev, pre, fused, conv, acc, &d, params->stream, v);
-        aotr_clear_error(); /* no fused kernels for this problem: the split ones below */
-    }
-    const aotr_launchable *dkdv = aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype,
-                                                   (int32_t)d.d, features, d.sq, d.sk);
-    const aotr_launchable *dq = dkdv ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ, dtype,
-                                                        (int32_t)d.d, features, d.sq, d.sk)
-                                     : NULL;
-    if (!dq)
-        return AOTR_UNSUPPORTED;
-    /* Check all three before the first launch, so a refusal launches nothing. */
-    if ((st = aotr_launchable_check(pre, v)) || (st = aotr_launchable_check(dkdv, v)) ||
-        (st = aotr_launchable_check(dq, v)) || (st = score_mod_declared(dkdv, v)) ||
-        (st = score_mod_declared(dq, v)))
+    const uint32_t n = params->struct_size;
+    const aotr_tensor *const fields[3] = {
+        appended(n, offsetof(aotr_attn_bwd_params, seq_starts_q), &params->seq_starts_q),
+        appended(n, offsetof(aotr_attn_bwd_params, seq_starts_k), &params->seq_starts_k),
+        appended(n, offsetof(aotr_attn_bwd_params, seqlens_k), &params->seqlens_k)};
+    aotr_placement pl;
+    if ((st = place(rt, params->device, params->stream, p, fields, &pl, v)) != AOTR_OK)
         return st;
-    if ((st = launch(rt, dev, pre, cdiv(d.sq, aotr_launchable_block_m(pre)), d.b * d.h,
-                     params->stream, v)) != AOTR_OK)
-        return st;
-    if ((st = launch(rt, dev, dkdv, cdiv(d.sk, aotr_launchable_block_n(dkdv)), d.b * d.hk,
-                     params->stream, v)) != AOTR_OK)
-        return st;
-    return launch(rt, dev, dq, cdiv(d.sq, aotr_launchable_block_m(dq)), d.b * d.h,
-                  params->stream, v);
+    st = bwd_launches(rt, dev, p, &d, pick_features(aotr_present(&p->bias), dropout, &mod), acc,
+                      params->stream, v);
+    return aotr_placement_end(&pl, st);
 }
 
 /* -- dropout draws ---------------------------------------------------------- */

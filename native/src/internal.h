@@ -244,12 +244,31 @@ typedef struct aotr_launchable aotr_launchable;
  * again with its message. */
 AOTR_HIDDEN aotr_status aotr_runtime_device(aotr_runtime *rt, int32_t device, aotr_device **out);
 /* varlen.c: a variable-length batch placed by seq_starts_q/k or seqlens_k
- * (the params ask for it when struct_size covers them and one is given),
- * run on packed copies. */
-AOTR_HIDDEN int aotr_varlen_fwd_gathers(const aotr_attn_fwd_params *p);
-AOTR_HIDDEN int aotr_varlen_bwd_gathers(const aotr_attn_bwd_params *p);
-AOTR_HIDDEN aotr_status aotr_attn_fwd_gathered(aotr_runtime *rt, const aotr_attn_fwd_params *p);
-AOTR_HIDDEN aotr_status aotr_attn_bwd_gathered(aotr_runtime *rt, const aotr_attn_bwd_params *p);
+ * (the params ask for it when struct_size covers them and one is given). */
+AOTR_HIDDEN int aotr_varlen_fwd_places(const aotr_attn_fwd_params *p);
+AOTR_HIDDEN int aotr_varlen_bwd_places(const aotr_attn_bwd_params *p);
+/* What the checks see of a placed problem: cu_seqlens_q stands in for an
+ * absent cu_seqlens_k (K's sequences come from seq_starts_k and seqlens_k),
+ * and a side's rows bound its longest sequence when max_seqlen is 0. */
+AOTR_HIDDEN void aotr_placed_problem(aotr_attn_problem *p, const aotr_tensor *starts_k,
+                                     const aotr_tensor *lens_k);
+/* What the kernels' CU_Q, CU_K and varlen take for one call: the problem's
+ * own cu_seqlens and 0/1, or vectors assembled on the stream (freed by
+ * aotr_placement_end, which returns `st` or the free's failure). */
+typedef struct aotr_placement {
+    aotr_runtime *rt;
+    int32_t device;
+    void *stream;
+    int32_t word;
+    void *cu_q, *cu_k;
+    void *block;
+} aotr_placement;
+AOTR_HIDDEN aotr_status aotr_placement_begin(aotr_runtime *rt, int32_t device, void *stream,
+                                             const aotr_attn_problem *p,
+                                             const aotr_tensor *starts_q,
+                                             const aotr_tensor *starts_k,
+                                             const aotr_tensor *lens_k, aotr_placement *pl);
+AOTR_HIDDEN aotr_status aotr_placement_end(aotr_placement *pl, aotr_status st);
 /* -- request helpers shared by the entry points (attention.c) ------------ */
 
 static inline int aotr_present(const aotr_tensor *t) { return t->data != NULL; }
@@ -287,7 +306,9 @@ AOTR_HIDDEN aotr_driver *aotr_device_driver(aotr_device *dev, int32_t *index);
  * 16-element aligned, the other dims in the original's memory order);
  * begin() allocates, zeroes and fills the inputs' copies; end() copies the
  * outputs back (only their real head dim) if `st` is AOTR_OK and frees.
- * `output`: 0 an input, 1 an output, 2 scratch (contiguous, never copied). */
+ * `output`: 0 an input, 1 an output, 2 scratch (contiguous, never copied),
+ * 3 an output whose rows the kernels may leave unwritten (copied in too, so
+ * that those rows come back as they were). */
 #define AOTR_STAGE_MAX 8
 typedef struct aotr_stage {
     aotr_device *dev;

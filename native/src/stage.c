@@ -160,7 +160,7 @@ aotr_status aotr_stage_begin(aotr_stage *s)
         st = aotr_driver_memset(drv, device, s->base, 0, bytes, s->stream);
     for (int i = 0; i < s->count && st == AOTR_OK; i++) {
         s->t[i].slot->data = (void *)(uintptr_t)(s->base + s->t[i].offset);
-        if (!s->t[i].output)
+        if (s->t[i].output == 0 || s->t[i].output == 3)
             st = copy_rows(s, &s->t[i].orig, s->t[i].slot, 1);
     }
     if (st != AOTR_OK) {
@@ -176,7 +176,7 @@ aotr_status aotr_stage_end(aotr_stage *s, aotr_status st)
     int32_t device;
     drv = aotr_device_driver(s->dev, &device);
     for (int i = 0; i < s->count && st == AOTR_OK; i++)
-        if (s->t[i].output == 1)
+        if (s->t[i].output == 1 || s->t[i].output == 3)
             st = copy_rows(s, &s->t[i].orig, s->t[i].slot, 0);
     aotr_status freed = aotr_driver_mem_free(drv, device, s->base, s->stream);
     s->base = 0;

@@ -54,10 +54,16 @@ class Varlen:
     cu_seqlens_k: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
+    #: the kernels' ``varlen`` word (kernels/flash_attention.py): 1 packed; with
+    #: a side's STARTS/LENGTHS bits set both vectors hold 2 * (batch + 1)
+    #: entries. Only the kernel sources (the interpreter) take other words here:
+    #: libaotriton_rocm places sequences from seq_starts_q/k and seqlens_k itself.
+    word: int = 1
 
     @property
     def batch(self) -> int:
-        return self.cu_seqlens_q.numel() - 1
+        n = self.cu_seqlens_q.numel()
+        return (n if self.word == 1 else n // 2) - 1
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -480,7 +486,7 @@ def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, va
            else _named_strides("b", bias4)),
         **_named_strides("o", o, varlen), stride_lz=lse_z, stride_lh=lse_h,
         batch=b, num_heads=h, gqa_group=h // hk, max_seqlen_q=sq, max_seqlen_k=sk,
-        varlen=int(varlen is not None), head_dim=d, bottom_right=bottom_right,
+        varlen=0 if varlen is None else varlen.word, head_dim=d, bottom_right=bottom_right,
         window_left=left, window_right=right, sm_scale=sm_scale, dropout_p=float(dropout_p),
         store_dmask=int(debug_mask is not None), **_score_mod_args(score_mod, spare))
     kernel.launch(launch_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, args)
@@ -502,7 +508,7 @@ def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4
     dtype = DTYPE_NAMES[q4.dtype]
     features = dict(dtype=dtype, head_dim=d, bias=has_bias, dropout=bool(dropout_p),
                     seqlen_q=sq, seqlen_k=sk, score_mods=_has_score_mods(score_mod))
-    sizes = dict(batch=b, num_heads=h, max_seqlen_q=sq, varlen=int(varlen is not None),
+    sizes = dict(batch=b, num_heads=h, max_seqlen_q=sq, varlen=0 if varlen is None else varlen.word,
                  head_dim=d, stride_lz=lse_z, stride_lh=lse_h)
 
     pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
@@ -590,8 +596,8 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
     sm_scale = default_scale(d) if scale is None else float(scale)
     q4, k4, v4, o4, do4 = (prepared(_view4(t, varlen)) for t in (q, k, v, out, grad_out))
-    if lse.stride(-1) != 1:
-        lse = lse.contiguous()
+    # the kernels read Delta with the logsumexp's strides
+    lse = lse.contiguous()
     delta = torch.empty_like(lse)
     g4 = tuple(_view4(g, varlen) for g in grads)
     dq, dk, dv = (g if meets_assumptions(g) else fresh_like(g) for g in g4)

@@ -415,6 +415,9 @@ class AOTBackend(Backend):
 
 
 def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dropout_p):
+    if varlen is not None and varlen.word != 1:
+        raise ValueError("libaotriton_rocm takes a packed batch's cu_seqlens (Varlen.word 1); "
+                         "it places sequences from seq_starts_q/k and seqlens_k itself")
     return make_problem(
         q, k, v, scale=scale, bottom_right=bottom_right, window=window, bias=bias,
         dropout_p=dropout_p, rng=rng,

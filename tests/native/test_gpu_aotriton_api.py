@@ -421,3 +421,44 @@ def test_varlen_bits_modes(api, mode, lse_th):
     assert bool((lse[:, ~inside_q] == sentinel).all())
     if mode != "packed":
         assert bool((dk[~inside_k] == sentinel).all()) and bool((dv[~inside_k] == sentinel).all())
+
+
+def test_seqused_k_under_graph_capture(api):
+    """PyTorch's seqused_k (0x150B) recorded in a CUDA graph, as a decode
+    loop records it: every replay reads the key counts of that moment (they
+    grow between replays) and matches the float32 reference; nothing
+    synchronises, so the capture holds."""
+    line, c = api
+    if line != "0.14":
+        pytest.skip("VarlenBits: the 0.14 line")
+    d = 64
+    dev = dict(device="cuda", dtype=torch.int32)
+    cu_q, cu_k = torch.tensor([0, 3, 7], **dev), torch.tensor([0, 96, 224], **dev)
+    used = torch.tensor([40, 9], **dev)
+    q = torch.randn(7, HQ, d, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(224, HK, d, device="cuda", dtype=torch.float16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(HQ, 7, device="cuda")
+    scale = 1 / math.sqrt(d)
+    case = make_case(mask="bottom_right", scale=scale, max_seqlen=(4, 128), q=q, k=k, v=v, out=out,
+                     lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used,
+                     varlen_mode="seqused_k")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # loads the modules before the capture
+        assert c.forward(case, _stream()) == HIP_SUCCESS
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert c.check_gpu(_stream()) == HIP_SUCCESS
+        rc = c.forward(case, _stream())
+    assert rc == HIP_SUCCESS
+    for lens in ([40, 9], [41, 10], [96, 128]):
+        used.copy_(torch.tensor(lens, **dev))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for b, (q0, q1) in enumerate(((0, 3), (3, 7))):
+            k0 = int(cu_k[b])
+            kb, vb = (t[k0:k0 + lens[b]][None] for t in (k, v))
+            ref, _ = reference(q[q0:q1][None], kb, vb, scale=scale, mask="bottom_right")
+            _close(f"out[{b}] with {lens}", out[q0:q1][None], ref)

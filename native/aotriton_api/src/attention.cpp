@@ -99,8 +99,9 @@ Varlen varlen_of(const Params &in) {
 struct SeqInfo {
   aotr_tensor starts_q{}, starts_k{}, lens_k{};
   bool lse_th = false;
-  bool gathered = false;    /* the core copies the sequences' rows (and lse) itself */
-  bool core_copies = false; /* ... or V's head dim differs: see core_stages() */
+  bool placed = false;      /* sequences placed by starts / key counts: outputs keep the
+                               rows outside them, so staged outputs are copied in too */
+  bool core_copies = false; /* V's head dim differs: see core_stages() */
 };
 
 /* The word onto the core's packed problem (cu_seqlens) and SeqInfo. */
@@ -171,10 +172,8 @@ aotr_status map_mask(int8_t causal_type, int32_t left, int32_t right, aotr_attn_
 
 /* The core runs the call on copies of the head-dim tensors it makes itself
  * (from any strides but a unit last one) at a head dim that is not a
- * multiple of 8, when V's head dim differs (`core_copies`), and for
- * sequences placed by seq_starts / seqlens_k (`core_copies`: staging here
- * would also write back rows outside the sequences): staging them here too
- * would copy them twice. */
+ * multiple of 8 and when V's head dim differs (`core_copies`): staging them
+ * here too would copy them twice. */
 bool core_stages(const aotr_tensor &t, bool core_copies) {
   const int64_t d = t.rank > 0 ? t.sizes[t.rank - 1] : 0;
   return (core_copies || d % 8 != 0) && (d == 1 || t.strides[t.rank - 1] == 1);
@@ -195,6 +194,7 @@ aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_a
   const bool varlen = (vl.bits & 0xFFFFu) != 0;
   aotr_status mapped = map_varlen(vl, p, si);
   if (mapped != AOTR_OK) return mapped;
+  si->placed = si->starts_q.data || si->starts_k.data || si->lens_k.data;
   if (varlen && in.Q.size(0) != 1)
     return fail(AOTR_INVALID_ARGUMENT, "a variable-length batch passes (1, heads, total, "
                                        "head_dim) views");
@@ -208,11 +208,10 @@ aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_a
     p->max_seqlen_q = in.Max_seqlen_q;
     p->max_seqlen_k = in.Max_seqlen_k;
     /* PyTorch's efficient op passes Max_seqlen_k = 0 with cu_seqlens (its
-     * TODO): upstream's kernels never needed it, the core does (but where
-     * it reads the sequences itself: starts or key counts given). */
-    const bool core_reads = si->starts_q.data || si->starts_k.data || si->lens_k.data;
+     * TODO): upstream's kernels never needed it, the core does (a placed
+     * call's side is bounded by its rows in the core). */
     int capturing = 0;
-    for (int side = 0; side < 2 && !core_reads; side++) {
+    for (int side = 0; side < 2 && !si->placed; side++) {
       int32_t *longest = side ? &p->max_seqlen_k : &p->max_seqlen_q;
       const aotr_tensor &cu = side ? p->cu_seqlens_k : p->cu_seqlens_q;
       if (*longest > 0 || !cu.data || cu.rank != 1 || cu.sizes[0] < 2 || cu.dtype != AOTR_INT32)
@@ -246,8 +245,7 @@ aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_a
                        &p->philox_offset);
   }
   if (st == AOTR_OK) st = map_mask(in.causal_type, in.window_left, in.window_right, p);
-  si->gathered = si->starts_q.data || si->starts_k.data || si->lens_k.data;
-  si->core_copies = si->gathered || p->q.sizes[p->q.rank - 1] != p->v.sizes[p->v.rank - 1];
+  si->core_copies = p->q.sizes[p->q.rank - 1] != p->v.sizes[p->v.rank - 1];
   if (st == AOTR_OK && !core_stages(p->q, si->core_copies)) st = s.input(&p->q);
   if (st == AOTR_OK && !core_stages(p->k, si->core_copies)) st = s.input(&p->k);
   if (st == AOTR_OK && !core_stages(p->v, si->core_copies)) st = s.input(&p->v);
@@ -359,14 +357,14 @@ hipError_t forward(const attn_fwd_params &in, void *stream) {
   const bool padded_lse = varlen && AOTRITON_ROCM_API_LINE < 12;
   if (st == AOTR_OK) {
     f.out = user_out;
-    if (!core_stages(f.out, si.core_copies)) st = s.output(&f.out);
+    if (!core_stages(f.out, si.core_copies)) st = si.placed ? s.inout(&f.out) : s.output(&f.out);
   }
   if (st == AOTR_OK) {
     f.lse = lse_view(in.L.data_ptr(), f.problem, varlen, si.lse_th);
     if (!in.L || padded_lse)
       st = s.scratch(&f.lse, AOTR_FP32, f.lse.rank, f.lse.sizes, false);
-    else if (!lse_fits(f.lse) && !si.gathered) /* the core copies a gathered call's lse */
-      st = s.output(&f.lse);
+    else if (!lse_fits(f.lse))
+      st = si.placed ? s.inout(&f.lse) : s.output(&f.lse);
   }
   if (st == AOTR_OK && user_mask.data) {
     f.debug_mask = user_mask;
@@ -421,17 +419,16 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
       st = s.scratch(&packed, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
       if (st == AOTR_OK) st = convert_padded_lse(s, p, in.L.data_ptr(), packed, false);
       b.lse = packed;
-    } else if (!lse_fits(b.lse) && !si.gathered) {
-      st = s.input(&b.lse);
+    } else if (!lse_fits(b.lse)) {
+      st = s.input(&b.lse, true); /* contiguous, as the Delta scratch below */
     }
   }
   b.grad_q = user_dq;
   b.grad_k = user_dk;
   b.grad_v = user_dv;
   b.grad_bias = user_db;
-  if (st == AOTR_OK && !core_stages(b.grad_q, si.core_copies)) st = s.output(&b.grad_q);
-  if (st == AOTR_OK && !core_stages(b.grad_k, si.core_copies)) st = s.output(&b.grad_k);
-  if (st == AOTR_OK && !core_stages(b.grad_v, si.core_copies)) st = s.output(&b.grad_v);
+  for (aotr_tensor *g : {&b.grad_q, &b.grad_k, &b.grad_v})
+    if (st == AOTR_OK && !core_stages(*g, si.core_copies)) st = si.placed ? s.inout(g) : s.output(g);
   if (st == AOTR_OK) st = s.output(&b.grad_bias, true);
   if (st == AOTR_OK) {
     /* Delta: the caller's lazy tensor where it has the logsumexp's layout */

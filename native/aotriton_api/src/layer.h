@@ -96,11 +96,14 @@ class Session {
   void *stream() const { return stream_; }
 
   aotr_status alloc(size_t bytes, void **ptr);
-  /* An input: staged when aotr_layout_ok() fails. */
-  aotr_status input(aotr_tensor *t);
+  /* An input: staged when aotr_layout_ok() fails (contiguous if asked). */
+  aotr_status input(aotr_tensor *t, bool contiguous = false);
   /* An output: staged when aotr_layout_ok() fails (or `contiguous` is asked
    * and t is not); zeroed first when `zero`. */
   aotr_status output(aotr_tensor *t, bool zero = false, bool contiguous = false);
+  /* An output whose rows the call may leave unwritten: staged like output(),
+   * but copied in first, so that those rows come back as they were. */
+  aotr_status inout(aotr_tensor *t);
   /* A fresh packed (contiguous) tensor. */
   aotr_status scratch(aotr_tensor *t, int32_t dtype, int rank, const int64_t *sizes, bool zero);
   /* Copy between two views of one shape and dtype. */

@@ -165,10 +165,10 @@ static aotr_status stage(Session *s, aotr_tensor *t, bool contiguous, aotr_tenso
   return s->alloc(static_cast<size_t>(elements) * element_size(t->dtype), &staged->data);
 }
 
-aotr_status Session::input(aotr_tensor *t) {
+aotr_status Session::input(aotr_tensor *t, bool contiguous) {
   if (!t->data || aotr_layout_ok(t)) return AOTR_OK;
   aotr_tensor staged;
-  aotr_status st = stage(this, t, false, &staged);
+  aotr_status st = stage(this, t, contiguous, &staged);
   if (st == AOTR_OK) st = copy(staged, *t);
   if (st == AOTR_OK) *t = staged;
   return st;
@@ -195,6 +195,13 @@ aotr_status Session::output(aotr_tensor *t, bool zero_it, bool contiguous) {
     outputs_.push_back({staged, *t});
     *t = staged;
   }
+  return st;
+}
+
+aotr_status Session::inout(aotr_tensor *t) {
+  const aotr_tensor user = *t;
+  aotr_status st = input(t);
+  if (st == AOTR_OK && t->data != user.data) outputs_.push_back({*t, user});
   return st;
 }
 

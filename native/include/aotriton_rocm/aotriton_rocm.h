@@ -231,12 +231,12 @@ typedef struct aotr_attn_fwd_params {
      *     - cu_seqlens_k[b]; e.g. flash-attn's seqused_k). With seqlens_k and
      *     seq_starts_k given, cu_seqlens_k may be absent.
      * Queries are counted by cu_seqlens_q (B + 1) as before; max_seqlen_q/k
-     * bound the lengths (0: the longest). The lse is (Hq, rows of q),
-     * sequence b's values at its rows; rows of out (and, backward, of the
-     * gradients) outside every sequence are not written. The call reads the
-     * vectors on the host (it synchronises `stream`; AOTR_UNSUPPORTED while
-     * the stream captures a graph) and runs on packed copies in stream-ordered
-     * device memory. */
+     * bound the lengths (0: the side's rows bound them). The lse is (Hq,
+     * rows of q), sequence b's values at its rows; rows of out (and,
+     * backward, of the gradients) outside every sequence keep their values.
+     * The kernels read the vectors on the device (put together in a few
+     * bytes of stream-ordered memory): nothing synchronises, and a graph
+     * capture records the call. Like cu_seqlens, the values are trusted. */
     aotr_tensor seq_starts_q, seq_starts_k, seqlens_k;
 } aotr_attn_fwd_params;
 
@@ -264,8 +264,7 @@ typedef struct aotr_attn_bwd_params {
      * are deterministic. */
     aotr_tensor grad_q_accum;
     /* ---- appended in 0.1 (absent when struct_size does not cover them):
-     * the forward's sequence layout (see aotr_attn_fwd_params); then
-     * grad_q_accum is not used. */
+     * the forward's sequence layout (see aotr_attn_fwd_params). */
     aotr_tensor seq_starts_q, seq_starts_k, seqlens_k;
 } aotr_attn_bwd_params;
 
