@@ -23,8 +23,8 @@ LAYERS = {
         "elf_dynamic", "gpus_present"},  # stdlib leaves
     1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention",
         "registry", "kvcache", "dropout_masks", "philox_state", "interpreter_compat"},
-    2: {"__init__", "torch_integration", "flash_attn_interface", "kvcache_api", "function_mode",
-        "_autoload"},
+    2: {"__init__", "torch_integration", "flash_attn_interface", "flash_attn_ops", "kvcache_api",
+        "function_mode", "_autoload"},
     3: {"cli", "__main__", "smoke", "info", "config_command", "install_checks", "aotriton_prefix",
         "torch_dropin"},
 }

@@ -16,9 +16,11 @@ sources in Triton's interpreter (slow: for testing). Anything our kernels
 don't cover raises :class:`ValueError` naming the reason and what is
 supported. There is no fallback here: this API is ours alone.
 
+Both run as torch operators (:mod:`aotriton_rocm.flash_attn_ops`), so that
+``torch.compile`` sees one node per call and CUDA graphs record it.
 :class:`AttentionFunction` (on (batch, heads, seqlen, head_dim) tensors, or
 packed ones with a :class:`~aotriton_rocm.attention.Varlen`) is the autograd
-function behind both, shared with :class:`aotriton_rocm.AttentionMode`.
+function of :class:`aotriton_rocm.AttentionMode`.
 """
 
 from __future__ import annotations
@@ -27,12 +29,11 @@ import operator
 
 import torch
 
-from .attention import (MAX_HEAD_DIM, Varlen, default_scale, flash_attn_window, mask_args,
-                        new_bias_grad, new_rng_state, problem_dims)
+from .attention import (Varlen, default_scale, flash_attn_window, mask_args, new_bias_grad,
+                        problem_dims)
 from .attention import backward as attention_backward, forward as attention_forward
-from .attention import unsupported_reason as attention_unsupported_reason
 from .dropout_masks import flash_attn_s_dmask
-from .philox_state import efficient_dims
+from .flash_attn_ops import fail as _fail, flash_attn_forward, forward_state
 # flash-attn's module also holds the KV-cache entry point.
 from .kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
 
@@ -40,13 +41,6 @@ __all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",
            "flash_attn_varlen_qkvpacked_func",
            "flash_attn_with_kvcache"]
-
-_DTYPES = "fp16/bf16/fp32"
-SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nheads a "
-             "multiple of nheads_k (GQA/MQA), "
-             "softmax_scale, causal, window_size, softcap >= 0, alibi_slopes (float32, "
-             "(nheads,) or (batch, nheads)), 0 <= dropout_p < 1, return_attn_probs; "
-             "block_table (paged k/v, no dropout, no backward) in flash_attn_varlen_func")
 
 PAGED_NO_BACKWARD = (
     "aotriton_rocm.flash_attn_varlen_func: there is no backward through block_table (a paged "
@@ -100,21 +94,7 @@ class AttentionFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, scale, is_causal, causal_alignment, window_size,
                 dropout_p=0.0, varlen=None, return_debug_mask=False, softcap=0.0,
                 alibi_slopes=None, deterministic=False):
-        state = None
-        if dropout_p:
-            # One counter per score, as torch's efficient kernel advances
-            # the generator: the kernels draw that many.
-            b, h, _, sq, sk, _ = problem_dims(q, k, varlen)
-            state = new_rng_state(q.device, efficient_dims(b, h, sq, sk))
-        elif return_debug_mask:
-            # Nothing is dropped at p = 0: any state gives the same mask, so
-            # leave torch's generator alone.
-            state = torch.zeros(2, dtype=torch.int64, device=q.device)
-        debug = None
-        if return_debug_mask:
-            b, h, _, sq, sk, _ = problem_dims(q, k, varlen)
-            # Zeroed: the kernel writes only the key blocks a row visits.
-            debug = torch.zeros((b, h, sq, sk), dtype=q.dtype, device=q.device)
+        state, debug = forward_state(q, k, varlen, dropout_p, return_debug_mask)
         rng = None if state is None else (state[0], state[1])
         out, lse = attention_forward(q, k, v, is_causal=is_causal, scale=scale,
                                      causal_alignment=causal_alignment, window_size=window_size,
@@ -149,8 +129,16 @@ class AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, None, None
 
 
-def _fail(api: str, reason: str):
-    raise ValueError(f"aotriton_rocm.{api}: {reason} (supported: {SUPPORTED})")
+def _check_operands(api, q, **tensors):
+    """What the operator's dispatch needs before it runs: tensors, on q's
+    device (a tensor elsewhere, e.g. on "meta", would pick another kernel)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            _fail(api, f"{name} must be a tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            _fail(api, f"{name} must be on the query's device ({q.device}), not {t.device}")
 
 
 def _check_common(api, q, k, v, dropout_p, window_size, softcap):
@@ -220,22 +208,16 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         _fail(api, "q, k, v must be 4-D (batch, seqlen, heads, head_dim); packed batches go "
                    "to flash_attn_varlen_func")
-    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    _check_operands(api, q, k=k, v=v, alibi_slopes=alibi_slopes)
     debug = bool(return_attn_probs) and dropout_p > 0
-    reason = attention_unsupported_reason(qt, kt, vt, dropout_p=dropout_p,
-                                          is_causal=bool(causal), return_debug_mask=debug,
-                                          softcap=softcap, alibi_slopes=alibi_slopes)
-    if reason:
-        _fail(api, reason)
-    window = flash_attn_window(*window, k.size(1))
-    out, lse, dmask = AttentionFunction.apply(qt, kt, vt, None, softmax_scale, bool(causal),
-                                              "bottom_right", window, dropout_p, None, debug,
-                                              softcap, alibi_slopes, bool(deterministic))
-    out = out.transpose(1, 2)
+    out, lse, _, dmask = flash_attn_forward(q, k, v, None, None, 0, 0, dropout_p, softmax_scale,
+                                            bool(causal), *window, softcap, alibi_slopes, debug,
+                                            bool(deterministic))
     if not return_attn_probs:
         return out
-    return out, lse, _s_dmask(dmask, qt, kt, softmax_scale, bool(causal), window, None, softcap,
-                              alibi_slopes)
+    window = flash_attn_window(*window, k.size(1))
+    return out, lse, _s_dmask(dmask if debug else None, q.transpose(1, 2), k.transpose(1, 2),
+                              softmax_scale, bool(causal), window, None, softcap, alibi_slopes)
 
 
 def _score_mod(softcap: float, alibi_slopes):
@@ -272,30 +254,6 @@ def _s_dmask(kernel_mask, q, k, softmax_scale, causal, window, varlen, softcap=0
         return flash_attn_s_dmask(kernel_mask, q.detach(), k.detach(),
                                                 scale=scale, mask=mask, varlen=varlen,
                                                 score_mod=_score_mod(softcap, alibi_slopes))
-
-
-def _varlen_bounds(api, cu_q, cu_k, total_q, total_k, max_q, max_k) -> tuple[int, int] | None:
-    """Checks the offsets on the host (one small copy; skipped while a CUDA
-    graph is being captured, where the caller answers for them, as with
-    flash-attn) and returns the packed rows they cover, (last_q, last_k)."""
-    if cu_q.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    ends = []
-    for name, cu, total, longest in (("cu_seqlens_q", cu_q, total_q, max_q),
-                                     ("cu_seqlens_k", cu_k, total_k, max_k)):
-        host = cu.to("cpu", torch.int64)
-        lens = host.diff()
-        if host.numel() and host[0] != 0:
-            _fail(api, f"{name} must start at 0, got {int(host[0])}")
-        if (lens < 0).any():
-            _fail(api, f"{name} must be non-decreasing")
-        if host.numel() and host[-1] > total:
-            _fail(api, f"{name} ends at {int(host[-1])}, beyond the {total} packed rows")
-        if lens.numel() and lens.max() > longest:
-            _fail(api, f"a sequence of {int(lens.max())} rows exceeds "
-                       f"max_seqlen_{name[-1]}={longest}")
-        ends.append(int(host[-1]) if host.numel() else 0)
-    return ends[0], ends[1]
 
 
 def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -363,32 +321,17 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     except (TypeError, ValueError):
         _fail(api, "max_seqlen_q and max_seqlen_k must be ints")
-    varlen = Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
-    reason = attention_unsupported_reason(q, k, v, dropout_p=dropout_p, is_causal=bool(causal),
-                                          varlen=varlen, softcap=softcap,
-                                          alibi_slopes=alibi_slopes,
-                                          return_debug_mask=bool(return_attn_probs) and dropout_p > 0)
-    if reason:
-        _fail(api, reason)
-    ends = _varlen_bounds(api, cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_q, max_k)
-    window = flash_attn_window(*window, max_k)
-    total_q = q.shape[0]
-    if ends is not None:
-        # Rows past the last offset belong to no sequence: the kernels never
-        # touch them, so run on the rows that do (slices: no copy) and pad the
-        # output with zeros; autograd gives the cut rows zero gradients.
-        q, k, v = q[:ends[0]], k[:ends[1]], v[:ends[1]]
+    _check_operands(api, q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                    alibi_slopes=alibi_slopes)
     debug = bool(return_attn_probs) and dropout_p > 0
-    out, lse, dmask = AttentionFunction.apply(q, k, v, None, softmax_scale, bool(causal),
-                                              "bottom_right", window, dropout_p, varlen, debug,
-                                              softcap, alibi_slopes, bool(deterministic))
-    if out.shape[0] < total_q:
-        out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, total_q - out.shape[0]))
-        lse = torch.nn.functional.pad(lse, (0, total_q - lse.shape[1]), value=float("inf"))
+    out, lse, _, dmask = flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,
+                                            dropout_p, softmax_scale, bool(causal), *window,
+                                            softcap, alibi_slopes, debug, bool(deterministic))
     if not return_attn_probs:
         return out
-    return out, lse, _s_dmask(dmask, q, k, softmax_scale, bool(causal), window, varlen, softcap,
-                              alibi_slopes)
+    varlen = Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
+    return out, lse, _s_dmask(dmask if debug else None, q, k, softmax_scale, bool(causal),
+                              flash_attn_window(*window, max_k), varlen, softcap, alibi_slopes)
 
 
 def _unpack(api: str, packed, name: str, dim: int, count: int, rank: int, layout: str):
