@@ -96,3 +96,28 @@ def test_refusal_still_names_the_reason_under_compile():
     q, k, v = _dense(torch.Generator().manual_seed(1), hk=3)  # 4 heads, 3 key heads: not GQA
     with pytest.raises(ValueError, match="multiple of"):
         torch.compile(_flash, fullgraph=True, backend="aot_eager")(q, k, v)
+
+
+def test_kvcache_function_compiles_whole():
+    """flash_attn_with_kvcache appending k/v in place (rotary on) and attending."""
+    gen = torch.Generator().manual_seed(11)
+    b, h, hk, d, cap = 2, 4, 2, 32, 48
+    q = torch.randn(b, 1, h, d, generator=gen).half()
+    k_new, v_new = (torch.randn(b, 1, hk, d, generator=gen).half() for _ in range(2))
+    cache = torch.randn(b, cap, hk, d, generator=gen).half()
+    cos, sin = torch.randn(cap, 8, generator=gen), torch.randn(cap, 8, generator=gen)
+    seqlens = torch.tensor([17, 30], dtype=torch.int32)
+
+    def fn(q, k_cache, v_cache, k, v):
+        return aotriton_rocm.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin,
+                                                     cache_seqlens=seqlens, causal=True)
+
+    explained = torch._dynamo.explain(fn)(q, cache.clone(), cache.clone(), k_new, v_new)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    caches = [(cache.clone(), cache.clone()) for _ in range(2)]
+    eager = fn(q, *caches[0], k_new, v_new)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, *caches[1], k_new, v_new)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    for a, c in zip(caches[0], caches[1]):  # the new keys/values were written in place
+        torch.testing.assert_close(c, a, rtol=0, atol=0)
+        assert not torch.equal(c, cache)

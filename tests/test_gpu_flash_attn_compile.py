@@ -97,6 +97,38 @@ def test_cuda_graph_records_flash_attn_varlen_func():
         start += n
 
 
+def test_cuda_graph_records_a_kvcache_decode_step():
+    """flash_attn_with_kvcache appending one token per replay, as a decode
+    loop records it: each replay reads that moment's cache_seqlens."""
+    b, h, hk, d, cap = 2, 8, 2, 64, 256
+    q = _rand(b, 1, h, d, seed=20)
+    k_new, v_new = _rand(b, 1, hk, d, seed=21), _rand(b, 1, hk, d, seed=22)
+    k_cache, v_cache = _rand(b, cap, hk, d, seed=23), _rand(b, cap, hk, d, seed=24)
+    seqlens = torch.tensor([10, 100], dtype=torch.int32, device="cuda")
+
+    def step():
+        return aotriton_rocm.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
+                                                     cache_seqlens=seqlens, causal=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for lens in ([11, 101], [40, 200]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, n in enumerate(lens):
+            keys = slice(0, n + 1)  # the cache's keys and the token just written
+            assert torch.equal(k_cache[i, n], k_new[i, 0]) and torch.equal(v_cache[i, n], v_new[i, 0])
+            kb, vb = k_cache[i:i + 1, keys], v_cache[i:i + 1, keys]
+            _judge_out(out[i:i + 1], q[i:i + 1], kb, vb, causal=True)
+
+
 def test_host_time_of_a_tiny_call():
     """Host microseconds per call (median of 200, after warm-up) of a 1x1x128x64
     flash_attn_func and of SDPA through the enabled route; printed."""

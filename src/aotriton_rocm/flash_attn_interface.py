@@ -33,7 +33,7 @@ from .attention import (Varlen, default_scale, flash_attn_window, mask_args, new
                         problem_dims)
 from .attention import backward as attention_backward, forward as attention_forward
 from .dropout_masks import flash_attn_s_dmask
-from .flash_attn_ops import fail as _fail, flash_attn_forward, forward_state
+from .flash_attn_ops import check_operands, fail as _fail, flash_attn_forward, forward_state
 # flash-attn's module also holds the KV-cache entry point.
 from .kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
 
@@ -129,18 +129,6 @@ class AttentionFunction(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None, None, None, None, None, None, None, None, None
 
 
-def _check_operands(api, q, **tensors):
-    """What the operator's dispatch needs before it runs: tensors, on q's
-    device (a tensor elsewhere, e.g. on "meta", would pick another kernel)."""
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            _fail(api, f"{name} must be a tensor, got {type(t).__name__}")
-        if t.device != q.device:
-            _fail(api, f"{name} must be on the query's device ({q.device}), not {t.device}")
-
-
 def _check_common(api, q, k, v, dropout_p, window_size, softcap):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -208,7 +196,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         _fail(api, "q, k, v must be 4-D (batch, seqlen, heads, head_dim); packed batches go "
                    "to flash_attn_varlen_func")
-    _check_operands(api, q, k=k, v=v, alibi_slopes=alibi_slopes)
+    check_operands(api, q, k=k, v=v, alibi_slopes=alibi_slopes)
     debug = bool(return_attn_probs) and dropout_p > 0
     out, lse, _, dmask = flash_attn_forward(q, k, v, None, None, 0, 0, dropout_p, softmax_scale,
                                             bool(causal), *window, softcap, alibi_slopes, debug,
@@ -321,7 +309,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     except (TypeError, ValueError):
         _fail(api, "max_seqlen_q and max_seqlen_k must be ints")
-    _check_operands(api, q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+    check_operands(api, q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                     alibi_slopes=alibi_slopes)
     debug = bool(return_attn_probs) and dropout_p > 0
     out, lse, _, dmask = flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k,

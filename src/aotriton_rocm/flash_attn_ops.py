@@ -1,7 +1,9 @@
 """flash-attn's attention as torch operators: ``torch.ops.aotriton_rocm.
 flash_attn_forward`` and ``flash_attn_backward``, which
 :func:`~aotriton_rocm.flash_attn_func`, :func:`~aotriton_rocm.
-flash_attn_varlen_func` and their packed forms call.
+flash_attn_varlen_func` and their packed forms call, and
+``flash_attn_kvcache``, the attention of :func:`~aotriton_rocm.
+flash_attn_with_kvcache` (and of the varlen function's paged caches).
 
 As operators (``torch.library.custom_op``, like flash-attn's own), each call
 is one node to torch.compile: fake kernels give its outputs' shapes, so
@@ -24,9 +26,11 @@ from torch import Tensor
 from .attention import (MAX_HEAD_DIM, Varlen, flash_attn_window, new_rng_state, problem_dims)
 from .attention import backward as attention_backward, forward as attention_forward
 from .attention import unsupported_reason as attention_unsupported_reason
+from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
 from .philox_state import efficient_dims
 
-__all__ = ["SUPPORTED", "fail", "flash_attn_backward", "flash_attn_forward", "forward_state"]
+__all__ = ["KVCACHE_SUPPORTED", "SUPPORTED", "check_operands", "fail", "flash_attn_backward",
+           "flash_attn_forward", "flash_attn_kvcache", "forward_state"]
 
 _DTYPES = "fp16/bf16/fp32"
 SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nheads a "
@@ -36,8 +40,28 @@ SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nhe
              "block_table (paged k/v, no dropout, no backward) in flash_attn_varlen_func")
 
 
+KVCACHE_SUPPORTED = ("fp16/bf16 tensors, headdim 1 to 256, nheads a multiple of "
+                     "nheads_k, dense caches (cache_batch_idx, cache_leftpad) or paged ones "
+                     "(block_table, page sizes that are multiples of 16), k/v appended in "
+                     "place, rotary_cos/rotary_sin (interleaved or not), causal, window_size, "
+                     "softcap, alibi_slopes, num_splits, return_softmax_lse")
+
+
 def fail(api: str, reason: str):
-    raise ValueError(f"aotriton_rocm.{api}: {reason} (supported: {SUPPORTED})")
+    supported = KVCACHE_SUPPORTED if api == "flash_attn_with_kvcache" else SUPPORTED
+    raise ValueError(f"aotriton_rocm.{api}: {reason} (supported: {supported})")
+
+
+def check_operands(api: str, q: Tensor, **tensors) -> None:
+    """What an operator's dispatch needs before it runs: tensors, on q's
+    device (a tensor elsewhere, e.g. on "meta", would pick another kernel)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            fail(api, f"{name} must be a tensor, got {type(t).__name__}")
+        if t.device != q.device:
+            fail(api, f"{name} must be on the query's device ({q.device}), not {t.device}")
 
 
 def forward_state(q: Tensor, k: Tensor, varlen: Varlen | None, dropout_p: float,
@@ -249,3 +273,40 @@ def _backward(ctx, grad_out, _grad_lse, _grad_state, _grad_debug):
 
 
 flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("aotriton_rocm::flash_attn_kvcache", mutates_args=())
+def flash_attn_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_end: Tensor,
+                       k_start: Optional[Tensor], cache_batch_idx: Optional[Tensor],
+                       block_table: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                       softmax_scale: Optional[float], causal: bool, window_left: int,
+                       window_right: int, softcap: float, num_splits: int,
+                       cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
+                       api: str) -> tuple[Tensor, Tensor]:
+    """(out, softmax_lse) of queries against KV caches (see
+    :func:`aotriton_rocm.kvcache.forward`; the window is flash-attn's,
+    normalised). Inference only: no autograd. ``api`` names the caller in
+    refusals."""
+    reason = kvcache_unsupported_reason(q, k_cache, v_cache, k_end=k_end, k_start=k_start,
+                                        cache_batch_idx=cache_batch_idx, block_table=block_table,
+                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q)
+    if reason:
+        fail(api, reason)
+    out, lse, _ = kvcache_forward(
+        q, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=cache_batch_idx,
+        block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal,
+        window_size=(window_left, window_right), softcap=softcap, num_splits=num_splits,
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    return out, lse
+
+
+@flash_attn_kvcache.register_fake
+def _kvcache_fake(q, k_cache, v_cache, k_end, k_start, cache_batch_idx, block_table, alibi_slopes,
+                  softmax_scale, causal, window_left, window_right, softcap, num_splits,
+                  cu_seqlens_q, max_seqlen_q, api):
+    out = q.new_empty((*q.shape[:-1], v_cache.shape[-1]))
+    if cu_seqlens_q is None:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return out, lse

@@ -13,20 +13,16 @@ import operator
 import torch
 
 from .attention import flash_attn_window
-from .kvcache import PAGE_MULTIPLE, forward as kvcache_forward
-from .kvcache import unsupported_reason as kvcache_unsupported_reason
+from .flash_attn_ops import check_operands, fail, flash_attn_kvcache
+from .kvcache import PAGE_MULTIPLE
 
 __all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
 
-SUPPORTED = ("fp16/bf16 tensors, headdim 1 to 256, nheads a multiple of "
-             "nheads_k, dense caches (cache_batch_idx, cache_leftpad) or paged ones "
-             "(block_table, page sizes that are multiples of 16), k/v appended in place, "
-             "rotary_cos/rotary_sin (interleaved or not), causal, window_size, softcap, "
-             "alibi_slopes, num_splits, return_softmax_lse")
+API = "flash_attn_with_kvcache"
 
 
 def _fail(reason: str):
-    raise ValueError(f"aotriton_rocm.flash_attn_with_kvcache: {reason} (supported: {SUPPORTED})")
+    fail(API, reason)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -115,10 +111,10 @@ def _cache_slots(positions, cache_batch_idx, block_table, batch, page_size):
 
 
 def _check_room(positions, slots, k_cache, block_table, capacity):
-    """The new tokens must land inside the cache (checked on CPU tensors;
-    on a GPU, as with flash-attn, that is the caller's duty: checking costs a
-    host synchronisation per call)."""
-    if positions.device.type != "cpu" or positions.numel() == 0:
+    """The new tokens must land inside the cache (checked on CPU tensors in
+    eager mode; on a GPU, as with flash-attn, and in a compiled graph that is
+    the caller's duty: checking costs a host synchronisation per call)."""
+    if positions.device.type != "cpu" or positions.numel() == 0 or torch.compiler.is_compiling():
         return
     if int(positions.max()) >= capacity or int(positions.min()) < 0:
         _fail(f"the new keys land at cache positions up to {int(positions.max())}, past the "
@@ -208,11 +204,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _check_rotary(rotary_cos, rotary_sin, q, seqlen_new > 0)
     seqlens = _seqlens(cache_seqlens, batch, capacity, q.device)
     k_end = seqlens if not seqlen_new else seqlens + seqlen_new
-    reason = kvcache_unsupported_reason(q, k_cache, v_cache, k_end=k_end, k_start=cache_leftpad,
-                                        cache_batch_idx=cache_batch_idx, block_table=block_table,
-                                        alibi_slopes=alibi_slopes)
-    if reason:
-        _fail(reason)
+    check_operands(API, q, k_cache=k_cache, v_cache=v_cache, cache_leftpad=cache_leftpad,
+                   cache_batch_idx=cache_batch_idx, block_table=block_table,
+                   alibi_slopes=alibi_slopes)
     window = flash_attn_window(left, right, capacity)
     local = bool(causal) or window != (-1, -1)
     with torch.no_grad():
@@ -228,10 +222,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             _check_room(positions, slots, k_cache, block_table, capacity)
             k_cache.index_put_(slots, k)
             v_cache.index_put_(slots, v)
-        out, lse, _ = kvcache_forward(
-            q, k_cache, v_cache, k_end, k_start=cache_leftpad, cache_batch_idx=cache_batch_idx,
-            block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale,
-            causal=bool(causal), window_size=window, softcap=softcap, num_splits=num_splits)
+        out, lse = flash_attn_kvcache(q, k_cache, v_cache, k_end, cache_leftpad, cache_batch_idx,
+                                      block_table, alibi_slopes, softmax_scale, bool(causal),
+                                      *window, softcap, num_splits, None, 0, API)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -253,15 +246,9 @@ def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_se
     if not isinstance(block_table, torch.Tensor):
         fail("block_table must be an int32 (batch, max_num_blocks) tensor")
     k_end = cu_seqlens_k.diff()
-    reason = kvcache_unsupported_reason(q, k_cache, v_cache, k_end=k_end, block_table=block_table,
-                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q)
-    if reason:
-        fail(reason)
     capacity = block_table.shape[1] * k_cache.shape[1]
     window = flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
     with torch.no_grad():
-        out, lse, _ = kvcache_forward(q, k_cache, v_cache, k_end, block_table=block_table,
-                                      scale=softmax_scale, causal=causal, window_size=window,
-                                      softcap=softcap, alibi_slopes=alibi_slopes,
-                                      cu_seqlens_q=cu_seqlens_q, max_seqlen_q=int(max_seqlen_q))
-    return out, lse
+        return flash_attn_kvcache(q, k_cache, v_cache, k_end, None, None, block_table,
+                                  alibi_slopes, softmax_scale, causal, *window, softcap, 0,
+                                  cu_seqlens_q, int(max_seqlen_q), "flash_attn_varlen_func")
