@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import aotriton_rocm
 from support import attn_reference as ref
+from support import gpu
 from aotriton_rocm import device, images
 
 pytestmark = pytest.mark.gpu
@@ -61,14 +62,7 @@ def test_compiled_flash_attn_func_equals_eager(dropout_p):
 
 def test_cuda_graph_records_flash_attn_func():
     q, k, v = _rand(2, 128, 8, 64, seed=4), _rand(2, 200, 8, 64, seed=5), _rand(2, 200, 8, 64, seed=6)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # loads the modules before the capture
-        aotriton_rocm.flash_attn_func(q, k, v, causal=True)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = aotriton_rocm.flash_attn_func(q, k, v, causal=True)
+    graph, out = gpu.captured(lambda: aotriton_rocm.flash_attn_func(q, k, v, causal=True))
     for seed in (7, 8):
         q.copy_(_rand(*q.shape, seed=seed))
         graph.replay()
@@ -80,14 +74,8 @@ def test_cuda_graph_records_flash_attn_varlen_func():
     lens = [37, 100, 5]
     cu = torch.tensor([0, 37, 137, 142], dtype=torch.int32, device="cuda")
     q, k, v = (_rand(142, 4, 64, seed=s) for s in (9, 10, 11))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        aotriton_rocm.flash_attn_varlen_func(q, k, v, cu, cu, 100, 100, causal=True)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = aotriton_rocm.flash_attn_varlen_func(q, k, v, cu, cu, 100, 100, causal=True)
+    graph, out = gpu.captured(
+        lambda: aotriton_rocm.flash_attn_varlen_func(q, k, v, cu, cu, 100, 100, causal=True))
     graph.replay()
     torch.cuda.synchronize()
     start = 0
@@ -95,38 +83,6 @@ def test_cuda_graph_records_flash_attn_varlen_func():
         rows = slice(start, start + n)
         _judge_out(out[rows][None], q[rows][None], k[rows][None], v[rows][None], causal=True)
         start += n
-
-
-def test_cuda_graph_records_a_kvcache_decode_step():
-    """flash_attn_with_kvcache appending one token per replay, as a decode
-    loop records it: each replay reads that moment's cache_seqlens."""
-    b, h, hk, d, cap = 2, 8, 2, 64, 256
-    q = _rand(b, 1, h, d, seed=20)
-    k_new, v_new = _rand(b, 1, hk, d, seed=21), _rand(b, 1, hk, d, seed=22)
-    k_cache, v_cache = _rand(b, cap, hk, d, seed=23), _rand(b, cap, hk, d, seed=24)
-    seqlens = torch.tensor([10, 100], dtype=torch.int32, device="cuda")
-
-    def step():
-        return aotriton_rocm.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new,
-                                                     cache_seqlens=seqlens, causal=True)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    for lens in ([11, 101], [40, 200]):
-        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
-        graph.replay()
-        torch.cuda.synchronize()
-        for i, n in enumerate(lens):
-            keys = slice(0, n + 1)  # the cache's keys and the token just written
-            assert torch.equal(k_cache[i, n], k_new[i, 0]) and torch.equal(v_cache[i, n], v_new[i, 0])
-            kb, vb = k_cache[i:i + 1, keys], v_cache[i:i + 1, keys]
-            _judge_out(out[i:i + 1], q[i:i + 1], kb, vb, causal=True)
 
 
 def test_host_time_of_a_tiny_call():

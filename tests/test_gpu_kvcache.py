@@ -16,6 +16,7 @@ import torch
 import aotriton_rocm
 from support import kvcache_reference as ref
 from aotriton_rocm import backends, device, images, kvcache
+from support import gpu
 from support.gpu import ours as _ours  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -173,14 +174,7 @@ def test_decode_step_in_a_cuda_graph():
     call = lambda: aotriton_rocm.flash_attn_with_kvcache(  # noqa: E731
         q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens)
     eager = call()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = call()
+    graph, captured = gpu.captured(call)
     seqlens += 1  # the next step: the graph reads the new lengths
     graph.replay()
     torch.cuda.synchronize()

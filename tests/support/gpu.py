@@ -1,5 +1,5 @@
-"""What the GPU tests share: our launch count on this GPU's image, and the
-variant an installed archive ships."""
+"""What the GPU tests share: our launch count on this GPU's image, the
+variant an installed archive ships, and CUDA-graph capture."""
 
 from __future__ import annotations
 
@@ -40,3 +40,17 @@ def randn(*shape, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """A seeded standard-normal CUDA tensor."""
     gen = torch.Generator("cuda").manual_seed(seed)
     return torch.randn(*shape, device="cuda", generator=gen).to(dtype)
+
+
+def captured(call):
+    """(graph, outputs) of `call` recorded in a CUDA graph, after one run on a
+    side stream that loads the modules (a capture cannot load them)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = call()
+    return graph, outputs
