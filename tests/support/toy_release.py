@@ -123,6 +123,20 @@ def wheels(version: str, local: bool = False) -> List[Path]:
     return _once(("wheels", version, local), make)
 
 
+def image_wheels(version: str, archs: Sequence[str], rocm: str) -> List[Path]:
+    """The image wheels alone of a toy release for ``archs`` built under ROCm
+    ``rocm`` (the runtime of :func:`wheels` of the same version installs them
+    through its extras)."""
+    def make() -> List[Path]:
+        from aotriton_rocm.tooling.package.archive_intake import collect_archives
+
+        out = _base() / f"images-{version}-rocm{rocm}-{'-'.join(archs)}"
+        inputs = collect_archives(archives(version, archs, rocm), list(archs), version, rocm)
+        return W.build_image_wheels(source_tree(version), inputs, out, version, rocm)
+
+    return _once(("images", version, tuple(archs), rocm), make)
+
+
 def build_wheels_in_parallel(releases: Sequence[Tuple[str, bool]]) -> Dict[Tuple[str, bool], List[Path]]:
     """The builds are mostly subprocesses: overlap them."""
     with ThreadPoolExecutor(max_workers=len(releases)) as ex:
