@@ -545,16 +545,13 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
     if ((st = set_zhm(v, A_SQZ, &p->q, d->varlen)) || (st = set_zhm(v, A_SKZ, &p->k, d->varlen)) ||
         (st = set_zhm(v, A_SVZ, &p->v, d->varlen)))
         return st;
-    /* The window (flash-attn's window_size; causal is right = 0), clamped to
-     * seqlen_q + seqlen_k (the same mask) so that no bound overflows int32. */
-    int64_t left = p->window_left, right = p->causal ? 0 : p->window_right;
-    int64_t cap = d->sq + d->sk;
-    left = left < 0 ? -1 : (left < cap ? left : cap);
-    right = right < 0 ? -1 : (right < cap ? right : cap);
+    int64_t window[2];
+    aotr_window_bounds(p->window_left, p->window_right, p->causal, d->sq + d->sk, window);
     if ((st = set_i32(v, A_BATCH, d->b)) || (st = set_i32(v, A_NUM_HEADS, d->h)) ||
         (st = set_i32(v, A_GQA_GROUP, d->hk ? d->h / d->hk : 1)) ||
         (st = set_i32(v, A_MAX_SEQLEN_Q, d->sq)) || (st = set_i32(v, A_MAX_SEQLEN_K, d->sk)) ||
-        (st = set_i32(v, A_WINDOW_LEFT, left)) || (st = set_i32(v, A_WINDOW_RIGHT, right)))
+        (st = set_i32(v, A_WINDOW_LEFT, window[0])) ||
+        (st = set_i32(v, A_WINDOW_RIGHT, window[1])))
         return st;
     v[A_VARLEN].i32 = d->varlen;
     v[A_HEAD_DIM].i32 = (int32_t)d->d;
