@@ -223,6 +223,23 @@ def test_dropout_through_the_debug_mask(api):
     assert torch.equal(r >= 0, keep.bool())
 
 
+def _recorded_forward(c, case):
+    """A CUDA graph of the consumer's forward of `case` (check_gpu inside the
+    capture, as PyTorch calls it), after one run on a side stream that loads
+    the modules (a capture cannot load them)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        assert c.forward(case, _stream()) == HIP_SUCCESS
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert c.check_gpu(_stream()) == HIP_SUCCESS
+        rc = c.forward(case, _stream())
+    assert rc == HIP_SUCCESS
+    return graph
+
+
 def test_dropout_under_graph_capture(api):
     """PyTorch's graph-safe RNG state: the seed and the graph's base offset
     are device scalars each replay refills, the call's offset within the
@@ -240,16 +257,7 @@ def test_dropout_under_graph_capture(api):
     case = make_case(scale=scale, dropout_p=p, q=q, k=k, v=v, out=out, lse=lse, seed=seed,
                      offset=base, philox_offset2=intra, seed_output=seed_out,
                      offset_output=offset_out)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # loads the modules before the capture
-        assert c.forward(case, _stream()) == HIP_SUCCESS
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        assert c.check_gpu(_stream()) == HIP_SUCCESS
-        rc = c.forward(case, _stream())
-    assert rc == HIP_SUCCESS
+    graph = _recorded_forward(c, case)
     outs = []
     for b in (4096, 8192):
         base.fill_(b)
@@ -442,16 +450,7 @@ def test_seqused_k_under_graph_capture(api):
     case = make_case(mask="bottom_right", scale=scale, max_seqlen=(4, 128), q=q, k=k, v=v, out=out,
                      lse=lse, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=used,
                      varlen_mode="seqused_k")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # loads the modules before the capture
-        assert c.forward(case, _stream()) == HIP_SUCCESS
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        assert c.check_gpu(_stream()) == HIP_SUCCESS
-        rc = c.forward(case, _stream())
-    assert rc == HIP_SUCCESS
+    graph = _recorded_forward(c, case)
     for lens in ([40, 9], [41, 10], [96, 128]):
         used.copy_(torch.tensor(lens, **dev))
         out.fill_(float("nan"))
