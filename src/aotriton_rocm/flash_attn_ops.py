@@ -5,11 +5,14 @@ flash_attn_varlen_func` and their packed forms call, and
 ``flash_attn_kvcache``, the attention of :func:`~aotriton_rocm.
 flash_attn_with_kvcache` (and of the varlen function's paged caches).
 
-As operators (``torch.library.custom_op``, like flash-attn's own), each call
-is one node to torch.compile: fake kernels give its outputs' shapes, so
-Dynamo never traces into the launch (our ctypes structures), and autograd
-reaches the backward operator through ``register_autograd``. Each operator
-checks its call when it runs, as the eager functions always did.
+As operators (defined with ``torch.library``, as flash-attn defines its own),
+each call is one node to torch.compile: fake kernels give its outputs'
+shapes, so Dynamo never traces into the launch (our ctypes structures), and
+autograd reaches the backward operator through ``register_autograd``. Each
+operator checks its call when it runs, as the eager functions always did.
+They are defined with ``Library.define``/``impl`` rather than
+``torch.library.custom_op``, whose per-call wrapping costs about 80 us of host
+time (measured on this project's CPU host: 94 against 9 us per call).
 
 q, k, v are flash-attn's: (batch, seqlen, heads, head_dim), or packed
 (total, heads, head_dim) with ``cu_seqlens_q/k``.
@@ -18,8 +21,6 @@ q, k, v are flash-attn's: (batch, seqlen, heads, head_dim), or packed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -169,13 +170,28 @@ class _Call:
         return torch.nn.functional.pad(t, pad, value=value)
 
 
-@torch.library.custom_op("aotriton_rocm::flash_attn_forward", mutates_args=())
-def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
-                       cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                       dropout_p: float, softmax_scale: Optional[float], causal: bool,
-                       window_left: int, window_right: int, softcap: float,
-                       alibi_slopes: Optional[Tensor], return_debug_mask: bool,
-                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+_LIB = torch.library.Library("aotriton_rocm", "DEF")  # alive as long as the process
+_LIB.define(
+    "flash_attn_forward(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+    "int max_seqlen_q, int max_seqlen_k, float dropout_p, float? softmax_scale, bool causal, "
+    "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
+    "bool return_debug_mask, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)")
+_LIB.define(
+    "flash_attn_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+    "Tensor softmax_lse, Tensor rng_state, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
+    "int max_seqlen_q, int max_seqlen_k, float dropout_p, float? softmax_scale, bool causal, "
+    "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
+    "bool deterministic) -> (Tensor, Tensor, Tensor)")
+_LIB.define(
+    "flash_attn_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_end, Tensor? k_start, "
+    "Tensor? cache_batch_idx, Tensor? block_table, Tensor? alibi_slopes, float? softmax_scale, "
+    "bool causal, int window_left, int window_right, float softcap, int num_splits, "
+    "Tensor? cu_seqlens_q, int max_seqlen_q, str api) -> (Tensor, Tensor)")
+
+
+def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                  softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                  return_debug_mask, deterministic):
     """(out, softmax_lse, rng_state, debug_mask): out like q with v's head
     dim; lse (batch, heads, seqlen_q), packed (heads, total_q); the Philox
     (seed, offset) the backward replays (zeros without dropout); the
@@ -200,7 +216,7 @@ def flash_attn_forward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[T
     return out, lse, state, debug
 
 
-@flash_attn_forward.register_fake
+@torch.library.register_fake("aotriton_rocm::flash_attn_forward")
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                   return_debug_mask, deterministic):
@@ -217,14 +233,9 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     return out, lse, q.new_empty((2,), dtype=torch.int64), debug
 
 
-@torch.library.custom_op("aotriton_rocm::flash_attn_backward", mutates_args=())
-def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
-                        softmax_lse: Tensor, rng_state: Tensor, cu_seqlens_q: Optional[Tensor],
-                        cu_seqlens_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                        dropout_p: float, softmax_scale: Optional[float], causal: bool,
-                        window_left: int, window_right: int, softcap: float,
-                        alibi_slopes: Optional[Tensor],
-                        deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _backward_impl(grad_out, q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k,
+                   max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
+                   window_right, softcap, alibi_slopes, deterministic):
     """(dq, dk, dv) of :func:`flash_attn_forward`'s out."""
     call = _Call.of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                     causal, window_left, window_right, softcap, alibi_slopes, False)
@@ -240,7 +251,7 @@ def flash_attn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: 
             call.padded(dv, call.total_k))
 
 
-@flash_attn_backward.register_fake
+@torch.library.register_fake("aotriton_rocm::flash_attn_backward")
 def _backward_fake(grad_out, q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k,
                    max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_left,
                    window_right, softcap, alibi_slopes, deterministic):
@@ -272,17 +283,11 @@ def _backward(ctx, grad_out, _grad_lse, _grad_state, _grad_debug):
     return (dq, dk, dv) + (None,) * 13
 
 
-flash_attn_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("aotriton_rocm::flash_attn_kvcache", mutates_args=())
-def flash_attn_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_end: Tensor,
-                       k_start: Optional[Tensor], cache_batch_idx: Optional[Tensor],
-                       block_table: Optional[Tensor], alibi_slopes: Optional[Tensor],
-                       softmax_scale: Optional[float], causal: bool, window_left: int,
-                       window_right: int, softcap: float, num_splits: int,
-                       cu_seqlens_q: Optional[Tensor], max_seqlen_q: int,
-                       api: str) -> tuple[Tensor, Tensor]:
+def _kvcache_impl(q, k_cache, v_cache, k_end, k_start, cache_batch_idx, block_table, alibi_slopes,
+                  softmax_scale, causal, window_left, window_right, softcap, num_splits,
+                  cu_seqlens_q, max_seqlen_q, api):
     """(out, softmax_lse) of queries against KV caches (see
     :func:`aotriton_rocm.kvcache.forward`; the window is flash-attn's,
     normalised). Inference only: no autograd. ``api`` names the caller in
@@ -300,7 +305,7 @@ def flash_attn_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k_end: Tenso
     return out, lse
 
 
-@flash_attn_kvcache.register_fake
+@torch.library.register_fake("aotriton_rocm::flash_attn_kvcache")
 def _kvcache_fake(q, k_cache, v_cache, k_end, k_start, cache_batch_idx, block_table, alibi_slopes,
                   softmax_scale, causal, window_left, window_right, softcap, num_splits,
                   cu_seqlens_q, max_seqlen_q, api):
@@ -310,3 +315,14 @@ def _kvcache_fake(q, k_cache, v_cache, k_end, k_start, cache_batch_idx, block_ta
     else:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return out, lse
+
+
+for _name, _impl in (("flash_attn_forward", _forward_impl), ("flash_attn_backward", _backward_impl),
+                     ("flash_attn_kvcache", _kvcache_impl)):
+    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+torch.library.register_autograd("aotriton_rocm::flash_attn_forward", _backward,
+                                setup_context=_setup_context)
+
+flash_attn_forward = torch.ops.aotriton_rocm.flash_attn_forward.default
+flash_attn_backward = torch.ops.aotriton_rocm.flash_attn_backward.default
+flash_attn_kvcache = torch.ops.aotriton_rocm.flash_attn_kvcache.default
