@@ -33,7 +33,7 @@ from .attention import (Varlen, default_scale, flash_attn_window, mask_args, new
                         problem_dims)
 from .attention import backward as attention_backward, forward as attention_forward
 from .dropout_masks import flash_attn_s_dmask
-from .flash_attn_ops import check_operands, fail as _fail, flash_attn_forward, forward_state
+from .flash_attn_ops import check_operands, fail as _fail, forward as flash_attn_forward, forward_state
 # flash-attn's module also holds the KV-cache entry point.
 from .kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
 

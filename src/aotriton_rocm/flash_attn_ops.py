@@ -31,7 +31,7 @@ from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_u
 from .philox_state import efficient_dims
 
 __all__ = ["KVCACHE_SUPPORTED", "SUPPORTED", "check_operands", "fail", "flash_attn_backward",
-           "flash_attn_forward", "flash_attn_kvcache", "forward_state"]
+           "flash_attn_forward", "flash_attn_kvcache", "forward", "forward_state"]
 
 _DTYPES = "fp16/bf16/fp32"
 SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nheads a "
@@ -326,3 +326,15 @@ torch.library.register_autograd("aotriton_rocm::flash_attn_forward", _backward,
 flash_attn_forward = torch.ops.aotriton_rocm.flash_attn_forward.default
 flash_attn_backward = torch.ops.aotriton_rocm.flash_attn_backward.default
 flash_attn_kvcache = torch.ops.aotriton_rocm.flash_attn_kvcache.default
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, *args):
+    """:data:`flash_attn_forward`, past its autograd kernel where no gradient
+    can flow (grad mode off, or q, k and v need none): that kernel, Python
+    in torch.library, costs about 40 us a call on the H200 host. torch.compile
+    traces the operator itself."""
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad)):
+        return flash_attn_forward(q, k, v, *args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return flash_attn_forward(q, k, v, *args)
