@@ -194,7 +194,8 @@ def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                   return_debug_mask, deterministic):
     """(out, softmax_lse, rng_state, debug_mask): out like q with v's head
     dim; lse (batch, heads, seqlen_q), packed (heads, total_q); the Philox
-    (seed, offset) the backward replays (zeros without dropout); the
+    (seed, offset) the backward replays (empty without dropout or a debug
+    mask); the
     kernels' debug mask (see ``AttentionFunction``) or an empty (0,) tensor.
     ``deterministic`` is the backward's."""
     call = _Call.of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -209,8 +210,8 @@ def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         out = out.transpose(1, 2)
     out = call.padded(out, call.total_q)
     lse = call.padded(lse, call.total_q, float("inf"), dim=1)
-    if state is None:
-        state = torch.zeros(2, dtype=torch.int64, device=q.device)
+    if state is None:  # the backward reads it only with dropout
+        state = torch.empty((0,), dtype=torch.int64, device=q.device)
     if debug is None:
         debug = torch.empty((0,), dtype=q.dtype, device=q.device)
     return out, lse, state, debug
@@ -230,7 +231,8 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
         sq, sk = max_seqlen_q, max_seqlen_k
         lse = q.new_empty((h, q.shape[0]), dtype=torch.float32)
     debug = q.new_empty((b, h, sq, sk) if return_debug_mask else (0,))
-    return out, lse, q.new_empty((2,), dtype=torch.int64), debug
+    state = q.new_empty((2,) if dropout_p or return_debug_mask else (0,), dtype=torch.int64)
+    return out, lse, state, debug
 
 
 def _backward_impl(grad_out, q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k,
