@@ -21,7 +21,7 @@ if [ ! -e "$stamp" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   # cyclonedx-python-lib[json-validation]: tests/test_sbom.py checks the SBOM against the CycloneDX schema
   "$venv/bin/python" -m pip install -q "torch==2.13.0" numpy pytest pytest-xdist hypothesis "pypiserver[passlib]" \
-    "cyclonedx-python-lib[json-validation]"
+    "cyclonedx-python-lib[json-validation]" "ruff==0.17.6"
   "$venv/bin/python" -m pip install -q -e "$root[build]"
   rm -f "$venv"/.deps-*
   touch "$stamp"

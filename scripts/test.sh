@@ -9,6 +9,8 @@ if [ -d /usr/lib/ccache ] && command -v ccache >/dev/null; then
   export PATH="/usr/lib/ccache:$PATH" CCACHE_DIR="${CCACHE_DIR:-$root/.cache/ccache}" \
     CCACHE_NOHASHDIR=1 CCACHE_BASEDIR=/
 fi
-# One worker per core; each test file stays in one worker (its fixtures are
+# The lint the tree keeps (pyproject.toml's [tool.ruff]), then the tests:
+# one worker per core; each test file stays in one worker (its fixtures are
 # built once).
+ruff check --quiet "$root"
 python -m pytest -q -ra -n auto --dist loadfile --durations=25 "$@"

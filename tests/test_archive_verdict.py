@@ -12,7 +12,6 @@ import hashlib
 import json
 import shutil
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -75,7 +74,7 @@ def _corpus(doc):
         ("pretty printed", json.dumps(doc, indent=2)),
         ("nesting 64 deep", _in_manifest(doc, f'"x":{_nested(62)}')),  # index, manifest, 62
         ("surrogate pair", _in_manifest(doc, r'"x":"\ud83d\ude00"')),
-        ("duplicate key, the last wins", _in_manifest(doc, f'"arch":"gfx90a"')),
+        ("duplicate key, the last wins", _in_manifest(doc, '"arch":"gfx90a"')),
         ("huge integer kept as a double", _in_manifest(doc, '"x":' + "9" * 30)),
         ("1e308", _in_manifest(doc, '"x":1e308')),
         ("1e-400 underflows to 0", _in_manifest(doc, '"x":1e-400')),

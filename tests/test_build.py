@@ -117,7 +117,8 @@ def test_cache_key_covers_what_the_module_reads(built, tmp_path):
 
 def test_failed_build_writes_no_archive(built, tmp_path):
     # BLOCK = 100 is not a power of 2: tl.arange fails to compile for gfx942.
-    bad = TOY_VARIANTS + '\n[[kernels.scale_add.configs]]\narchs = ["gfx942"]\nBLOCK = 100\nnum_warps = 4\nnum_stages = 1\n'
+    bad = TOY_VARIANTS + ('\n[[kernels.scale_add.configs]]\narchs = ["gfx942"]\nBLOCK = 100\n'
+                          'num_warps = 4\nnum_stages = 1\n')
     root = make_root(tmp_path / "root", bad)
     out = tmp_path / "out"
     shutil.copytree(built[0] / "cache", out / "cache")

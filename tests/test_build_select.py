@@ -147,7 +147,8 @@ def test_waiver_ships_and_is_recorded(built, tmp_path, capsys):
     assert res.report["per_arch"]["gfx1100"]["validation"]["allowed"]
     assert cli_main(["validate", str(res.archives["gfx1100"])]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"^allowed gfx1100 hog\|dtype=fp16\|head_dim=64\|BLOCK_M=32.*spills.*toy: measured acceptable", text, re.M)
+    assert re.search(r"^allowed gfx1100 hog\|dtype=fp16\|head_dim=64\|BLOCK_M=32.*spills.*"
+                     r"toy: measured acceptable", text, re.M)
     assert "1 allowed" in text
 
 

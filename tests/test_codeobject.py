@@ -230,7 +230,6 @@ def test_corrupted_elf_rejected(compiled):
 
 
 def test_validate_command(compiled, tmp_path, capsys):
-    from aotriton_rocm.tooling.build import validate_archives as V
     from aotriton_rocm.tooling.build.write import arch_limits_dict
 
     def archive(name, arch, pairs, limits=True):

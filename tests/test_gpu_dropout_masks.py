@@ -80,7 +80,7 @@ def test_flash_attn_func_s_dmask(dtype, d, sq, sk, h, hk, causal, window, p):
 
 
 def test_flash_attn_varlen_func_s_dmask():
-    dtype, d, h, p = torch.float16, 64, 3, 0.2
+    d, h, p = 64, 3, 0.2
     lens_q, lens_k = [300, 1, 0, 129], [257, 40, 3, 129]
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32).cuda()
     cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32).cuda()

@@ -126,7 +126,7 @@ def test_auto_splits_on_this_gpu():
 @pytest.mark.parametrize("page", [None, 16, 256])
 @pytest.mark.parametrize("interleaved", [True, False])
 def test_append_with_rotary(page, interleaved):
-    dtype, d, b, sq, h, hk, new = torch.float16, 128, 3, 4, 16, 4, 4
+    d, b, sq, h, hk, new = 128, 3, 4, 16, 4, 4
     gen = _gen(7 + int(interleaved))
     cap = 1024
     q = _rand(b, sq, h, d, gen=gen)

@@ -5,7 +5,6 @@ kernel image is missing."""
 from __future__ import annotations
 
 import importlib.metadata
-import sys
 from pathlib import Path
 
 import pytest

@@ -184,7 +184,6 @@ def test_info_subprocess_no_traceback(tmp_path):
 # -- validate --------------------------------------------------------------------
 
 def test_validate_reports_every_archive(tmp_path, capsys):
-    from aotriton_rocm.tooling.build import validate_archives as V
 
     d = tmp_path / "archives"
     bad = RA.write(d, "gfx90a")

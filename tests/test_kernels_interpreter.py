@@ -161,7 +161,6 @@ def kernel_dkdv(q, k, v, lse, delta, do, sm_scale, causal, window=(-1, -1), spli
 
 def kernel_backward(q, k, v, o, lse, do, sm_scale, causal, window=(-1, -1)):
     B, H, Sq, D = q.shape
-    Hk, Sk = k.shape[1], k.shape[2]
     delta = torch.full((B, H, Sq), float("nan"), dtype=torch.float32)
     bm, _ = _blocks("attn_bwd_preprocess", D)
     u = _UNUSED

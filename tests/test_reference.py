@@ -18,9 +18,8 @@ import pytest
 pytest.importorskip("elftools")
 
 from aotriton_rocm.tooling.build import cycle_model as CM  # noqa: E402
-from aotriton_rocm.tooling.build.amdgcn import hot_loop_lines, hot_loop_stats  # noqa: E402
 from aotriton_rocm.tooling.build.codeobject import ArchLimits, CodeObjectError, inspect_code_object  # noqa: E402
-from aotriton_rocm.tooling.build.gcn_decode import code_object_text, decode  # noqa: E402
+from aotriton_rocm.tooling.build.gcn_decode import decode  # noqa: E402
 from aotriton_rocm.tooling.build.reference import (ReferenceError, ReferenceWheel, default_cache_dir,  # noqa: E402
                                                    download_wheel)
 

@@ -186,7 +186,7 @@ def test_reinstalled_same_version_is_backed_up_anew(tmp_path, wheels, capsys):
 
 def test_no_record_never_backs_up_ours(tmp_path, wheels, capsys):
     lib = pip_install(tmp_path, wheels, "2.11.0")
-    name, backup = _name("2.11.0"), lib / (_name("2.11.0") + D.BACKUP_SUFFIX)
+    name = _name("2.11.0")
     assert dropin(lib, capsys=capsys)[0] == 0
     # record gone: the backup matches pip's RECORD of this torch, so it is adopted
     (lib / D.RECORD).unlink()

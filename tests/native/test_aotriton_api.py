@@ -212,7 +212,8 @@ def test_soname_is_the_file_name_and_symbols_are_unversioned(prefix, line, relea
     # loadable where the runtime wheel is (manylinux_2_28: glibc 2.28, GCC 8's libstdc++)
     import re
     limits = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 25), "CXXABI": (1, 3, 11)}
-    for lib, version in re.findall(r"\b(GLIBC|GLIBCXX|CXXABI)_([0-9.]+)", _run(["objdump", "-T", prefix / "lib" / name])):
+    symbols = _run(["objdump", "-T", prefix / "lib" / name])
+    for lib, version in re.findall(r"\b(GLIBC|GLIBCXX|CXXABI)_([0-9.]+)", symbols):
         assert tuple(int(x) for x in version.split(".")) <= limits[lib], (lib, version)
 
 

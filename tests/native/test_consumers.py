@@ -370,7 +370,7 @@ def test_consumers_against_a_conda_prefix(native_build, packages, conda_prefix, 
     prefix = conda_prefix
     # one copy of the library, in the prefix's lib/; none in site-packages
     assert (prefix / "lib" / SONAME).is_file()
-    assert not list(prefix.glob(f"lib/python*/site-packages/aotriton_rocm/lib"))
+    assert not list(prefix.glob("lib/python*/site-packages/aotriton_rocm/lib"))
     assert (prefix / "share" / "aotriton-rocm" / "sm_90.aotr").is_file()
     python, env = python_for_conda_prefix(prefix)
     config = [prefix / "bin" / "aotriton-rocm", "config"]

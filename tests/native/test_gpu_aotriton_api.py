@@ -278,7 +278,6 @@ def test_dropout_under_graph_capture(api):
 def test_compact_varlen(api, max_k):
     line, c = api
     d = 72
-    lens_q, lens_k = [50, 78], [64, 100]
     cu_q = torch.tensor([0, 50, 128], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 64, 164], dtype=torch.int32, device="cuda")
     q = torch.randn(128, HQ, d, device="cuda", dtype=torch.float16)

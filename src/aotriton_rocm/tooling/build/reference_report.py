@@ -345,7 +345,8 @@ def format_reference(rep: ReferenceReport) -> str:
     text = [f"reference: AMD's kernels from {rep.wheel}, compiled by our triton where Triton "
             f"(amd-triton), read from the wheel where assembly (aiter-asm)",
             render_table(_HEADER, rows, left=(0, 1, 2, 3, 4, 19)),
-            "MFMA: the hot loop's MFMA shape (MxNxK). oth/MFMA: other instructions per MFMA in the hot loop; gld, dsr, dsw: global loads, LDS reads, "
+            "MFMA: the hot loop's MFMA shape (MxNxK). oth/MFMA: other instructions per MFMA in the "
+            "hot loop; gld, dsr, dsw: global loads, LDS reads, "
             "LDS writes per MFMA; waits, bar: s_waitcnt, s_barrier per iteration. aiter-asm VGPR: the "
             "metadata's unified count (its AGPRs are not reported apart).",
             f"loop TF/s: the hot loop's MFMA rate by the cycle model on MI300X (gfx942 only); pass TF/s: "
@@ -377,7 +378,8 @@ def triton_check(rep: ReferenceReport) -> Optional[str]:
         return None
     ratio = est["aiter-asm"] / est["amd-triton"]
     lo, hi, source = TRITON_GAP
-    verdict = "inside" if lo <= ratio <= hi else f"outside (the model misses {min(abs(ratio - lo), abs(ratio - hi)):.2f})"
+    miss = min(abs(ratio - lo), abs(ratio - hi))
+    verdict = "inside" if lo <= ratio <= hi else f"outside (the model misses {miss:.2f})"
     return (f"check (not fitted): AITER asm / AMD Triton forward, gfx942 bf16 d128, predicted "
             f"{ratio:.2f}x, published {lo:.2f}-{hi:.2f}x ({source}): {verdict}")
 
@@ -398,6 +400,7 @@ def reference_json(rep: ReferenceReport) -> Dict[str, Any]:
                 "estimate": asdict(r.estimate) if r.estimate else None, "loop": r.loop,
                 "pass_tflops": r.pass_tflops, "note": r.note}
     cal = rep.calibration
-    return {"wheel": rep.wheel, "rows": [row(r) for r in rep.rows], "gaps": [g.to_json() for g in gaps(rep)], "check": triton_check(rep),
+    return {"wheel": rep.wheel, "rows": [row(r) for r in rep.rows], "gaps": [g.to_json() for g in gaps(rep)],
+            "check": triton_check(rep),
             "calibration": {"factor": cal.factor, "errors": cal.errors, "max_error": cal.max_error,
                             "sources": list(cal.sources), "published": PUBLISHED}}
