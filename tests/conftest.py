@@ -13,6 +13,18 @@ from support import SHARED_ENV
 from support.toy_build import make_root
 
 
+def pytest_runtest_setup(item):
+    """``@pytest.mark.gpu`` (``arch=``, ``image=False``): skipped where the
+    GPU, or its image, is not there (support.gpu.missing)."""
+    marker = item.get_closest_marker("gpu")
+    if marker is not None:
+        from support.gpu import missing
+
+        reason = missing(**marker.kwargs)
+        if reason:
+            pytest.skip(reason)
+
+
 def pytest_configure(config):
     if not hasattr(config, "workerinput") and not os.environ.get(SHARED_ENV):
         config._aotriton_shared_dir = tempfile.mkdtemp(prefix="aotriton-tests-")

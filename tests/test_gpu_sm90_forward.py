@@ -18,16 +18,11 @@ import pytest
 import torch
 
 import aotriton_rocm
-from aotriton_rocm import device, images
 from support import attn_reference as ref
 from support.gpu import ours, randn, require_sm90_function
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
+pytestmark = [pytest.mark.gpu(arch="sm_90"), pytest.mark.usefixtures("enabled")]
 
-if not device.gpu_available():
-    pytest.skip("no GPU visible to torch", allow_module_level=True)
-if device.arch_of(torch.cuda.current_device()) != "sm_90" or "sm_90" not in images.find_archives():
-    pytest.skip("needs an sm_90 GPU and the installed sm_90 image", allow_module_level=True)
 
 def _require_gluon(dtype, head_dim, seqlen):
     require_sm90_function("attn_fwd", "flash_attention_sm90:attn_fwd", dtype, head_dim, seqlen)

@@ -18,16 +18,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import archive, device, images
+from aotriton_rocm import archive, images
 from support import attn_reference as ref
 from support.gpu import ours, randn
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
+pytestmark = [pytest.mark.gpu(arch="sm_90"), pytest.mark.usefixtures("enabled")]
 
-if not device.gpu_available():
-    pytest.skip("no GPU visible to torch", allow_module_level=True)
-if device.arch_of(torch.cuda.current_device()) != "sm_90" or "sm_90" not in images.find_archives():
-    pytest.skip("needs an sm_90 GPU and the installed sm_90 image", allow_module_level=True)
 
 
 def _min_seqlen() -> int:

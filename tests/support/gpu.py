@@ -9,6 +9,20 @@ import torch
 from aotriton_rocm import archive, backends, device, images
 
 
+def missing(arch: str | None = None, image: bool = True) -> str | None:
+    """Why a test marked ``gpu`` cannot run here (None: it can): no GPU
+    visible to torch; with ``image``, no installed kernel image for the GPU's
+    arch; with ``arch``, another GPU (or no image of that arch)."""
+    if not device.gpu_available():
+        return "no GPU visible to torch"
+    here = device.arch_of(torch.cuda.current_device())
+    if arch is not None and (here != arch or arch not in images.find_archives()):
+        return f"needs an {arch} GPU and the installed {arch} image"
+    if image and here not in images.find_archives():
+        return "no kernel image installed for this GPU's arch"
+    return None
+
+
 def ours(kernel: str = "attn_fwd") -> int:
     """Launches of our `kernel` on the current GPU since the last reset."""
     name = f"aot:{device.arch_of(torch.cuda.current_device())}"
