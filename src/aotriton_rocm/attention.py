@@ -103,7 +103,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if k.dtype != dtype or v.dtype != dtype:
         return "query, key and value must share a dtype"
     if dtype not in DTYPE_NAMES:
-        return f"dtype {dtype} is not covered (fp16, bf16 and fp32 are)"
+        return f"dtype {str(dtype).replace('torch.', '')} is not covered (fp16, bf16 and fp32 are)"
     if k.device != q.device or v.device != q.device:
         return "query, key and value must be on one device"
     if k.shape != v.shape or q.shape[-1] != k.shape[-1]:
@@ -117,7 +117,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if not 1 <= d <= MAX_HEAD_DIM:
         return f"head_dim {d} is not covered (1 to {MAX_HEAD_DIM} are)"
     if not 0.0 <= dropout_p < 1.0:
-        return f"dropout_p={dropout_p} is outside [0, 1)"
+        return f"dropout_p={dropout_p:g} is outside [0, 1)"
     if dropout_p and MAX_BLOCK * sk > INT32_MAX:
         return "dropout with seqlen_k > 2**23 is not covered"
     if varlen is not None:
@@ -199,8 +199,10 @@ def alibi_args(alibi_slopes: torch.Tensor | None, spare: torch.Tensor
 def _varlen_reason(varlen: Varlen, q: torch.Tensor, k: torch.Tensor) -> str | None:
     for name, cu, total in (("cu_seqlens_q", varlen.cu_seqlens_q, q.shape[0]),
                             ("cu_seqlens_k", varlen.cu_seqlens_k, k.shape[0])):
-        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
-            return f"{name} must be a 1-D int32 tensor on the query's device"
+        if cu.dtype != torch.int32 or cu.dim() != 1:
+            return f"{name} must be a 1-D int32 tensor"
+        if cu.device != q.device:
+            return f"{name} must be on the query's device"
         if total > INT32_MAX:
             return f"{name}: more than 2**31 packed rows"
     if varlen.cu_seqlens_q.numel() != varlen.cu_seqlens_k.numel() or varlen.batch < 0:
