@@ -102,7 +102,35 @@ def test_host_time_of_a_tiny_call():
     aotriton_rocm.enable()
     try:
         sdpa = per_call(lambda: F.scaled_dot_product_attention(qt, kt, vt))
+        flash_enabled = per_call(lambda: aotriton_rocm.flash_attn_func(q, k, v))
     finally:
         aotriton_rocm.disable()
-    print(f"\nhost time per tiny call: flash_attn_func {flash:.1f} us, SDPA route {sdpa:.1f} us")
+    print(f"\nhost time per tiny call: flash_attn_func {flash:.1f} us, after enable() "
+          f"{flash_enabled:.1f} us, SDPA route {sdpa:.1f} us")
     assert flash > 0 and sdpa > 0
+
+
+@pytest.mark.parametrize("kw", [dict(causal=True), dict(window_size=(40, 8), softcap=3.0),
+                                dict(alibi=True, causal=True)], ids=["causal", "window-softcap", "alibi"])
+def test_enabled_cpp_route_serves_flash_attn_func(kw):
+    """After enable() (the C++ route), flash_attn_func runs in the extension's
+    kernel, no Python route: the result matches the float32 reference."""
+    from aotriton_rocm import torch_native
+
+    q, k, v = _rand(2, 100, 8, 64, seed=31), _rand(2, 160, 2, 64, seed=32), _rand(2, 160, 2, 64, seed=33)
+    kw = dict(kw)
+    slopes = torch.rand(8, device="cuda") * 0.3 if kw.pop("alibi", False) else None
+    aotriton_rocm.enable()
+    try:
+        if not torch_native.is_active():
+            pytest.skip("the C++ route is not active here")
+        before = torch_native.fallback_count()
+        out = aotriton_rocm.flash_attn_func(q, k, v, alibi_slopes=slopes, **kw)
+        torch.cuda.synchronize()
+        assert torch_native.fallback_count() == before, "the call went to the Python route"
+    finally:
+        aotriton_rocm.disable()
+    window = kw.get("window_size", (-1, -1))
+    _judge_out(out, q, k, v, causal=kw.get("causal", False),
+               window=(window[0], 0 if kw.get("causal") else window[1]),
+               softcap=kw.get("softcap", 0.0), alibi_slopes=slopes)

@@ -20,7 +20,7 @@ PKG = "aotriton_rocm"
 # in the tooling), so that a new module is placed on purpose.
 LAYERS = {
     0: {"_version", "errors", "files", "kernel_abi", "archive", "paths", "images", "trace",
-        "elf_dynamic", "gpus_present"},  # stdlib leaves
+        "elf_dynamic", "gpus_present", "operator_schemas"},  # stdlib leaves
     1: {"device", "kernel_spec", "native", "torch_native", "torch_compat", "backends", "attention",
         "registry", "kvcache", "dropout_masks", "philox_state", "interpreter_compat"},
     2: {"__init__", "torch_integration", "flash_attn_interface", "flash_attn_ops", "kvcache_api",

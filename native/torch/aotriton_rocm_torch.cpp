@@ -28,7 +28,8 @@ namespace {
 
 namespace sd = torch::stable::detail;
 
-constexpr int kOps = 6;
+constexpr int kOps = 7;
+constexpr int kAtenOps = 6; // then ours, in the fallback namespace
 const char *const kOpNames[kOps] = {
     "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_flash_attention_backward",
@@ -36,12 +37,13 @@ const char *const kOpNames[kOps] = {
     "_flash_attention_backward",
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_efficient_attention_backward",
+    "flash_attn_forward",
 };
 // The argument kinds (see aotr_torch_config.arg_kinds) of the arguments
 // these kernels read; later ones must be None.
 const char *const kKnownKinds[kOps] = {
     "TTTxxxo", "TTTTTTTTxxxxTTo", "TTTttxxxxxooott", "TTTTTTTTxxxxTTooo", "TTTtxxxo",
-    "TTTTTTTTTxLxo",
+    "TTTTTTTTTxLxo", "TTTttxxxoxxxxtxx",
 };
 
 thread_local std::string t_error;
@@ -212,7 +214,7 @@ using ExceptionWhat = const char *(*)();
 
 struct State {
     aotr_runtime *runtime = nullptr;
-    TorchLibraryHandle library = nullptr;
+    TorchLibraryHandle library = nullptr, ours = nullptr; // aten's, the fallback namespace's
     std::string fallback[kOps];
     size_t known_args[kOps] = {};
     std::string kinds[kOps];
@@ -242,6 +244,8 @@ struct State {
     {
         if (library)
             aoti_torch_delete_library_object(std::exchange(library, nullptr));
+        if (ours)
+            aoti_torch_delete_library_object(std::exchange(ours, nullptr));
     }
 
     // New handles of the (seed, offset, debug mask) of the flash ops, or of
@@ -845,6 +849,56 @@ bool fa_bwd(const State &s, const Args &a)
     return true;
 }
 
+// aotriton_rocm::flash_attn_forward (flash_attn_ops.py): flash-attn's dense
+// (B, S, H, D) call without dropout or a debug mask; softcap and ALiBi run on
+// the kernels. A packed batch goes to the Python route, which checks its
+// offsets on the host first.
+bool op_fwd(const State &s, const Args &a)
+{
+    if (a.opt_tensor(3) || a.opt_tensor(4) || a.f64(7) != 0.0 || a.boolean(14))
+        return false;
+    Info q = info(a.tensor(0)), k = info(a.tensor(1)), v = info(a.tensor(2));
+    if (q.dim != 4 || k.dim != 4 || v.dim != 4)
+        return false;
+    Problem pr(s, q, k, v, kBSHD);
+    pr.p.scale = softmax_scale(a.opt_f64(8), q.size(-1));
+    pr.p.causal = a.boolean(9);
+    pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
+    pr.p.window_left = window_side(a.i64(10), k.size(1));
+    pr.p.window_right = window_side(a.i64(11), k.size(1));
+    Target tg;
+    if (!pr.ok || !target(s, q, &tg))
+        return false;
+    Owned out = empty_like(q, q.dtype);
+    std::vector<int64_t> lse_sizes{q.size(0), q.size(2), q.size(1)};
+    Owned lse = empty_strided(lse_sizes, contiguous_strides(lse_sizes), s.dt.f32, q);
+    aotr_attn_fwd_params p{};
+    p.struct_size = sizeof p;
+    p.device = tg.device;
+    p.stream = tg.stream;
+    p.problem = pr.p;
+    p.softcap = static_cast<float>(a.f64(12));
+    Info oi = info(out.get());
+    AtenTensorHandle alibi = a.opt_tensor(13);
+    if (!view(s, oi, kBSHD, &p.out) || !view(s, info(lse.get()), nullptr, &p.lse) ||
+        (alibi && !alibi_view(s, alibi, q, &p.alibi_slopes)))
+        return false;
+    std::vector<Slot> slots;
+    slots.push_back({&p.problem.q, q, kBSHD, false, {}});
+    slots.push_back({&p.problem.k, k, kBSHD, false, {}});
+    slots.push_back({&p.problem.v, v, kBSHD, false, {}});
+    slots.push_back({&p.out, oi, kBSHD, true, {}});
+    if (!launch(s, slots, [&] { return aotr_attn_fwd(s.runtime, &p); }))
+        return false;
+    Outputs o;
+    o.tensor(std::move(out));
+    o.tensor(std::move(lse));
+    o.tensor(empty_strided({0}, {1}, s.dt.i64, q)); // no Philox state without dropout
+    o.tensor(empty_strided({0}, {1}, q.dtype, q));  // no debug mask
+    o.write(a);
+    return true;
+}
+
 // (B, H, S, D) sizes laid out as (B, S, H, D) in memory, as torch's
 // efficient-attention meta kernels allocate their outputs.
 Owned bshd_empty(const Info &like, int64_t last)
@@ -938,7 +992,7 @@ bool eff_bwd(const State &s, const Args &a)
 }
 
 using Impl = bool (*)(const State &, const Args &);
-const Impl kImpls[kOps] = {flash_fwd, flash_bwd, fa_fwd, fa_bwd, eff_fwd, eff_bwd};
+const Impl kImpls[kOps] = {flash_fwd, flash_bwd, fa_fwd, fa_bwd, eff_fwd, eff_bwd, op_fwd};
 
 [[noreturn]] void fallback_failed(const State &s, int op)
 {
@@ -955,7 +1009,7 @@ void boxed(StableIValue *stack, uint64_t num_args, uint64_t /*num_outputs*/)
     InFlight guard;
     State *s = guard.state;
     if (!s)
-        throw std::runtime_error(std::string("aotriton-rocm: aten::") + kOpNames[Op] +
+        throw std::runtime_error(std::string("aotriton-rocm: ") + kOpNames[Op] +
                                  " called after its extension was deactivated");
     if (num_args == s->kinds[Op].size() && num_args >= s->known_args[Op]) {
         Args args{stack, num_args, s->kinds[Op]};
@@ -993,7 +1047,7 @@ void boxed(StableIValue *stack, uint64_t num_args, uint64_t /*num_outputs*/)
 }
 
 using Boxed = void (*)(StableIValue *, uint64_t, uint64_t);
-const Boxed kBoxed[kOps] = {boxed<0>, boxed<1>, boxed<2>, boxed<3>, boxed<4>, boxed<5>};
+const Boxed kBoxed[kOps] = {boxed<0>, boxed<1>, boxed<2>, boxed<3>, boxed<4>, boxed<5>, boxed<6>};
 
 GetStream find_get_stream()
 {
@@ -1033,7 +1087,7 @@ __attribute__((visibility("default"))) int aotr_torch_activate(const aotr_torch_
         const char *kinds = c->arg_kinds[i];
         size_t known = std::strlen(kKnownKinds[i]);
         if (!kinds || std::strncmp(kinds, kKnownKinds[i], known) != 0)
-            return fail(std::string("aotr_torch_activate: aten::") + kOpNames[i] +
+            return fail(std::string("aotr_torch_activate: ") + kOpNames[i] +
                         " has a schema this library does not know (argument kinds " +
                         (kinds ? kinds : "(null)") + ", expected " + kKnownKinds[i] + "...)");
         s->kinds[i] = kinds;
@@ -1060,10 +1114,14 @@ __attribute__((visibility("default"))) int aotr_torch_activate(const aotr_torch_
         AOTI_TORCH_SUCCESS)
         return fail(std::string("aotr_torch_activate: cannot open aten's ") + c->dispatch_key +
                     " kernels (see torch's error above)");
+    if (aoti_torch_library_init_impl(c->fallback_namespace, c->dispatch_key, __FILE__, __LINE__,
+                                     &s->ours) != AOTI_TORCH_SUCCESS)
+        return fail(std::string("aotr_torch_activate: cannot open ") + c->fallback_namespace + "'s " +
+                    c->dispatch_key + " kernels (see torch's error above)");
     for (int i = 0; i < kOps; ++i) {
-        if (torch_library_impl(s->library, kOpNames[i], kBoxed[i], TORCH_ABI_VERSION) !=
-            AOTI_TORCH_SUCCESS)
-            return fail(std::string("aotr_torch_activate: registering aten::") + kOpNames[i] +
+        if (torch_library_impl(i < kAtenOps ? s->library : s->ours, kOpNames[i], kBoxed[i],
+                               TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS)
+            return fail(std::string("aotr_torch_activate: registering ") + kOpNames[i] +
                         " failed (see torch's error above)");
     }
     replace_state(s.release());

@@ -8,10 +8,11 @@
  *   aten::_scaled_dot_product_flash_attention[_backward]
  *   aten::_flash_attention_forward / _flash_attention_backward
  *   aten::_scaled_dot_product_efficient_attention[_backward]
+ * and aotriton_rocm::flash_attn_forward (flash-attn's API, dense batches),
  * and hand every call they do not cover (dropout, a debug mask, a boolean or
  * hard-to-read attention bias and its gradient, a request libaotriton_rocm
  * reports AOTR_UNSUPPORTED for, any error)
- * unchanged to `<fallback_namespace>::py_<op name>`, an op with the aten op's
+ * unchanged to `<fallback_namespace>::py_<op name>`, an op with the op's
  * schema that the caller has registered (aotriton_rocm's Python route).
  *
  * libtorch's symbols (aoti_torch_*, torch_*) are left undefined: the process
@@ -52,7 +53,7 @@ typedef struct aotr_torch_config {
      * running torch's schema: 'T' Tensor, 't' Tensor?, 'o' another optional,
      * 'L' a list, 'x' anything else. Arguments past the ones this library
      * knows must be None for a call to be covered. */
-    const char *arg_kinds[6];
+    const char *arg_kinds[7];
 } aotr_torch_config;
 
 /* 0 on success; -1 with aotr_torch_last_error() otherwise. Activating

@@ -28,6 +28,7 @@ from .attention import (MAX_HEAD_DIM, Varlen, flash_attn_window, new_rng_state, 
 from .attention import backward as attention_backward, forward as attention_forward
 from .attention import unsupported_reason as attention_unsupported_reason
 from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
+from .operator_schemas import FLASH_ATTN_BACKWARD, FLASH_ATTN_FORWARD, FLASH_ATTN_KVCACHE
 from .philox_state import efficient_dims
 
 __all__ = ["KVCACHE_SUPPORTED", "SUPPORTED", "check_operands", "fail", "flash_attn_backward",
@@ -171,25 +172,11 @@ class _Call:
 
 
 _LIB = torch.library.Library("aotriton_rocm", "DEF")  # alive as long as the process
-_LIB.define(
-    "flash_attn_forward(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
-    "int max_seqlen_q, int max_seqlen_k, float dropout_p, float? softmax_scale, bool causal, "
-    "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-    "bool return_debug_mask, bool deterministic) -> (Tensor, Tensor, Tensor, Tensor)")
-_LIB.define(
-    "flash_attn_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-    "Tensor softmax_lse, Tensor rng_state, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, "
-    "int max_seqlen_q, int max_seqlen_k, float dropout_p, float? softmax_scale, bool causal, "
-    "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-    "bool deterministic) -> (Tensor, Tensor, Tensor)")
-_LIB.define(
-    "flash_attn_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_end, Tensor? k_start, "
-    "Tensor? cache_batch_idx, Tensor? block_table, Tensor? alibi_slopes, float? softmax_scale, "
-    "bool causal, int window_left, int window_right, float softcap, int num_splits, "
-    "Tensor? cu_seqlens_q, int max_seqlen_q, str api) -> (Tensor, Tensor)")
+for _schema in (FLASH_ATTN_FORWARD, FLASH_ATTN_BACKWARD, FLASH_ATTN_KVCACHE):
+    _LIB.define(_schema)
 
 
-def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+def forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
                   return_debug_mask, deterministic):
     """(out, softmax_lse, rng_state, debug_mask): out like q with v's head
@@ -319,7 +306,7 @@ def _kvcache_fake(q, k_cache, v_cache, k_end, k_start, cache_batch_idx, block_ta
     return out, lse
 
 
-for _name, _impl in (("flash_attn_forward", _forward_impl), ("flash_attn_backward", _backward_impl),
+for _name, _impl in (("flash_attn_forward", forward_impl), ("flash_attn_backward", _backward_impl),
                      ("flash_attn_kvcache", _kvcache_impl)):
     _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
 torch.library.register_autograd("aotriton_rocm::flash_attn_forward", _backward,

@@ -731,13 +731,23 @@ def _activate_native(overrides: _Overrides, kernels: dict):
     try:
         with span("archive_search", "(the archives handed to the C++ runtime)"):
             archives = _native_archives()
+        python_kernels = {op.split("::")[1]: fn for op, fn in kernels.items()}
+        python_kernels["flash_attn_forward"] = _flash_attn_forward_python
         return activate_torch_native(
-            {op.split("::")[1]: fn for op, fn in kernels.items()}, rng_layout=_rng_layout(),
+            python_kernels, rng_layout=_rng_layout(),
             efficient_lse_align=1 if torch.version.hip else 32, archives=archives)
     except (OSError, RuntimeError) as exc:
         warnings.warn(f"aotriton-rocm: the C++ route is unavailable ({exc}); "
                       "using the Python route", stacklevel=3)
         return None
+
+
+def _flash_attn_forward_python(keyset, *args):
+    """The Python route of aotriton_rocm::flash_attn_forward, for the calls its
+    C++ kernel hands back (flash_attn_ops is loaded by then: it defines the op)."""
+    from .flash_attn_ops import forward_impl
+
+    return forward_impl(*args)
 
 
 def _native_archives() -> list[str]:

@@ -24,17 +24,21 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from .native import BACKEND_AUTO, RuntimeOptions
+from .operator_schemas import FLASH_ATTN_FORWARD
 from .paths import install_root
 from .trace import span
 
 ENV_VAR = "AOTRITON_ROCM_TORCH_LIB"
 LIB_NAME = "libaotriton_rocm_torch.so"
 NAMESPACE = "aotriton_rocm"
-# In the order of aotr_torch_config.arg_kinds.
-OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
-       "_flash_attention_forward", "_flash_attention_backward",
-       "_scaled_dot_product_efficient_attention",
-       "_scaled_dot_product_efficient_attention_backward")
+# aten's ops the C++ kernels override, then ours (operator_schemas.py), in the
+# order of aotr_torch_config.arg_kinds.
+ATEN_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+            "_flash_attention_forward", "_flash_attention_backward",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_efficient_attention_backward")
+OURS = {"flash_attn_forward": FLASH_ATTN_FORWARD}
+OPS = ATEN_OPS + tuple(OURS)
 MIN_TORCH = (2, 10)
 
 
@@ -154,6 +158,8 @@ def _arg_kinds(schema) -> str:
 def _schema(op: str):
     import torch
 
+    if op in OURS:
+        return torch._C.parse_schema(f"{NAMESPACE}::{OURS[op]}")
     return getattr(torch.ops.aten, op).default._schema
 
 
@@ -165,7 +171,7 @@ def _define_fallback_ops() -> None:
 
     lib = torch.library.Library(NAMESPACE, "FRAGMENT")
     for op in OPS:
-        # "aten::<op>(args) -> returns" as "py_<op>(args) -> tensor returns"
+        # "<ns>::<op>(args) -> returns" as "py_<op>(args) -> tensor returns"
         schema = _schema(op)
         args = str(schema).split("::", 1)[1].rsplit(" -> ", 1)[0]
         returns = [f"Tensor {r.name}".rstrip() for r in schema.returns
