@@ -758,6 +758,39 @@ bool alibi_view(const State &s, AtenTensorHandle h, const Info &q, aotr_tensor *
            a.device_index == q.device_index && view(s, a, nullptr, out);
 }
 
+// The forward of a call in flash-attn's layouts, its problem set up: (B, S,
+// H, D) views (`perm` kBSHD) or packed (total, H, D) ones (nullptr); `out`
+// like q and `lse` (B, H, Sq) or (H, total). False: the Python route takes
+// the call (nothing was written).
+bool flash_layout_fwd(const State &s, const Info &q, const Info &k, const Info &v, const int *perm,
+                      const Problem &pr, AtenTensorHandle alibi, float softcap, Owned *out,
+                      Owned *lse)
+{
+    Target tg;
+    if (!pr.ok || !target(s, q, &tg))
+        return false;
+    *out = empty_like(q, q.dtype);
+    std::vector<int64_t> lse_sizes = perm ? std::vector<int64_t>{q.size(0), q.size(2), q.size(1)}
+                                          : std::vector<int64_t>{q.size(1), q.size(0)};
+    *lse = empty_strided(lse_sizes, contiguous_strides(lse_sizes), s.dt.f32, q);
+    aotr_attn_fwd_params p{};
+    p.struct_size = sizeof p;
+    p.device = tg.device;
+    p.stream = tg.stream;
+    p.problem = pr.p;
+    p.softcap = softcap;
+    Info oi = info(out->get());
+    if (!view(s, oi, perm, &p.out) || !view(s, info(lse->get()), nullptr, &p.lse) ||
+        (alibi && !alibi_view(s, alibi, q, &p.alibi_slopes)))
+        return false;
+    std::vector<Slot> slots;
+    slots.push_back({&p.problem.q, q, perm, false, {}});
+    slots.push_back({&p.problem.k, k, perm, false, {}});
+    slots.push_back({&p.problem.v, v, perm, false, {}});
+    slots.push_back({&p.out, oi, perm, true, {}});
+    return launch(s, slots, [&] { return aotr_attn_fwd(s.runtime, &p); });
+}
+
 // aten::_flash_attention_forward: (B, S, H, D), or packed (total, H, D).
 // Arguments past scale and the window: seqused_k (13) must be None,
 // alibi_slopes (14, where this torch has it) runs on the kernels, later ones
@@ -782,29 +815,8 @@ bool fa_fwd(const State &s, const Args &a)
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
     pr.p.window_left = window_side(a.opt_i64(11), seqlen_k);
     pr.p.window_right = window_side(a.opt_i64(12), seqlen_k);
-    Target tg;
-    if (!pr.ok || !target(s, q, &tg))
-        return false;
-    Owned out = empty_like(q, q.dtype);
-    std::vector<int64_t> lse_sizes = packed ? std::vector<int64_t>{q.size(1), q.size(0)}
-                                            : std::vector<int64_t>{q.size(0), q.size(2), q.size(1)};
-    Owned lse = empty_strided(lse_sizes, contiguous_strides(lse_sizes), s.dt.f32, q);
-    aotr_attn_fwd_params p{};
-    p.struct_size = sizeof p;
-    p.device = tg.device;
-    p.stream = tg.stream;
-    p.problem = pr.p;
-    Info oi = info(out.get());
-    if (!view(s, oi, perm, &p.out) || !view(s, info(lse.get()), nullptr, &p.lse))
-        return false;
-    if (alibi && !alibi_view(s, alibi, q, &p.alibi_slopes))
-        return false;
-    std::vector<Slot> slots;
-    slots.push_back({&p.problem.q, q, perm, false, {}});
-    slots.push_back({&p.problem.k, k, perm, false, {}});
-    slots.push_back({&p.problem.v, v, perm, false, {}});
-    slots.push_back({&p.out, oi, perm, true, {}});
-    if (!launch(s, slots, [&] { return aotr_attn_fwd(s.runtime, &p); }))
+    Owned out, lse;
+    if (!flash_layout_fwd(s, q, k, v, perm, pr, alibi, 0.0f, &out, &lse))
         return false;
     auto aux = const_cast<State &>(s).aux_outputs(q, q.dtype);
     Outputs o;
@@ -866,29 +878,9 @@ bool op_fwd(const State &s, const Args &a)
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
     pr.p.window_left = window_side(a.i64(10), k.size(1));
     pr.p.window_right = window_side(a.i64(11), k.size(1));
-    Target tg;
-    if (!pr.ok || !target(s, q, &tg))
-        return false;
-    Owned out = empty_like(q, q.dtype);
-    std::vector<int64_t> lse_sizes{q.size(0), q.size(2), q.size(1)};
-    Owned lse = empty_strided(lse_sizes, contiguous_strides(lse_sizes), s.dt.f32, q);
-    aotr_attn_fwd_params p{};
-    p.struct_size = sizeof p;
-    p.device = tg.device;
-    p.stream = tg.stream;
-    p.problem = pr.p;
-    p.softcap = static_cast<float>(a.f64(12));
-    Info oi = info(out.get());
-    AtenTensorHandle alibi = a.opt_tensor(13);
-    if (!view(s, oi, kBSHD, &p.out) || !view(s, info(lse.get()), nullptr, &p.lse) ||
-        (alibi && !alibi_view(s, alibi, q, &p.alibi_slopes)))
-        return false;
-    std::vector<Slot> slots;
-    slots.push_back({&p.problem.q, q, kBSHD, false, {}});
-    slots.push_back({&p.problem.k, k, kBSHD, false, {}});
-    slots.push_back({&p.problem.v, v, kBSHD, false, {}});
-    slots.push_back({&p.out, oi, kBSHD, true, {}});
-    if (!launch(s, slots, [&] { return aotr_attn_fwd(s.runtime, &p); }))
+    Owned out, lse;
+    if (!flash_layout_fwd(s, q, k, v, kBSHD, pr, a.opt_tensor(13), static_cast<float>(a.f64(12)),
+                          &out, &lse))
         return false;
     Outputs o;
     o.tensor(std::move(out));
