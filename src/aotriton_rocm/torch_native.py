@@ -234,16 +234,24 @@ def _counted(op: str, kernel: Callable) -> Callable:
     return py_kernel
 
 
+def _no_python_route(op: str) -> Callable:
+    def kernel(keyset, *args, **kwargs):
+        raise RuntimeError(f"{NAMESPACE}::{op}: this call needs the Python route, and activate() "
+                           "was given none for it")
+    return kernel
+
+
 def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
              efficient_lse_align: int, dispatch_key: str = "CUDA",
              python_keys: Sequence[str] = ("CUDA",), archives: Sequence[str] = (),
              archive_dir: str | None = None, driver_library: str | None = None,
              backend: int = BACKEND_AUTO) -> Activation:
-    """Put the C++ kernels on ``dispatch_key`` of the six aten ops.
+    """Put the C++ kernels on ``dispatch_key`` of the six aten ops and ours.
 
     ``python_kernels``: per op name (``OPS``), the Python route's kernel
     ``(keyset, *args, **kwargs)``, registered as ``aotriton_rocm::py_<op>``
-    on ``python_keys``. ``rng_layout``: the flash ops' RNG-state outputs as
+    on ``python_keys`` (one of ``OURS`` left out: its calls that need the
+    Python route raise). ``rng_layout``: the flash ops' RNG-state outputs as
     ``torch_integration._rng_layout()`` gives them (torch's meta-kernel rule);
     ``efficient_lse_align``: the efficient op's logsumexp row rounding. The
     runtime options and ``archives`` go to the extension's aotr_runtime.
@@ -261,7 +269,7 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
             _define_fallback_ops()
             impls = torch.library.Library(NAMESPACE, "IMPL")
             for op in OPS:
-                kernel = _counted(op, python_kernels[op])
+                kernel = _counted(op, python_kernels.get(op) or _no_python_route(op))
                 for key in python_keys:
                     impls.impl("py_" + op, kernel, key, with_keyset=True)
         rank, size, unsigned = _rng_config(rng_layout)

@@ -28,7 +28,7 @@ from stub_archive import (MANIFEST, assert_same_launches, decode, kernel_of, lau
 
 EXPORTS = {"aotr_torch_activate", "aotr_torch_deactivate", "aotr_torch_is_active",
            "aotr_torch_last_error", "aotr_torch_launch_count", "aotr_torch_fallback_count"}
-ATEN = ["aten::" + op for op in torch_native.OPS]
+ATEN = ["aten::" + op for op in torch_native.ATEN_OPS]
 
 
 def _tool(name):
@@ -112,6 +112,8 @@ def _has(op, key):
 
 
 def test_activate_and_deactivate_the_cuda_kernels_repeatedly(ext):
+    import aotriton_rocm.flash_attn_ops  # noqa: F401  (defines flash-attn's operators)
+
     before = [_has(op, "CUDA") for op in ATEN]
     for _ in range(3):
         act = torch_native.activate(_kernels_everywhere(), rng_layout=torch_integration._rng_layout(),
@@ -121,8 +123,12 @@ def test_activate_and_deactivate_the_cuda_kernels_repeatedly(ext):
         for op in ATEN:
             assert "aotriton_rocm_torch.cpp" in torch._C._dispatch_dump(op)
             assert _has(op.replace("aten::", "aotriton_rocm::py_"), "CUDA")
+        # ours too: flash-attn's forward operator, its Python route beside it
+        assert "aotriton_rocm_torch.cpp" in torch._C._dispatch_dump("aotriton_rocm::flash_attn_forward")
+        assert _has("aotriton_rocm::py_flash_attn_forward", "CUDA")
         act.remove()
         assert not torch_native.is_active()
+        assert "aotriton_rocm_torch.cpp" not in torch._C._dispatch_dump("aotriton_rocm::flash_attn_forward")
         assert [_has(op, "CUDA") for op in ATEN] == before
         assert not any(_has(op.replace("aten::", "aotriton_rocm::py_"), "CUDA") for op in ATEN)
     # activating twice replaces; deactivate() clears
