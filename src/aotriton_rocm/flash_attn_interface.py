@@ -289,8 +289,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         def run():
             return varlen_paged_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, block_table, softmax_scale, bool(causal),
-                                        window, lambda reason: _fail(api, reason),
-                                        softcap=softcap, alibi_slopes=alibi_slopes)
+                                        window, softcap=softcap, alibi_slopes=alibi_slopes)
 
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             out, lse = ForwardOnly.apply(PAGED_NO_BACKWARD, run, q, k, v)

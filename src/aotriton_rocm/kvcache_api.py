@@ -19,6 +19,7 @@ from .kvcache import PAGE_MULTIPLE
 __all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
 
 API = "flash_attn_with_kvcache"
+VARLEN_API = "flash_attn_varlen_func"  # its paged caches (varlen_paged_forward)
 
 
 def _fail(reason: str):
@@ -192,7 +193,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         _fail("cache_batch_idx cannot be used with block_table (a paged cache)")
     paged = block_table is not None
     if paged and (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2):
-        _fail("block_table must be an int32 (batch, max_num_blocks) tensor")
+        _fail(VARLEN_API, "block_table must be an int32 (batch, max_num_blocks) tensor")
     page = k_cache.shape[1]
     if paged and (page == 0 or page % PAGE_MULTIPLE):
         _fail(f"the page size (k_cache.shape[1] = {page}) must be a positive multiple of "
@@ -229,26 +230,26 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, block_table, softmax_scale, causal, window_size, fail,
+                         max_seqlen_k, block_table, softmax_scale, causal, window_size,
                          softcap=0.0, alibi_slopes=None):
     """flash_attn_varlen_func with ``block_table``: packed queries (total_q,
     H, D) against paged caches; sequence b's keys are the first
     ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]`` positions of its pages.
     Returns (out, lse (H, total_q)), outside autograd (the caller attaches
-    them: there is no backward). ``fail(reason)`` raises."""
+    them: there is no backward); refusals name flash_attn_varlen_func."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-            fail(f"{name} must be a 1-D int32 tensor")
+            fail(VARLEN_API, f"{name} must be a 1-D int32 tensor")
     if cu_seqlens_k.shape != cu_seqlens_q.shape:
-        fail("cu_seqlens_q and cu_seqlens_k must have the same length")
+        fail(VARLEN_API, "cu_seqlens_q and cu_seqlens_k must have the same length")
     if q.dim() != 3:
-        fail("q must be packed (total_q, nheads, headdim)")
+        fail(VARLEN_API, "q must be packed (total_q, nheads, headdim)")
     if not isinstance(block_table, torch.Tensor):
-        fail("block_table must be an int32 (batch, max_num_blocks) tensor")
+        fail(VARLEN_API, "block_table must be an int32 (batch, max_num_blocks) tensor")
     k_end = cu_seqlens_k.diff()
     capacity = block_table.shape[1] * k_cache.shape[1]
     window = flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
     with torch.no_grad():
         return flash_attn_kvcache(q, k_cache, v_cache, k_end, None, None, block_table,
                                   alibi_slopes, softmax_scale, causal, *window, softcap, 0,
-                                  cu_seqlens_q, int(max_seqlen_q), "flash_attn_varlen_func")
+                                  cu_seqlens_q, int(max_seqlen_q), VARLEN_API)

@@ -3,16 +3,20 @@ variant an installed archive ships, and CUDA-graph capture."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from aotriton_rocm import archive, backends, device, images
 
 
+@functools.lru_cache(maxsize=None)
 def missing(arch: str | None = None, image: bool = True) -> str | None:
     """Why a test marked ``gpu`` cannot run here (None: it can): no GPU
     visible to torch; with ``image``, no installed kernel image for the GPU's
-    arch; with ``arch``, another GPU (or no image of that arch)."""
+    arch; with ``arch``, another GPU (or no image of that arch). Asked once per
+    session (the image search scans the installed distributions)."""
     if not device.gpu_available():
         return "no GPU visible to torch"
     here = device.arch_of(torch.cuda.current_device())
