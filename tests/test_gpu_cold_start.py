@@ -31,7 +31,7 @@ def test_native_archives_are_the_visible_gpus_once_cuda_is_up():
     torch.cuda.init()
     archs = {device.arch_of(i) for i in range(torch.cuda.device_count())}
     want = sorted(str(images.find_archives()[a]) for a in archs if a in images.find_archives())
-    assert sorted(torch_integration._native_archives()) == want
+    assert sorted(torch_native.process_archives()) == want
 
 
 def test_cold_start_is_traced_phase_by_phase():

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.gpu
 from support import attn_reference as ref  # noqa: E402
 from support.gpu import ours as _ours  # noqa: E402
 
-NATIVE_ENV = torch_integration.NATIVE_ENV
+NATIVE_ENV = torch_native.NATIVE_ENV
 ROUTES = ("default", "python")
 TIMEOUT_S = 180  # a hang guard only: each case takes seconds
 

@@ -113,12 +113,12 @@ def test_print_per_call_times_of_a_tiny_call():
 
     times = {"torch": _per_call_us(call)}
     for name, env in (("cpp", "1"), ("python", "0")):
-        os.environ[torch_integration.NATIVE_ENV] = env
+        os.environ[torch_native.NATIVE_ENV] = env
         torch_integration.enable()
         try:
             assert torch_native.is_active() == (env == "1")
             times[name] = _per_call_us(call)
         finally:
             torch_integration.disable()
-            os.environ.pop(torch_integration.NATIVE_ENV, None)
+            os.environ.pop(torch_native.NATIVE_ENV, None)
     print("\nper-call us (tiny flash SDPA):", {k: round(v, 1) for k, v in times.items()})

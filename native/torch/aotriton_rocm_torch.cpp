@@ -28,7 +28,7 @@ namespace {
 
 namespace sd = torch::stable::detail;
 
-constexpr int kOps = 7;
+constexpr int kOps = 9;
 constexpr int kAtenOps = 6; // then ours, in the fallback namespace
 const char *const kOpNames[kOps] = {
     "_scaled_dot_product_flash_attention",
@@ -38,12 +38,14 @@ const char *const kOpNames[kOps] = {
     "_scaled_dot_product_efficient_attention",
     "_scaled_dot_product_efficient_attention_backward",
     "flash_attn_forward",
+    "flash_attn_backward",
+    "flash_attn_kvcache",
 };
 // The argument kinds (see aotr_torch_config.arg_kinds) of the arguments
 // these kernels read; later ones must be None.
 const char *const kKnownKinds[kOps] = {
     "TTTxxxo", "TTTTTTTTxxxxTTo", "TTTttxxxxxooott", "TTTTTTTTxxxxTTooo", "TTTtxxxo",
-    "TTTTTTTTTxLxo", "TTTttxxxoxxxxtxx",
+    "TTTTTTTTTxLxo", "TTTttxxxoxxxxtxx", "TTTTTTTttxxxoxxxxtx", "TTTTttttoxxxxxtxx",
 };
 
 thread_local std::string t_error;
@@ -657,10 +659,27 @@ bool flash_fwd(const State &s, const Args &a)
     return true;
 }
 
+// flash-attn's ALiBi slopes (fp32 (H,) or (B, H) on q's device) into the
+// params; libaotriton_rocm checks their shape. False: not usable here.
+bool alibi_view(const State &s, AtenTensorHandle h, const Info &q, aotr_tensor *out)
+{
+    Info a = info(h);
+    return a.dtype == s.dt.f32 && a.device_type == q.device_type &&
+           a.device_index == q.device_index && view(s, a, nullptr, out);
+}
+
+// What flash-attn's backward adds to torch's: the forward's score mods, and
+// the deterministic flag (the split kernels, not the fused one).
+struct BwdMods {
+    float softcap = 0.0f;
+    AtenTensorHandle alibi = nullptr;
+    bool deterministic = false;
+};
+
 // The backward of every op: grads allocated by the caller, views in `perm`.
 bool backward(const State &s, const Info &go, const Info &q, const Info &k, const Info &v,
               const Info &out, const Info &lse_in, const int *perm, Problem &pr,
-              std::vector<Owned> &grads)
+              std::vector<Owned> &grads, const BwdMods &mods = {})
 {
     Target tg;
     if (!pr.ok || !target(s, q, &tg))
@@ -679,8 +698,10 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
     p.device = tg.device;
     p.stream = tg.stream;
     p.problem = pr.p;
+    p.softcap = mods.softcap;
     Info gi[3] = {info(grads[0].get()), info(grads[1].get()), info(grads[2].get())};
-    if (!view(s, out, perm, &p.out) || !view(s, go, perm, &p.grad_out) ||
+    if ((mods.alibi && !alibi_view(s, mods.alibi, q, &p.alibi_slopes)) ||
+        !view(s, out, perm, &p.out) || !view(s, go, perm, &p.grad_out) ||
         !view(s, lse, nullptr, &p.lse) || !view(s, info(delta.get()), nullptr, &p.delta) ||
         !view(s, gi[0], perm, &p.grad_q) || !view(s, gi[1], perm, &p.grad_k) ||
         !view(s, gi[2], perm, &p.grad_v))
@@ -689,9 +710,10 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
     // is then a tile width, so a dense accumulator meets the layout rules):
     // faster, but dQ is summed with atomics, not bitwise deterministic.
     // torch's deterministic-algorithms flag is out of the stable ABI's reach,
-    // so this route cannot honour it (docs/USAGE.md, "Features in detail").
+    // so torch's ops cannot honour it (docs/USAGE.md, "Features in detail");
+    // flash-attn's passes it.
     Owned dq_accum;
-    if (aotr_attn_supported(s.runtime, tg.device, &p.problem,
+    if (!mods.deterministic && aotr_attn_supported(s.runtime, tg.device, &p.problem,
                             AOTR_NEED_BACKWARD | AOTR_NEED_DQ_ACCUM) == AOTR_OK) {
         std::vector<int64_t> sizes = q.size_vec(); // in q's dim order, so `perm` applies
         dq_accum = empty_strided(sizes, contiguous_strides(sizes), s.dt.f32, q);
@@ -747,15 +769,6 @@ bool varlen(const State &s, AtenTensorHandle cu_q, AtenTensorHandle cu_k, int64_
     pr.p.max_seqlen_q = static_cast<int32_t>(max_q);
     pr.p.max_seqlen_k = static_cast<int32_t>(max_k);
     return max_q >= 0 && max_k >= 0 && max_q <= INT32_MAX && max_k <= INT32_MAX;
-}
-
-// flash-attn's ALiBi slopes (fp32 (H,) or (B, H) on q's device) into the
-// params; libaotriton_rocm checks their shape. False: not usable here.
-bool alibi_view(const State &s, AtenTensorHandle h, const Info &q, aotr_tensor *out)
-{
-    Info a = info(h);
-    return a.dtype == s.dt.f32 && a.device_type == q.device_type &&
-           a.device_index == q.device_index && view(s, a, nullptr, out);
 }
 
 // The forward of a call in flash-attn's layouts, its problem set up: (B, S,
@@ -891,6 +904,105 @@ bool op_fwd(const State &s, const Args &a)
     return true;
 }
 
+// aotriton_rocm::flash_attn_backward: the dense (B, S, H, D) backward without
+// dropout; softcap, ALiBi and `deterministic` (the split kernels) run here.
+bool op_bwd(const State &s, const Args &a)
+{
+    if (a.opt_tensor(7) || a.opt_tensor(8) || a.f64(11) != 0.0)
+        return false;
+    Info go = info(a.tensor(0)), q = info(a.tensor(1)), k = info(a.tensor(2)),
+         v = info(a.tensor(3)), out = info(a.tensor(4)), lse = info(a.tensor(5));
+    if (q.dim != 4 || k.dim != 4 || v.dim != 4)
+        return false;
+    Problem pr(s, q, k, v, kBSHD);
+    pr.p.scale = softmax_scale(a.opt_f64(12), q.size(-1));
+    pr.p.causal = a.boolean(13);
+    pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
+    pr.p.window_left = window_side(a.i64(14), k.size(1));
+    pr.p.window_right = window_side(a.i64(15), k.size(1));
+    BwdMods mods{0.0f, a.opt_tensor(17), a.boolean(18)};
+    std::vector<Owned> grads;
+    for (const Info *t : {&q, &k, &v})
+        grads.push_back(empty_like(*t, t->dtype));
+    if (!backward(s, go, q, k, v, out, lse, kBSHD, pr, grads, mods))
+        return false;
+    Outputs o;
+    for (auto &g : grads)
+        o.tensor(std::move(g));
+    o.write(a);
+    return true;
+}
+
+// aotriton_rocm::flash_attn_kvcache: queries (B, Sq, H, D), or packed with
+// cu_seqlens_q, over dense or paged caches (after the caller's append); the
+// split workspace is allocated here, sized by the library.
+bool op_kvcache(const State &s, const Args &a)
+{
+    Info q = info(a.tensor(0)), kc = info(a.tensor(1)), vc = info(a.tensor(2));
+    AtenTensorHandle cu_q = a.opt_tensor(14);
+    Target tg;
+    if (q.dim != (cu_q ? 3 : 4) || q.numel() == 0 || !target(s, q, &tg))
+        return false;
+    aotr_attn_kvcache_params p{};
+    p.struct_size = sizeof p;
+    p.device = tg.device;
+    p.stream = tg.stream;
+    const std::pair<int, aotr_tensor *> optional[] = {
+        {4, &p.k_start}, {5, &p.cache_batch_idx}, {6, &p.block_table}, {14, &p.cu_seqlens_q}};
+    for (const auto &[i, slot] : optional)
+        if (AtenTensorHandle h = a.opt_tensor(i); h && !view(s, info(h), nullptr, slot))
+            return false;
+    AtenTensorHandle alibi = a.opt_tensor(7);
+    if (!view(s, q, nullptr, &p.q) || !view(s, kc, nullptr, &p.k_cache) ||
+        !view(s, vc, nullptr, &p.v_cache) || !view(s, info(a.tensor(3)), nullptr, &p.k_end) ||
+        (alibi && !alibi_view(s, alibi, q, &p.alibi_slopes)))
+        return false;
+    int64_t heads = q.size(-2), batch = cu_q ? info(cu_q).size(0) - 1 : q.size(0);
+    int64_t seqlen_q = cu_q ? a.i64(15) : q.size(1);
+    if (seqlen_q < 0 || seqlen_q > INT32_MAX)
+        return false;
+    p.max_seqlen_q = cu_q ? static_cast<int32_t>(seqlen_q) : 0;
+    p.scale = softmax_scale(a.opt_f64(8), q.size(-1));
+    p.causal = a.boolean(9);
+    p.window_left = static_cast<int32_t>(std::clamp<int64_t>(a.i64(11), -1, INT32_MAX));
+    p.window_right = static_cast<int32_t>(std::clamp<int64_t>(a.i64(11), -1, INT32_MAX));
+    p.softcap = static_cast<float>(a.f64(12));
+    p.num_splits = static_cast<int32_t>(std::clamp<int64_t>(a.i64(13), 0, AOTR_MAX_SPLITS));
+    Owned out = empty_like(q, q.dtype);
+    std::vector<int64_t> lse_sizes = cu_q ? std::vector<int64_t>{heads, q.size(0)}
+                                          : std::vector<int64_t>{batch, heads, seqlen_q};
+    Owned lse = empty_strided(lse_sizes, contiguous_strides(lse_sizes), s.dt.f32, q);
+    Info oi = info(out.get());
+    if (!view(s, oi, nullptr, &p.out) || !view(s, info(lse.get()), nullptr, &p.lse))
+        return false;
+    int32_t splits = 1;
+    if (aotr_attn_fwd_kvcache_splits(s.runtime, &p, &splits) != AOTR_OK)
+        return false;
+    Owned o_part, l_part;
+    if (splits > 1) {
+        std::vector<int64_t> os = {batch * heads, splits, seqlen_q, q.size(-1)};
+        std::vector<int64_t> ls = {batch * heads, splits, seqlen_q};
+        o_part = empty_strided(os, contiguous_strides(os), s.dt.f32, q);
+        l_part = empty_strided(ls, contiguous_strides(ls), s.dt.f32, q);
+        if (!view(s, info(o_part.get()), nullptr, &p.out_partial) ||
+            !view(s, info(l_part.get()), nullptr, &p.lse_partial))
+            return false;
+        p.num_splits = splits;
+    }
+    std::vector<Slot> slots;
+    slots.push_back({&p.q, q, nullptr, false, {}});
+    slots.push_back({&p.k_cache, kc, nullptr, false, {}});
+    slots.push_back({&p.v_cache, vc, nullptr, false, {}});
+    slots.push_back({&p.out, oi, nullptr, true, {}});
+    if (!launch(s, slots, [&] { return aotr_attn_fwd_kvcache(s.runtime, &p); }))
+        return false;
+    Outputs o;
+    o.tensor(std::move(out));
+    o.tensor(std::move(lse));
+    o.write(a);
+    return true;
+}
+
 // (B, H, S, D) sizes laid out as (B, S, H, D) in memory, as torch's
 // efficient-attention meta kernels allocate their outputs.
 Owned bshd_empty(const Info &like, int64_t last)
@@ -984,7 +1096,8 @@ bool eff_bwd(const State &s, const Args &a)
 }
 
 using Impl = bool (*)(const State &, const Args &);
-const Impl kImpls[kOps] = {flash_fwd, flash_bwd, fa_fwd, fa_bwd, eff_fwd, eff_bwd, op_fwd};
+const Impl kImpls[kOps] = {flash_fwd, flash_bwd, fa_fwd, fa_bwd, eff_fwd, eff_bwd,
+                           op_fwd,    op_bwd,    op_kvcache};
 
 [[noreturn]] void fallback_failed(const State &s, int op)
 {
@@ -1039,7 +1152,8 @@ void boxed(StableIValue *stack, uint64_t num_args, uint64_t /*num_outputs*/)
 }
 
 using Boxed = void (*)(StableIValue *, uint64_t, uint64_t);
-const Boxed kBoxed[kOps] = {boxed<0>, boxed<1>, boxed<2>, boxed<3>, boxed<4>, boxed<5>, boxed<6>};
+const Boxed kBoxed[kOps] = {boxed<0>, boxed<1>, boxed<2>, boxed<3>, boxed<4>,
+                            boxed<5>, boxed<6>, boxed<7>, boxed<8>};
 
 GetStream find_get_stream()
 {
@@ -1075,7 +1189,8 @@ __attribute__((visibility("default"))) int aotr_torch_activate(const aotr_torch_
         return fail("aotr_torch_activate: dispatch_key and fallback_namespace are required");
     std::lock_guard<std::mutex> lock(g_activation_mu);
     std::unique_ptr<State> s(new State);
-    for (int i = 0; i < kOps; ++i) {
+    const int first = c->aten_ops ? 0 : kAtenOps;
+    for (int i = first; i < kOps; ++i) {
         const char *kinds = c->arg_kinds[i];
         size_t known = std::strlen(kKnownKinds[i]);
         if (!kinds || std::strncmp(kinds, kKnownKinds[i], known) != 0)
@@ -1102,15 +1217,16 @@ __attribute__((visibility("default"))) int aotr_torch_activate(const aotr_torch_
 
     // Replace an active set: its registrations go first.
     replace_state(nullptr);
-    if (aoti_torch_library_init_impl("aten", c->dispatch_key, __FILE__, __LINE__, &s->library) !=
-        AOTI_TORCH_SUCCESS)
+    if (c->aten_ops &&
+        aoti_torch_library_init_impl("aten", c->dispatch_key, __FILE__, __LINE__, &s->library) !=
+            AOTI_TORCH_SUCCESS)
         return fail(std::string("aotr_torch_activate: cannot open aten's ") + c->dispatch_key +
                     " kernels (see torch's error above)");
     if (aoti_torch_library_init_impl(c->fallback_namespace, c->dispatch_key, __FILE__, __LINE__,
                                      &s->ours) != AOTI_TORCH_SUCCESS)
         return fail(std::string("aotr_torch_activate: cannot open ") + c->fallback_namespace + "'s " +
                     c->dispatch_key + " kernels (see torch's error above)");
-    for (int i = 0; i < kOps; ++i) {
+    for (int i = first; i < kOps; ++i) {
         if (torch_library_impl(i < kAtenOps ? s->library : s->ours, kOpNames[i], kBoxed[i],
                                TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS)
             return fail(std::string("aotr_torch_activate: registering ") + kOpNames[i] +

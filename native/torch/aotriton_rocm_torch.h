@@ -8,8 +8,9 @@
  *   aten::_scaled_dot_product_flash_attention[_backward]
  *   aten::_flash_attention_forward / _flash_attention_backward
  *   aten::_scaled_dot_product_efficient_attention[_backward]
- * and aotriton_rocm::flash_attn_forward (flash-attn's API, dense batches),
- * and hand every call they do not cover (dropout, a debug mask, a boolean or
+ * and serve aotriton_rocm's flash-attn operators flash_attn_forward,
+ * flash_attn_backward (dense batches) and flash_attn_kvcache, and hand every
+ * call they do not cover (dropout, a debug mask, a boolean or
  * hard-to-read attention bias and its gradient, a request libaotriton_rocm
  * reports AOTR_UNSUPPORTED for, any error)
  * unchanged to `<fallback_namespace>::py_<op name>`, an op with the op's
@@ -49,11 +50,14 @@ typedef struct aotr_torch_config {
     /* The efficient op's logsumexp rows are rounded up to a multiple of this
      * (32 on CUDA builds of torch, 1 on ROCm builds). */
     int32_t efficient_lse_align;
+    /* 0: serve only the fallback namespace's own operators (flash-attn's
+     * API), leaving aten's alone (the rng and lse fields are then unused). */
+    int32_t aten_ops;
     /* Per op, in the order listed above, the kinds of its arguments in the
      * running torch's schema: 'T' Tensor, 't' Tensor?, 'o' another optional,
      * 'L' a list, 'x' anything else. Arguments past the ones this library
      * knows must be None for a call to be covered. */
-    const char *arg_kinds[7];
+    const char *arg_kinds[9];
 } aotr_torch_config;
 
 /* 0 on success; -1 with aotr_torch_last_error() otherwise. Activating

@@ -20,10 +20,13 @@ q, k, v are flash-attn's: (batch, seqlen, heads, head_dim), or packed
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
+from . import torch_native
 from .attention import (MAX_HEAD_DIM, Varlen, flash_attn_window, new_rng_state, problem_dims)
 from .attention import backward as attention_backward, forward as attention_forward
 from .attention import unsupported_reason as attention_unsupported_reason
@@ -31,8 +34,9 @@ from .kvcache import forward as kvcache_forward, unsupported_reason as kvcache_u
 from .operator_schemas import FLASH_ATTN_BACKWARD, FLASH_ATTN_FORWARD, FLASH_ATTN_KVCACHE
 from .philox_state import efficient_dims
 
-__all__ = ["KVCACHE_SUPPORTED", "SUPPORTED", "check_operands", "fail", "flash_attn_backward",
-           "flash_attn_forward", "flash_attn_kvcache", "forward", "forward_state"]
+__all__ = ["KVCACHE_SUPPORTED", "PYTHON_ROUTES", "SUPPORTED", "check_operands", "fail",
+           "flash_attn_backward", "flash_attn_forward", "flash_attn_kvcache", "forward",
+           "forward_state"]
 
 _DTYPES = "fp16/bf16/fp32"
 SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nheads a "
@@ -306,9 +310,47 @@ def _kvcache_fake(q, k_cache, v_cache, k_end, k_start, cache_batch_idx, block_ta
     return out, lse
 
 
-for _name, _impl in (("flash_attn_forward", forward_impl), ("flash_attn_backward", _backward_impl),
-                     ("flash_attn_kvcache", _kvcache_impl)):
-    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+_IMPLS = {"flash_attn_forward": forward_impl, "flash_attn_backward": _backward_impl,
+          "flash_attn_kvcache": _kvcache_impl}
+# The Python route of each operator, for the C++ kernels' fallback
+# (aotriton_rocm::py_<op>, see torch_native.activate).
+PYTHON_ROUTES = {name: (lambda impl: lambda _keyset, *args: impl(*args))(impl)
+                 for name, impl in _IMPLS.items()}
+_native_failed = False
+
+
+def _served_natively(q: Tensor) -> bool:
+    """On a GPU call while no C++ kernel serves our operators (first call,
+    or after ``disable()``): put them on torch_native's C++ kernels (torch
+    >= 2.10 with the extension installed); True when the operator should
+    be called again to reach them. A failure is warned about once, and the
+    Python route keeps every call."""
+    global _native_failed
+    if _native_failed or not q.is_cuda or torch_native.is_active() or not torch_native.wanted():
+        return False
+    try:
+        torch_native.activate(PYTHON_ROUTES, aten=False, archives=torch_native.process_archives())
+    except (OSError, RuntimeError) as exc:
+        _native_failed = True
+        warnings.warn(f"aotriton-rocm: the C++ route of flash-attn's operators is unavailable "
+                      f"({exc}); using the Python route", stacklevel=3)
+        return False
+    return True
+
+
+def _dispatched(name: str, op):
+    impl = _IMPLS[name]
+
+    def kernel(*args):
+        if _served_natively(args[1] if name == "flash_attn_backward" else args[0]):
+            return op(*args)
+        return impl(*args)
+    return kernel
+
+
+for _name in _IMPLS:
+    _LIB.impl(_name, _dispatched(_name, getattr(torch.ops.aotriton_rocm, _name).default),
+              "CompositeExplicitAutograd")
 torch.library.register_autograd("aotriton_rocm::flash_attn_forward", _backward,
                                 setup_context=_setup_context)
 

@@ -24,15 +24,14 @@ import warnings
 
 import torch
 
-from .device import arch_of, gpu_available
-from .images import find_archive, find_archives
+from .device import gpu_available
 from .native import NativeError
 from .philox_state import efficient_dims, flash_dims, next_state_and_values
 from .registry import IMPL_NAME, has_registry
 from .registry import register as _registry_register
 from .torch_compat import check_torch
-from .torch_native import activate as activate_torch_native
-from .torch_native import available as torch_native_available
+from . import torch_native
+from .flash_attn_ops import PYTHON_ROUTES
 from .trace import span
 
 
@@ -711,56 +710,31 @@ class _Overrides:
                                   causal_alignment="top_left", bias=attn_mask)
 
 
-NATIVE_ENV = "AOTRITON_ROCM_TORCH_NATIVE"
-
-
 def _native_wanted() -> bool:
     """The C++ route (torch_native) for the registry route: torch >= 2.10
     with the extension installed, unless AOTRITON_ROCM_TORCH_NATIVE=0."""
-    if os.environ.get(NATIVE_ENV, "") == "0" or not has_registry():
-        return False
-    return torch_native_available()
+    return has_registry() and torch_native.wanted()
 
 
 def _activate_native(overrides: _Overrides, kernels: dict):
-    """The C++ kernels on the CUDA key, with ``kernels`` as their Python
-    route; None (and a warning) if the extension cannot be activated."""
+    """The C++ kernels on the CUDA key, with ``kernels`` (and our operators'
+    Python routes) as their Python route; None (and a warning) if the
+    extension cannot be activated."""
     with span("torch_kernels", "(torch.library.get_kernel of the six ops)"):
         for op in kernels:  # torch's kernels, for the Python route's fallback
             overrides._capture(op, "CUDA")
     try:
         with span("archive_search", "(the archives handed to the C++ runtime)"):
-            archives = _native_archives()
+            archives = torch_native.process_archives()
         python_kernels = {op.split("::")[1]: fn for op, fn in kernels.items()}
-        python_kernels["flash_attn_forward"] = _flash_attn_forward_python
-        return activate_torch_native(
+        python_kernels.update(PYTHON_ROUTES)
+        return torch_native.activate(
             python_kernels, rng_layout=_rng_layout(),
             efficient_lse_align=1 if torch.version.hip else 32, archives=archives)
     except (OSError, RuntimeError) as exc:
         warnings.warn(f"aotriton-rocm: the C++ route is unavailable ({exc}); "
                       "using the Python route", stacklevel=3)
         return None
-
-
-def _flash_attn_forward_python(keyset, *args):
-    """The Python route of aotriton_rocm::flash_attn_forward, for the calls its
-    C++ kernel hands back (flash_attn_ops is loaded by then: it defines the op)."""
-    from .flash_attn_ops import forward_impl
-
-    return forward_impl(*args)
-
-
-def _native_archives() -> list[str]:
-    """The archives the C++ runtime opens at activation (index read, checked
-    and parsed). With CUDA already up: those of the visible GPUs' archs only
-    (an install with every arch's image would otherwise open them all), found
-    without a scan of every distribution's metadata where possible. Before
-    CUDA is up, every installed one: asking a GPU's arch would initialise
-    CUDA here, which a process that forks later must not have done."""
-    if torch.cuda.is_initialized():
-        archs = sorted({arch_of(i) for i in range(torch.cuda.device_count())})
-        return [str(p) for p in map(find_archive, archs) if p is not None]
-    return [str(p) for p in find_archives().values()]
 
 
 _active: _Overrides | None = None

@@ -3,11 +3,12 @@
 kernels on torch's stable ABI, launching through libaotriton_rocm.
 
 Loading the library registers nothing. :func:`activate` registers, for each
-op, ``aotriton_rocm::py_<op>`` (the aten op's schema, kernel: the Python
-route's override) and then the C++ kernels on the aten op; the C++ kernels
-hand every call they do not cover (dropout, debug masks, attention biases,
-anything libaotriton_rocm reports unsupported, errors) to that op.
-:func:`deactivate` removes both.
+op, ``aotriton_rocm::py_<op>`` (the op's schema, kernel: the Python route)
+and then the C++ kernels on the op; the C++ kernels hand every call they do
+not cover (dropout, debug masks, attention biases, anything libaotriton_rocm
+reports unsupported, errors) to that op. :func:`deactivate` removes both.
+``enable()`` activates the aten ops and ours; without it, the first GPU call
+of one of our operators activates ours alone (flash_attn_ops.py).
 
 The library leaves libtorch's symbols undefined: :func:`load` makes the
 libtorch_cpu that ``import torch`` loaded global first, so one binary serves
@@ -23,12 +24,16 @@ from ctypes import POINTER, c_char_p, c_int, c_int32, c_int64, c_uint32, c_uint6
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from .device import arch_of
+from .images import find_archive, find_archives
 from .native import BACKEND_AUTO, RuntimeOptions
-from .operator_schemas import FLASH_ATTN_FORWARD
+from .operator_schemas import FLASH_ATTN_BACKWARD, FLASH_ATTN_FORWARD, FLASH_ATTN_KVCACHE
 from .paths import install_root
 from .trace import span
 
 ENV_VAR = "AOTRITON_ROCM_TORCH_LIB"
+# "0" keeps every call on the Python route (ctypes into libaotriton_rocm).
+NATIVE_ENV = "AOTRITON_ROCM_TORCH_NATIVE"
 LIB_NAME = "libaotriton_rocm_torch.so"
 NAMESPACE = "aotriton_rocm"
 # aten's ops the C++ kernels override, then ours (operator_schemas.py), in the
@@ -37,7 +42,8 @@ ATEN_OPS = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_at
             "_flash_attention_forward", "_flash_attention_backward",
             "_scaled_dot_product_efficient_attention",
             "_scaled_dot_product_efficient_attention_backward")
-OURS = {"flash_attn_forward": FLASH_ATTN_FORWARD}
+OURS = {"flash_attn_forward": FLASH_ATTN_FORWARD, "flash_attn_backward": FLASH_ATTN_BACKWARD,
+        "flash_attn_kvcache": FLASH_ATTN_KVCACHE}
 OPS = ATEN_OPS + tuple(OURS)
 MIN_TORCH = (2, 10)
 
@@ -47,7 +53,8 @@ class Config(ctypes.Structure):
                 ("fallback_namespace", c_char_p), ("runtime", RuntimeOptions),
                 ("archives", POINTER(c_char_p)), ("archive_count", c_int32),
                 ("rng_seed_rank", c_int32), ("rng_seed_size", c_int64), ("rng_unsigned", c_int32),
-                ("efficient_lse_align", c_int32), ("arg_kinds", c_char_p * len(OPS))]
+                ("efficient_lse_align", c_int32), ("aten_ops", c_int32),
+                ("arg_kinds", c_char_p * len(OPS))]
 
 
 _lock = threading.RLock()
@@ -80,6 +87,26 @@ def _torch_version_ok() -> bool:
 def available() -> bool:
     """The extension is installed and this torch can load it."""
     return library_path().is_file() and _torch_version_ok()
+
+
+def wanted() -> bool:
+    """:func:`available`, unless ``AOTRITON_ROCM_TORCH_NATIVE=0``."""
+    return os.environ.get(NATIVE_ENV, "") != "0" and available()
+
+
+def process_archives() -> list[str]:
+    """The archives the C++ runtime opens at activation (index read, checked
+    and parsed). With CUDA already up: those of the visible GPUs' archs only
+    (an install with every arch's image would otherwise open them all), found
+    without a scan of every distribution's metadata where possible. Before
+    CUDA is up, every installed one: asking a GPU's arch would initialise
+    CUDA here, which a process that forks later must not have done."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        archs = sorted({arch_of(i) for i in range(torch.cuda.device_count())})
+        return [str(p) for p in map(find_archive, archs) if p is not None]
+    return [str(p) for p in find_archives().values()]
 
 
 def _loaded_libtorch_cpu() -> str:
@@ -241,19 +268,21 @@ def _no_python_route(op: str) -> Callable:
     return kernel
 
 
-def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
-             efficient_lse_align: int, dispatch_key: str = "CUDA",
+def activate(python_kernels: Mapping[str, Callable], *, rng_layout=None,
+             efficient_lse_align: int = 1, aten: bool = True, dispatch_key: str = "CUDA",
              python_keys: Sequence[str] = ("CUDA",), archives: Sequence[str] = (),
              archive_dir: str | None = None, driver_library: str | None = None,
              backend: int = BACKEND_AUTO) -> Activation:
-    """Put the C++ kernels on ``dispatch_key`` of the six aten ops and ours.
+    """Put the C++ kernels on ``dispatch_key`` of the six aten ops (unless
+    ``aten`` is False) and ours.
 
     ``python_kernels``: per op name (``OPS``), the Python route's kernel
     ``(keyset, *args, **kwargs)``, registered as ``aotriton_rocm::py_<op>``
     on ``python_keys`` (one of ``OURS`` left out: its calls that need the
-    Python route raise). ``rng_layout``: the flash ops' RNG-state outputs as
-    ``torch_integration._rng_layout()`` gives them (torch's meta-kernel rule);
-    ``efficient_lse_align``: the efficient op's logsumexp row rounding. The
+    Python route raise). For the aten ops, ``rng_layout``: the flash ops'
+    RNG-state outputs as ``torch_integration._rng_layout()`` gives them
+    (torch's meta-kernel rule); ``efficient_lse_align``: the efficient op's
+    logsumexp row rounding. The
     runtime options and ``archives`` go to the extension's aotr_runtime.
     Replaces an earlier activation. RuntimeError if the extension refuses.
     """
@@ -264,15 +293,16 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
         lib = load()
     if _active is not None:
         _active.remove()
+    served = OPS if aten else tuple(OURS)
     with _lock:
         with span("python_route_ops", "(aotriton_rocm::py_<op> defined and registered)"):
             _define_fallback_ops()
             impls = torch.library.Library(NAMESPACE, "IMPL")
-            for op in OPS:
+            for op in served:
                 kernel = _counted(op, python_kernels.get(op) or _no_python_route(op))
                 for key in python_keys:
                     impls.impl("py_" + op, kernel, key, with_keyset=True)
-        rank, size, unsigned = _rng_config(rng_layout)
+        rank, size, unsigned = _rng_config(rng_layout) if aten else (0, 0, 0)
         paths = [os.fsencode(p) for p in archives]
         c_paths = (c_char_p * max(1, len(paths)))(*paths)
         cfg = Config()
@@ -287,8 +317,10 @@ def activate(python_kernels: Mapping[str, Callable], *, rng_layout,
         cfg.archive_count = len(paths)
         cfg.rng_seed_rank, cfg.rng_seed_size, cfg.rng_unsigned = rank, size, unsigned
         cfg.efficient_lse_align = efficient_lse_align
+        cfg.aten_ops = int(aten)
         for i, op in enumerate(OPS):
-            cfg.arg_kinds[i] = _arg_kinds(_schema(op)).encode()
+            if op in served:
+                cfg.arg_kinds[i] = _arg_kinds(_schema(op)).encode()
         with span("native_activate", f"(runtime, {len(paths)} archive(s) opened, aten "
                                      "registrations)"):
             status = lib.aotr_torch_activate(ctypes.byref(cfg))

@@ -19,7 +19,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aotriton_rocm import attention, backends, images, native, torch_integration, torch_native  # noqa: E402
+from aotriton_rocm import (attention, backends, flash_attn_ops, images, kvcache, native,  # noqa: E402
+                           torch_integration, torch_native)
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 from aotriton_rocm.archive import write_archive  # noqa: E402
 
@@ -151,11 +152,10 @@ def test_refuses_a_schema_it_does_not_know(ext, monkeypatch):
 # ------------------------------------------ the C++ kernels on the CPU key
 
 
-@pytest.fixture
-def cpu_route(ext, native_build, tmp_path, monkeypatch):
-    """The C++ kernels on the CPU key over the stub driver, and the Python
-    route (py_<op> on CPU, attention.py through the ctypes binding) over the
-    same archive and the same stub, which records both routes' launches."""
+def _stub_route(native_build, tmp_path, monkeypatch):
+    """The stub driver's runtime over a real archive of the kernels' real
+    argument lists, patched in as the Python route's backend (attention.py
+    and kvcache.py through the ctypes binding); the activation's options."""
     stub_path = native_build / "tests" / "libaotr_stub_driver.so"
     monkeypatch.setenv("AOTR_STUB_CUDA_ARCH", "9.0")
     monkeypatch.setattr(native, "_lib", None)
@@ -171,19 +171,38 @@ def cpu_route(ext, native_build, tmp_path, monkeypatch):
     monkeypatch.setattr(images, "find_archives", lambda refresh=False: {"sm_90": archive})
     aot = backends.AOTBackend(0)
     monkeypatch.setattr(attention, "backend_for", lambda t: aot)
+    monkeypatch.setattr(kvcache, "backend_for", lambda t: aot)
+    monkeypatch.setattr(torch_native, "fallback_calls", {op: 0 for op in torch_native.OPS})
+    options = dict(dispatch_key="CPU", python_keys=("CPU",), archives=[str(archive)],
+                   driver_library=str(stub_path), backend=native.BACKEND_CUDA)
+    return ctypes.CDLL(str(stub_path)), recs, options
 
+
+@pytest.fixture
+def cpu_route(ext, native_build, tmp_path, monkeypatch):
+    """The C++ kernels on the CPU key over the stub driver, and the Python
+    route (py_<op> on CPU) over the same archive and the same stub, which
+    records both routes' launches."""
+    stub, recs, options = _stub_route(native_build, tmp_path, monkeypatch)
     overrides = torch_integration._Overrides(cpu=False)  # the Python route's kernels
     kernels = {op.split("::")[1]: fn for op, fn in overrides.cuda_kernels().items()}
-    monkeypatch.setattr(torch_native, "fallback_calls", {op: 0 for op in torch_native.OPS})
     torch_native.activate(kernels, rng_layout=torch_integration._rng_layout(),
-                          efficient_lse_align=32, dispatch_key="CPU", python_keys=("CPU",),
-                          archives=[str(archive)], driver_library=str(stub_path),
-                          backend=native.BACKEND_CUDA)
-    stub = ctypes.CDLL(str(stub_path))
+                          efficient_lse_align=32, **options)
     stub.aotr_stub_reset()
     yield stub, recs
     torch_native.deactivate()
     overrides.remove()
+
+
+@pytest.fixture
+def ours_route(ext, native_build, tmp_path, monkeypatch):
+    """Our operators alone on the C++ kernels (CPU key, stub driver), as the
+    first GPU call of one of them activates them without enable()."""
+    stub, recs, options = _stub_route(native_build, tmp_path, monkeypatch)
+    torch_native.activate(flash_attn_ops.PYTHON_ROUTES, aten=False, **options)
+    stub.aotr_stub_reset()
+    yield stub, recs
+    torch_native.deactivate()
 
 
 def _take(stub) -> list:
@@ -438,7 +457,7 @@ def test_dropout_and_uncovered_calls_take_the_python_route(cpu_route):
 def test_enable_uses_the_cpp_route_on_the_registry(ext, monkeypatch):
     if not torch_integration.has_registry():
         pytest.skip("torch has no flash-attention registry")
-    monkeypatch.setattr(torch_integration, "find_archives", lambda refresh=False: {})
+    monkeypatch.setattr(torch_native, "find_archives", lambda refresh=False: {})
     # enable() refuses a machine with no GPU: the registrations are what is checked here
     monkeypatch.setattr(torch_integration, "gpu_available", lambda: True)
     before = [_has(op, "CUDA") for op in ATEN]
@@ -451,7 +470,7 @@ def test_enable_uses_the_cpp_route_on_the_registry(ext, monkeypatch):
             torch_integration.disable()
         assert not torch_native.is_active()
         assert [_has(op, "CUDA") for op in ATEN] == before
-    monkeypatch.setenv(torch_integration.NATIVE_ENV, "0")
+    monkeypatch.setenv(torch_native.NATIVE_ENV, "0")
     torch_integration.enable()
     try:
         assert not torch_native.is_active()
@@ -479,3 +498,83 @@ def test_flash_attention_forward_varlen_launches_what_the_python_route_launches(
     attention.backward(do, q, k, v, out, lse, is_causal=True, scale=0.5, grads=grads,
                        varlen=varlen)
     assert_same_launches(_take(stub), native_l, records)
+
+
+# ------------------------------------ flash-attn's operators, without enable()
+
+
+def test_our_operators_alone_leave_aten_ops_to_torch(ours_route):
+    for op in ATEN:
+        assert "aotriton_rocm_torch.cpp" not in torch._C._dispatch_dump(op)
+    for op in torch_native.OURS:
+        assert "aotriton_rocm_torch.cpp" in torch._C._dispatch_dump(f"aotriton_rocm::{op}")
+        assert _has(f"aotriton_rocm::py_{op}", "CPU")
+
+
+@pytest.mark.parametrize("window, softcap, alibi", [((-1, -1), 0.0, None), ((17, 0), 5.0, "h"),
+                                                    ((5, 9), 0.0, "bh")])
+def test_flash_attn_operators_launch_what_the_python_route_launches(ours_route, window, softcap,
+                                                                    alibi):
+    """Forward and backward of flash_attn_func's operators in C++: the
+    launches (argument values, grids) the Python route makes for the call."""
+    stub, records = ours_route
+    b, h, hk, sq, sk, d = 2, 4, 2, 96, 160, 64
+    q, k, v = _qkv(b, h, hk, sq, sk, d, bshd=True)
+    slopes = None if alibi is None else torch.rand((h,) if alibi == "h" else (b, h))
+    args = (0.25, True, *window, softcap, slopes)
+    out, lse, state, debug = torch.ops.aotriton_rocm.flash_attn_forward(
+        q, k, v, None, None, sq, sk, 0.0, *args, False, True)
+    assert (out.shape, lse.shape, state.numel(), debug.numel()) == (q.shape, (b, h, sq), 0, 0)
+    do = torch.empty_like(out)
+    grads = torch.ops.aotriton_rocm.flash_attn_backward(
+        do, q, k, v, out, lse, state, None, None, sq, sk, 0.0, *args, True)
+    assert [(g.shape, g.stride()) for g in grads] == [(t.shape, t.stride()) for t in (q, k, v)]
+    native_l = _take(stub)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    t = lambda x: x.transpose(1, 2)  # noqa: E731
+    mods = dict(is_causal=True, scale=0.25, window_size=attention.flash_attn_window(*window, sk),
+                softcap=softcap, alibi_slopes=slopes)
+    attention.forward(t(q), t(k), t(v), out=t(out), lse=lse, **mods)
+    attention.backward(t(do), t(q), t(k), t(v), t(out), lse, grads=tuple(t(g) for g in grads),
+                       deterministic=True, **mods)
+    assert_same_launches(_take(stub), native_l, records)
+
+
+def test_flash_attn_operators_hand_dropout_and_packed_batches_to_python(ours_route):
+    stub, _ = ours_route
+    q, k, v = _qkv(1, 2, 2, 32, 32, 64, bshd=True)
+    torch.ops.aotriton_rocm.flash_attn_forward(q, k, v, None, None, 32, 32, 0.1, None, False, -1,
+                                               -1, 0.0, None, False, False)
+    cu = torch.tensor([0, 32], dtype=torch.int32)
+    torch.ops.aotriton_rocm.flash_attn_forward(q[0], k[0], v[0], cu, cu, 32, 32, 0.0, None,
+                                               False, -1, -1, 0.0, None, False, False)
+    assert torch_native.fallback_calls["flash_attn_forward"] == 2
+    assert torch_native.fallback_count() == 2
+
+
+@pytest.mark.parametrize("num_splits", [1, 0, 4])
+@pytest.mark.parametrize("paged", [False, True])
+def test_kvcache_operator_launches_what_the_python_route_launches(ours_route, num_splits, paged):
+    """flash_attn_with_kvcache's operator in C++ (split workspace sized by
+    the library): the launches the Python route makes, but for the buffers
+    each allocates itself."""
+    stub, records = ours_route
+    b, h, hk, d = 2, 4, 2, 64
+    q = torch.empty(b, 3, h, d, dtype=torch.float16)
+    if paged:
+        kc = torch.empty(8, 32, hk, d, dtype=torch.float16)
+        table = torch.tensor([[0, 2, 4, 6], [1, 3, 5, 7]], dtype=torch.int32)
+    else:
+        kc, table = torch.empty(b, 128, hk, d, dtype=torch.float16), None
+    vc = torch.empty_like(kc)
+    k_end = torch.tensor([100, 57], dtype=torch.int32)
+    k_start = torch.tensor([3, 0], dtype=torch.int32)
+    out, lse = torch.ops.aotriton_rocm.flash_attn_kvcache(
+        q, kc, vc, k_end, k_start, None, table, None, 0.125, True, 40, -1, 0.0, num_splits,
+        None, 0, "flash_attn_with_kvcache")
+    assert (out.shape, lse.shape) == (q.shape, (b, h, 3))
+    native_l = _take(stub)
+    assert native_l and torch_native.fallback_count() == 0
+    kvcache.forward(q, kc, vc, k_end, k_start=k_start, block_table=table, scale=0.125,
+                    causal=True, window_size=(40, -1), num_splits=num_splits, out=out)
+    assert_same_launches(_take(stub), native_l, records, ignore=("O_PART", "LSE_PART", "LSE"))
