@@ -920,7 +920,7 @@ bool op_bwd(const State &s, const Args &a)
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
     pr.p.window_left = window_side(a.i64(14), k.size(1));
     pr.p.window_right = window_side(a.i64(15), k.size(1));
-    BwdMods mods{0.0f, a.opt_tensor(17), a.boolean(18)};
+    BwdMods mods{static_cast<float>(a.f64(16)), a.opt_tensor(17), a.boolean(18)};
     std::vector<Owned> grads;
     for (const Info *t : {&q, &k, &v})
         grads.push_back(empty_like(*t, t->dtype));
@@ -964,7 +964,7 @@ bool op_kvcache(const State &s, const Args &a)
     p.max_seqlen_q = cu_q ? static_cast<int32_t>(seqlen_q) : 0;
     p.scale = softmax_scale(a.opt_f64(8), q.size(-1));
     p.causal = a.boolean(9);
-    p.window_left = static_cast<int32_t>(std::clamp<int64_t>(a.i64(11), -1, INT32_MAX));
+    p.window_left = static_cast<int32_t>(std::clamp<int64_t>(a.i64(10), -1, INT32_MAX));
     p.window_right = static_cast<int32_t>(std::clamp<int64_t>(a.i64(11), -1, INT32_MAX));
     p.softcap = static_cast<float>(a.f64(12));
     p.num_splits = static_cast<int32_t>(std::clamp<int64_t>(a.i64(13), 0, AOTR_MAX_SPLITS));
