@@ -1255,8 +1255,11 @@ __attribute__((visibility("default"))) const char *aotr_torch_last_error(void)
 
 __attribute__((visibility("default"))) uint64_t aotr_torch_launch_count(const char *kernel)
 {
-    InFlight guard;
-    return guard.state ? aotr_runtime_launch_count(guard.state->runtime, kernel) : 0;
+    std::lock_guard<std::mutex> lock(g_runtimes_mu);
+    uint64_t n = 0;
+    for (const auto &kept : g_runtimes)
+        n += aotr_runtime_launch_count(kept.second, kernel);
+    return n;
 }
 
 __attribute__((visibility("default"))) uint64_t aotr_torch_fallback_count(void)

@@ -68,8 +68,8 @@ int aotr_torch_activate(const aotr_torch_config *config);
 int aotr_torch_deactivate(void);
 int aotr_torch_is_active(void);
 const char *aotr_torch_last_error(void);
-/* Launches through the active runtime since it was created
- * (aotr_runtime_launch_count); 0 when inactive. */
+/* Launches through this library's runtimes (aotr_runtime_launch_count),
+ * active or not, since it was loaded: a count that only grows. */
 uint64_t aotr_torch_launch_count(const char *kernel);
 /* Calls handed to the fallback ops since activation. */
 uint64_t aotr_torch_fallback_count(void);

@@ -20,7 +20,6 @@ from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, NE
                      FwdParams, KvcacheParams, NativeError, Problem as NativeProblem,
                      Runtime as NativeRuntime, check as check_status, error as native_error,
                      make_problem, tensor_view)
-from .torch_native import is_active as torch_native_active
 from .torch_native import launch_count as torch_native_launch_count
 from ._version import ABI_VERSION
 
@@ -57,8 +56,7 @@ def _native_totals() -> collections.Counter:
     for kernel in _COUNTED + KVCACHE_KERNELS:
         if _native_names:
             totals[kernel] += _native_runtime().launch_count(kernel)
-        if torch_native_active():
-            totals[kernel] += torch_native_launch_count(kernel)
+        totals[kernel] += torch_native_launch_count(kernel)
     return totals
 
 

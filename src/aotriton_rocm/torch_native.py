@@ -342,7 +342,8 @@ def is_active() -> bool:
 
 
 def launch_count(kernel: str | None = None) -> int:
-    """Kernel launches through the extension's runtime since activation."""
+    """Kernel launches through the extension's runtimes since it was loaded
+    (0 before), active or not."""
     return load().aotr_torch_launch_count(kernel.encode() if kernel else None) if _lib else 0
 
 
