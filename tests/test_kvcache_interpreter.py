@@ -184,6 +184,31 @@ def test_append_with_rotary(paged, interleaved, causal):
     assert (out.double() - want).abs().max().item() <= 4e-3
 
 
+@pytest.mark.parametrize("new", [1, 2])
+@pytest.mark.parametrize("sliced", [False, True], ids=["contiguous", "sliced"])
+def test_append_lands_where_it_belongs(new, sliced):
+    """k/v appended in place: the one-copy path over merged (row, position)
+    rows, and a sliced cache whose rows cannot merge (index_put_); every
+    other cache entry untouched."""
+    gen = _gen(new + 2 * int(sliced))
+    b, hk, d, cap = 2, 2, 64, 48
+    full = torch.randn(b, cap + 16 * int(sliced), hk, d, generator=gen).half()
+    k_cache = full[:, :cap]
+    v_cache = torch.randn(b, cap, hk, d, generator=gen).half()
+    k0, v0 = k_cache.clone(), v_cache.clone()
+    k_new = torch.randn(b, new, hk, d, generator=gen).half()
+    v_new = torch.randn(b, new, hk, d, generator=gen).half()
+    seqlens = torch.tensor([5, 30], dtype=torch.int32)
+    q = torch.randn(b, 1, 4, d, generator=gen).half()
+    aotriton_rocm.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens)
+    written = torch.zeros(b, cap, dtype=torch.bool)
+    for bb in range(b):
+        rows = slice(int(seqlens[bb]), int(seqlens[bb]) + new)
+        written[bb, rows] = True
+        assert torch.equal(k_cache[bb, rows], k_new[bb]) and torch.equal(v_cache[bb, rows], v_new[bb])
+    assert torch.equal(k_cache[~written], k0[~written]) and torch.equal(v_cache[~written], v0[~written])
+
+
 def test_rotary_dim_below_head_dim_keeps_the_rest():
     gen = _gen(5)
     x = torch.randn(1, 2, 3, 32, generator=gen).to(torch.float16)

@@ -111,6 +111,22 @@ def _cache_slots(positions, cache_batch_idx, block_table, batch, page_size):
     return rows[:, None].expand_as(positions), positions
 
 
+def _append(k_cache, v_cache, k, v, slots) -> None:
+    """k, v (B, S, Hk, D) written into the caches at ``slots``: one
+    ``index_copy_`` each over the (row or page, position) rows merged where
+    the caches' layout allows that view (the usual one), else
+    ``index_put_`` (several kernels on a GPU)."""
+    block, pos = slots
+    rows = None
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        if cache.stride(0) != cache.shape[1] * cache.stride(1):
+            cache.index_put_(slots, new)
+            continue
+        if rows is None:
+            rows = (block * cache.shape[1] + pos).flatten()
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, rows, new.reshape(-1, *new.shape[2:]))
+
+
 def _check_room(positions, slots, k_cache, block_table, capacity):
     """The new tokens must land inside the cache (checked on CPU tensors in
     eager mode; on a GPU, as with flash-attn, and in a compiled graph that is
@@ -212,7 +228,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     local = bool(causal) or window != (-1, -1)
     with torch.no_grad():
         if seqlen_new:
-            positions = seqlens.long()[:, None] + torch.arange(seqlen_new, device=q.device)
+            positions = seqlens.long()[:, None]
+            if seqlen_new > 1:
+                positions = positions + torch.arange(seqlen_new, device=q.device)
             if rotary_cos is not None:
                 k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
                 q_pos = seqlens.long()[:, None] + (torch.arange(q.shape[1], device=q.device)
@@ -221,8 +239,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                  rotary_interleaved)
             slots = _cache_slots(positions, cache_batch_idx, block_table, batch, page)
             _check_room(positions, slots, k_cache, block_table, capacity)
-            k_cache.index_put_(slots, k)
-            v_cache.index_put_(slots, v)
+            _append(k_cache, v_cache, k, v, slots)
         out, lse = flash_attn_kvcache(q, k_cache, v_cache, k_end, cache_leftpad, cache_batch_idx,
                                       block_table, alibi_slopes, softmax_scale, bool(causal),
                                       *window, softcap, num_splits, None, 0, API)
