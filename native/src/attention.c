@@ -292,6 +292,16 @@ static void zhm(const aotr_tensor *t, int varlen, int64_t out[3])
     }
 }
 
+void aotr_attn_window(int64_t left, int64_t right, int32_t causal, int64_t seqlen_k,
+                      int32_t out[2])
+{
+    const int64_t side[2] = {left, right};
+    for (int i = 0; i < 2; i++)
+        out[i] = side[i] < 0 || side[i] >= seqlen_k ? -1 : (int32_t)side[i];
+    if (causal)
+        out[1] = 0;
+}
+
 aotr_status aotr_attn_check(const aotr_attn_problem *p)
 {
     if (!p)
@@ -545,8 +555,8 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
     if ((st = set_zhm(v, A_SQZ, &p->q, d->varlen)) || (st = set_zhm(v, A_SKZ, &p->k, d->varlen)) ||
         (st = set_zhm(v, A_SVZ, &p->v, d->varlen)))
         return st;
-    int64_t window[2];
-    aotr_window_bounds(p->window_left, p->window_right, p->causal, d->sq + d->sk, window);
+    int32_t window[2];
+    aotr_attn_window(p->window_left, p->window_right, p->causal, d->sk, window);
     if ((st = set_i32(v, A_BATCH, d->b)) || (st = set_i32(v, A_NUM_HEADS, d->h)) ||
         (st = set_i32(v, A_GQA_GROUP, d->hk ? d->h / d->hk : 1)) ||
         (st = set_i32(v, A_MAX_SEQLEN_Q, d->sq)) || (st = set_i32(v, A_MAX_SEQLEN_K, d->sk)) ||

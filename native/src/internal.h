@@ -272,16 +272,6 @@ AOTR_HIDDEN aotr_status aotr_placement_end(aotr_placement *pl, aotr_status st);
 /* -- request helpers shared by the entry points (attention.c) ------------ */
 
 static inline int aotr_present(const aotr_tensor *t) { return t->data != NULL; }
-/* The kernels' window bounds: flash-attn's window_size (negative: unbounded;
- * causal is right = 0), each clamped to `keys_and_queries` (seqlen_q plus
- * the keys: the same mask) so that no bound overflows int32. */
-static inline void aotr_window_bounds(int64_t left, int64_t right, int causal,
-                                      int64_t keys_and_queries, int64_t out[2])
-{
-    const int64_t side[2] = {left, causal ? 0 : right};
-    for (int i = 0; i < 2; i++)
-        out[i] = side[i] < 0 ? -1 : side[i] < keys_and_queries ? side[i] : keys_and_queries;
-}
 /* AOTR_NEEDS_LAYOUT naming `name` unless aotr_layout_ok(t). */
 AOTR_HIDDEN aotr_status aotr_need_layout(const aotr_tensor *t, const char *name);
 /* The (x, y, z) grid of `blocks` row blocks times `programs` (batch x heads)

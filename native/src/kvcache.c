@@ -429,10 +429,10 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[K_HAS_BATCH_IDX].i32 = aotr_present(&p->cache_batch_idx);
     v[K_HAS_K_START].i32 = aotr_present(&p->k_start);
     v[S.has_alibi].i32 = aotr_present(&p->alibi_slopes);
-    int64_t window[2];
-    aotr_window_bounds(p->window_left, p->window_right, p->causal, d->sq + d->capacity, window);
-    v[S.window_left].i32 = (int32_t)window[0];
-    v[S.window_right].i32 = (int32_t)window[1];
+    int32_t window[2];
+    aotr_attn_window(p->window_left, p->window_right, p->causal, d->capacity, window);
+    v[S.window_left].i32 = window[0];
+    v[S.window_right].i32 = window[1];
     v[S.sm_scale].f32 = p->scale;
     v[S.softcap].f32 = p->softcap;
     v[K_NUM_SPLITS].i32 = c->splits;

@@ -569,13 +569,11 @@ float softmax_scale(std::optional<double> scale, int64_t head_dim)
     return static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)));
 }
 
-// flash-attn's window normalisation: None or -1 unbounded, and so is a size
-// >= seqlen_k.
-int32_t window_side(std::optional<int64_t> w, int64_t seqlen_k)
+// A window side as libaotriton_rocm takes it (aotr_attn_window applies
+// flash-attn's rule): None is -1, sizes past int32 are unbounded anyway.
+int32_t window_side(std::optional<int64_t> w)
 {
-    if (!w || *w < 0 || *w >= seqlen_k)
-        return -1;
-    return static_cast<int32_t>(*w);
+    return static_cast<int32_t>(std::clamp<int64_t>(w.value_or(-1), -1, INT32_MAX));
 }
 
 struct Problem {
@@ -822,12 +820,11 @@ bool fa_fwd(const State &s, const Args &a)
     Problem pr(s, q, k, v, perm);
     if (packed && !varlen(s, cu_q, cu_k, a.i64(5), a.i64(6), pr))
         return false;
-    int64_t seqlen_k = packed ? a.i64(6) : k.size(1);
     pr.p.scale = softmax_scale(a.opt_f64(10), q.size(-1));
     pr.p.causal = a.boolean(8);
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
-    pr.p.window_left = window_side(a.opt_i64(11), seqlen_k);
-    pr.p.window_right = window_side(a.opt_i64(12), seqlen_k);
+    pr.p.window_left = window_side(a.opt_i64(11));
+    pr.p.window_right = window_side(a.opt_i64(12));
     Owned out, lse;
     if (!flash_layout_fwd(s, q, k, v, perm, pr, alibi, 0.0f, &out, &lse))
         return false;
@@ -856,12 +853,11 @@ bool fa_bwd(const State &s, const Args &a)
     Problem pr(s, q, k, v, perm);
     if (packed && !varlen(s, cu_q, cu_k, a.i64(8), a.i64(9), pr))
         return false;
-    int64_t seqlen_k = packed ? a.i64(9) : k.size(1);
     pr.p.scale = softmax_scale(a.opt_f64(14), q.size(-1));
     pr.p.causal = a.boolean(11);
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
-    pr.p.window_left = window_side(a.opt_i64(15), seqlen_k);
-    pr.p.window_right = window_side(a.opt_i64(16), seqlen_k);
+    pr.p.window_left = window_side(a.opt_i64(15));
+    pr.p.window_right = window_side(a.opt_i64(16));
     std::vector<Owned> grads;
     for (const Info *t : {&q, &k, &v})
         grads.push_back(empty_like(*t, t->dtype));
@@ -889,8 +885,8 @@ bool op_fwd(const State &s, const Args &a)
     pr.p.scale = softmax_scale(a.opt_f64(8), q.size(-1));
     pr.p.causal = a.boolean(9);
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
-    pr.p.window_left = window_side(a.i64(10), k.size(1));
-    pr.p.window_right = window_side(a.i64(11), k.size(1));
+    pr.p.window_left = window_side(a.i64(10));
+    pr.p.window_right = window_side(a.i64(11));
     Owned out, lse;
     if (!flash_layout_fwd(s, q, k, v, kBSHD, pr, a.opt_tensor(13), static_cast<float>(a.f64(12)),
                           &out, &lse))
@@ -918,8 +914,8 @@ bool op_bwd(const State &s, const Args &a)
     pr.p.scale = softmax_scale(a.opt_f64(12), q.size(-1));
     pr.p.causal = a.boolean(13);
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
-    pr.p.window_left = window_side(a.i64(14), k.size(1));
-    pr.p.window_right = window_side(a.i64(15), k.size(1));
+    pr.p.window_left = window_side(a.i64(14));
+    pr.p.window_right = window_side(a.i64(15));
     BwdMods mods{static_cast<float>(a.f64(16)), a.opt_tensor(17), a.boolean(18)};
     std::vector<Owned> grads;
     for (const Info *t : {&q, &k, &v})
@@ -964,8 +960,8 @@ bool op_kvcache(const State &s, const Args &a)
     p.max_seqlen_q = cu_q ? static_cast<int32_t>(seqlen_q) : 0;
     p.scale = softmax_scale(a.opt_f64(8), q.size(-1));
     p.causal = a.boolean(9);
-    p.window_left = static_cast<int32_t>(std::clamp<int64_t>(a.i64(10), -1, INT32_MAX));
-    p.window_right = static_cast<int32_t>(std::clamp<int64_t>(a.i64(11), -1, INT32_MAX));
+    p.window_left = window_side(a.i64(10));
+    p.window_right = window_side(a.i64(11));
     p.softcap = static_cast<float>(a.f64(12));
     p.num_splits = static_cast<int32_t>(std::clamp<int64_t>(a.i64(13), 0, AOTR_MAX_SPLITS));
     Owned out = empty_like(q, q.dtype);

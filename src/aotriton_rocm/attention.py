@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends import Backend, backend_for
+from .native import attn_window
 from .philox_state import next_state
 
 # Head dims covered: 1 to this. The kernels take multiples of 8 (padded to a
@@ -329,30 +330,20 @@ def mask_args(is_causal: bool, seqlen_q: int, seqlen_k: int,
 
     Key j is visible from query i iff ``i + shift - left <= j <= i + shift +
     right`` with ``shift = seqlen_k - seqlen_q`` (bottom-right) or 0
-    (top-left), a negative size leaving that side unbounded (flash-attn's
-    ``window_size``; causal is ``right = 0``). Sizes are clamped to
-    ``seqlen_q + seqlen_k`` (the same mask) so that no bound overflows int32.
+    (top-left), the sides as :func:`native.attn_window` gives them
+    (flash-attn's ``window_size`` rule; causal is ``right = 0``).
     """
     if causal_alignment not in CAUSAL_ALIGNMENTS:
         raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, "
                          f"got {causal_alignment!r}")
-    left, right = (int(w) for w in window_size)
-    if is_causal:
-        right = 0
-    cap = seqlen_q + seqlen_k
-    left = -1 if left < 0 else min(left, cap)
-    right = -1 if right < 0 else min(right, cap)
+    left, right = attn_window(*window_size, is_causal, seqlen_k)
     return int(causal_alignment == "bottom_right"), left, right
 
 
 def flash_attn_window(window_size_left, window_size_right, seqlen_k: int) -> tuple[int, int]:
-    """flash-attn's normalisation of a window (its ``mha_fwd``): None or -1 is
-    unbounded, and so is a size >= seqlen_k (this differs from the plain rule
-    only for rows a bound would push past every key, e.g. seqlen_q > 2 *
-    seqlen_k)."""
-    left = -1 if window_size_left is None else int(window_size_left)
-    right = -1 if window_size_right is None else int(window_size_right)
-    return (-1 if left >= seqlen_k else left), (-1 if right >= seqlen_k else right)
+    """flash-attn's window as the kernels run it (:func:`native.attn_window`
+    without causal): None, a negative size or one >= seqlen_k is unbounded."""
+    return attn_window(window_size_left, window_size_right, False, seqlen_k)
 
 
 def _rng_args(rng, spare: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

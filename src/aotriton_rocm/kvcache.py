@@ -21,6 +21,7 @@ import torch
 from .attention import (INT32_MAX, default_scale, fresh_like, kernel_head_dim, launch_grid,
                         meets_assumptions, placeholders, prepared, zero_padded)
 from .backends import KVCACHE_KERNELS, backend_for, kvcache_workspace_shapes as workspace_shapes
+from .native import attn_window
 
 # Head dims covered (1 to this; the kernels take multiples of 8, others run on
 # zero-padded copies, caches included), and the dtypes.
@@ -196,12 +197,7 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
         return out, lse, 1
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    left, right = window_size
-    if causal:
-        right = 0
-    cap = sq + capacity
-    left = -1 if left < 0 else min(left, cap)
-    right = -1 if right < 0 else min(right, cap)
+    left, right = attn_window(*window_size, causal, capacity)
     sm_scale = default_scale(d) if scale is None else float(scale)
     backend = backend_for(q)
     # Tensors the kernels read in place (copies where the layout does not

@@ -128,6 +128,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_runtime_device_arch", c_int32, c_void_p, c_int32, c_char_p, c_size_t)
     f("aotr_runtime_launch_count", c_uint64, c_void_p, c_char_p)
     f("aotr_attn_check", c_int32, POINTER(Problem))
+    f("aotr_attn_window", None, c_int64, c_int64, c_int32, c_int64, POINTER(c_int32))
     f("aotr_attn_supported", c_int32, c_void_p, c_int32, POINTER(Problem), c_uint32)
     f("aotr_attn_fwd", c_int32, c_void_p, POINTER(FwdParams))
     f("aotr_attn_bwd", c_int32, c_void_p, POINTER(BwdParams))
@@ -135,6 +136,22 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_attn_fwd_kvcache", c_int32, c_void_p, POINTER(KvcacheParams))
     if hasattr(lib, "aotr_dropout_uniform"):  # absent from older builds
         f("aotr_dropout_uniform", c_int32, c_void_p, POINTER(DropoutUniformParams))
+
+
+def attn_window(left: int | None, right: int | None, causal: bool,
+                seqlen_k: int) -> tuple[int, int]:
+    """The window sides the kernels run with, from libaotriton_rocm's
+    ``aotr_attn_window`` (flash-attn's rule, kept in that one place): None,
+    a negative size or one >= ``seqlen_k`` is unbounded, -1; causal sets the
+    right side to 0."""
+    out = (c_int32 * 2)()
+    sides = (-1 if w is None else max(-1, min(int(w), _INT64_MAX)) for w in (left, right))
+    library().aotr_attn_window(*sides, int(bool(causal)), max(0, min(int(seqlen_k), _INT64_MAX)),
+                               out)
+    return out[0], out[1]
+
+
+_INT64_MAX = 2**63 - 1
 
 
 def library() -> ctypes.CDLL:

@@ -116,7 +116,7 @@ def test_arguments_by_name(setup, paged, splits):
             "page_size": 32 if paged else 1, "has_batch_idx": int(not paged), "has_k_start": 1,
             "has_alibi": 1,
             # causal: right = 0; a huge left clamped to seqlen_q + capacity (int32)
-            "window_left": sq + capacity, "window_right": 0,
+            "window_left": -1, "window_right": 0,  # 10**9 >= the capacity: unbounded
             "sm_scale": _f32(0.3), "softcap": _f32(7.5)}
     for sym, grid, block, stream, raw in got:
         rec = records[sym]

@@ -86,8 +86,8 @@ def test_arguments_by_name(plain, shape, causal):
     assert rt.launch_count() == 4 and rt.launch_count("attn_bwd_dq") == 1
     common = {"batch": b, "num_heads": h, "gqa_group": h // hk, "max_seqlen_q": sq,
               "max_seqlen_k": sk, "varlen": 0, "head_dim": d, "bottom_right": int(not causal),
-              # sizes past seqlen_q + seqlen_k are the same mask, clamped there (int32)
-              "window_left": min(window[0], sq + sk), "window_right": window[1],
+              # flash-attn's rule: a size >= seqlen_k is unbounded
+              "window_left": window[0] if window[0] < sk else -1, "window_right": window[1],
               "sm_scale": _f32(0.3),
               "dropout_p": 0.0, "Q": q.data_ptr(), "K": k.data_ptr(), "V": v.data_ptr(),
               "stride_bz": 0, "stride_bh": 0, "stride_bm": 0, "stride_lz": lse.stride(0),

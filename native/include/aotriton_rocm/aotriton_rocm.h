@@ -192,8 +192,9 @@ typedef struct aotr_attn_problem {
     int32_t causal;                         /* 0 or 1 */
     int32_t causal_alignment;               /* aotr_causal_alignment */
     /* Sliding window: key j visible from query i iff
-     * i + shift - left <= j <= i + shift + right (shift per causal_alignment);
-     * -1: unbounded on that side; causal sets right = 0. */
+     * i + shift - left <= j <= i + shift + right (shift per causal_alignment)
+     * after aotr_attn_window's rule (flash-attn's: a side < 0 or >= seqlen_k
+     * is unbounded; causal sets right = 0). */
     int32_t window_left, window_right;
 } aotr_attn_problem;
 
@@ -272,6 +273,14 @@ typedef struct aotr_attn_bwd_params {
  * shapes, head dim, GQA ratio, dropout range, 32-bit limits. Needs no
  * runtime and reads no data (any address works, also host memory). */
 AOTR_API aotr_status aotr_attn_check(const aotr_attn_problem *problem);
+
+/* The window sides every call of this library runs with (the one place of
+ * the rule): flash-attn's window_size normalisation, as its mha_fwd and
+ * torch's _flash_attention_forward apply it. A side < 0 or >= seqlen_k
+ * (the keys: max_seqlen_k for packed batches, the cache's capacity for a
+ * KV cache) is unbounded, -1; causal then sets the right side to 0. */
+AOTR_API void aotr_attn_window(int64_t window_left, int64_t window_right, int32_t causal,
+                               int64_t seqlen_k, int32_t out[2]);
 
 enum {
     AOTR_NEED_BACKWARD = 1,   /* the backward kernels must be there too */
