@@ -1,8 +1,8 @@
-"""The coverage rules the Python route still holds beside the C core's
-(attention.unsupported_reason against aotr_attn_check, the device-independent
-half of what libaotriton_rocm computes): over a grid of requests both must
-accept the same ones and refuse the others with the same words. The Python
-copy is the one to remove (issue #41); until then this test catches drift."""
+"""attention.unsupported_reason, the Python route's verdict, against
+aotr_attn_check alone over a grid of requests: Python asks the C core for the
+shared rules and adds only torch's own checks (devices, masks, the
+offsets' tensors) and the kernels' single head dim; over the grid the two
+must accept the same requests and refuse the others with the same words."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends import Backend, backend_for
+from . import native
 from .native import attn_window
 from .philox_state import next_state
 
@@ -91,6 +92,11 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        alibi_slopes: torch.Tensor | None = None) -> str | None:
     """Why our kernels cannot compute this attention, or None if they can.
 
+    The rules of shapes, dtypes, heads, head dims, dropout and 32-bit limits
+    are libaotriton_rocm's (``aotr_attn_check``, asked here with the tensors'
+    views: it reads no data); what is torch's (devices, masks, tensors'
+    types) and the backend's images are checked here.
+
     ``attn_mask`` is an additive float mask of q's dtype (or a boolean mask)
     broadcastable to (B, H, Sq, Sk). ``softcap``: 0 (off) or a positive
     float; ``alibi_slopes``: fp32 (H,) or (B, H) on q's device (see
@@ -101,32 +107,20 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if q.dim() != rank or k.dim() != rank or v.dim() != rank:
         return f"query/key/value must be {rank}-D {layout}"
     dtype = q.dtype
-    if k.dtype != dtype or v.dtype != dtype:
-        return "query, key and value must share a dtype"
-    if dtype not in DTYPE_NAMES:
-        return f"dtype {str(dtype).replace('torch.', '')} is not covered (fp16, bf16 and fp32 are)"
     if k.device != q.device or v.device != q.device:
         return "query, key and value must be on one device"
-    if k.shape != v.shape or q.shape[-1] != k.shape[-1]:
-        return "key and value must have one shape, and query their head_dim"
-    b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
-    if varlen is None and k.shape[0] != b:
-        return "query and key/value batch sizes differ"
-    if (hk == 0 and h > 0) or (hk and h % hk):
-        return (f"query heads ({h}) must be a multiple of key/value heads ({hk}) "
-                "(GQA/MQA)")
-    if not 1 <= d <= MAX_HEAD_DIM:
-        return f"head_dim {d} is not covered (1 to {MAX_HEAD_DIM} are)"
-    if not 0.0 <= dropout_p < 1.0:
-        return f"dropout_p={dropout_p:g} is outside [0, 1)"
-    if dropout_p and MAX_BLOCK * sk > INT32_MAX:
-        return "dropout with seqlen_k > 2**23 is not covered"
     if varlen is not None:
         reason = _varlen_reason(varlen, q, k)
         if reason:
             return reason
         if attn_mask is not None:
             return "an attn_mask with a variable-length batch is not covered"
+    reason = _core_reason(q, k, v, is_causal, dropout_p, varlen)
+    if reason:
+        return reason
+    if k.shape != v.shape:  # the Python route's kernels read one head dim
+        return "key and value must have one shape, and query their head_dim"
+    b, h, _, sq, sk, d = problem_dims(q, k, varlen)
     if attn_mask is not None:
         if attn_mask.dtype != torch.bool and attn_mask.dtype != dtype:
             return f"attn_mask dtype {attn_mask.dtype} must be bool or the query's ({dtype})"
@@ -139,14 +133,6 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     reason = score_mod_reason(softcap, alibi_slopes, q, b, h)
     if reason:
         return reason
-    if sk == 0 and sq > 0 and b * h > 0:
-        return "seqlen_k = 0 (no keys)"
-    for t in (q, k, v):
-        # Strides are 32-bit kernel arguments; offsets inside one block of up
-        # to MAX_BLOCK rows are 32-bit too (the kernels offset blocks in 64-bit).
-        row = t.stride(-3) if varlen is not None else t.stride(2)
-        if max(t.stride(), default=0) > INT32_MAX or row * MAX_BLOCK > INT32_MAX:
-            return "strides too large for the kernels' 32-bit stride arguments"
     backend = backend_for(q)
     if backend is None:
         return f"no backend for device {q.device}"
@@ -155,6 +141,21 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                                       bias=attn_mask is not None,
                                       dropout=bool(dropout_p) or return_debug_mask,
                                       work=b * h * sq * sk * d)
+
+
+def _core_reason(q, k, v, is_causal, dropout_p, varlen) -> str | None:
+    """libaotriton_rocm's verdict on the request (``aotr_attn_check``)."""
+    # dtypes the library has no code for are told apart here, in its words
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        return "query, key and value must share a dtype"
+    if native.dtype_code(q.dtype) == 0:
+        return f"dtype {str(q.dtype).replace('torch.', '')} is not covered (fp16, bf16 and fp32 are)"
+    cu = None if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
+    seqlens = (0, 0) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k)
+    problem = native.make_problem(q, k, v, scale=1.0, causal=is_causal, dropout_p=dropout_p,
+                                  cu_seqlens=cu, max_seqlens=seqlens)
+    status = native.library().aotr_attn_check(problem)
+    return None if status == native.OK else native.error(status).message
 
 
 def score_mod_reason(softcap, alibi_slopes, q: torch.Tensor, batch: int,

@@ -188,7 +188,8 @@ def check(status: int) -> None:
 _DTYPE_CODES: dict = {}
 
 
-def _dtype_code(dtype) -> int:
+def dtype_code(dtype) -> int:
+    """libaotriton_rocm's code of a torch dtype (0: none)."""
     code = _DTYPE_CODES.get(dtype)
     if code is None:
         code = _DTYPE_CODES[dtype] = DTYPES.get(str(dtype).replace("torch.", ""), 0)
@@ -208,7 +209,7 @@ def verify_archive(path: "str | os.PathLike[str]") -> int:
         lib.aotr_archive_close(handle)
 
 
-def tensor_view(t, dtype_code: int | None = None) -> Tensor:
+def tensor_view(t, code: int | None = None) -> Tensor:
     """The aotr_tensor of a torch tensor (None: an absent tensor)."""
     view = Tensor()
     if t is None:
@@ -217,7 +218,7 @@ def tensor_view(t, dtype_code: int | None = None) -> Tensor:
     if rank > MAX_RANK:
         raise ValueError(f"rank {rank} is above {MAX_RANK}")
     view.data = t.data_ptr()
-    view.dtype = _dtype_code(t.dtype) if dtype_code is None else dtype_code
+    view.dtype = dtype_code(t.dtype) if code is None else code
     view.rank = rank
     view.sizes[:rank] = t.shape
     view.strides[:rank] = t.stride()

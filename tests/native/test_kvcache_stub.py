@@ -76,11 +76,9 @@ def test_arguments_by_name(setup, paged, splits):
     if paged:
         kc, vc = _t(20, 32, hk, d), _t(20, 32, hk, d)
         extra = dict(block_table=torch.zeros(b, 7, dtype=torch.int32))
-        capacity = 7 * 32
     else:
         kc, vc = _t(5, 300, hk, d), _t(5, 300, hk, d)
         extra = dict(cache_batch_idx=torch.zeros(b, dtype=torch.int32))
-        capacity = 300
     lse = torch.empty(b, h, sq)
     k_end, k_start = torch.zeros(b, dtype=torch.int32), torch.zeros(b, dtype=torch.int32)
     alibi = torch.empty(b, h)
