@@ -27,11 +27,10 @@ def generate(tmp_path: Path, text: str) -> subprocess.CompletedProcess:
 
 def compile_core(tmp_path: Path) -> subprocess.CompletedProcess:
     cc = _c_compiler() or pytest.skip("needs a C compiler")
-    out = subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-fsyntax-only", "-Werror",
-                          "-I", NATIVE_SRC / "include", "-I", NATIVE_SRC / "src", "-I", tmp_path / "gen",
-                          *(NATIVE_SRC / "src" / f for f in INCLUDERS)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return out
+    return subprocess.run([cc, "-std=c11", "-D_GNU_SOURCE", "-fsyntax-only", "-Werror",
+                           "-I", NATIVE_SRC / "include", "-I", NATIVE_SRC / "src", "-I", tmp_path / "gen",
+                           *(NATIVE_SRC / "src" / f for f in INCLUDERS)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def kernel_block(kernel: str) -> str:
@@ -55,7 +54,8 @@ def test_tables_of_the_real_variants_compile(tmp_path):
 
 
 def test_an_argument_the_core_does_not_fill_fails_generation(tmp_path):
-    r = generate(tmp_path, edit_kernel("attn_fwd", '["softcap", "fp32"]', '["softcap", "fp32"], ["temperature", "fp32"]'))
+    r = generate(tmp_path, edit_kernel("attn_fwd", '["softcap", "fp32"]',
+                                       '["softcap", "fp32"], ["temperature", "fp32"]'))
     assert r.returncode == 1
     assert "no C source fills argument temperature (names AOTR_SLOT_temperature)" in r.stdout
 
@@ -81,7 +81,8 @@ def test_reordered_strides_fail_compilation(tmp_path):
     assert generate(tmp_path, text).returncode == 0
     r = compile_core(tmp_path)
     assert r.returncode != 0
-    assert "static assertion failed: \"variants.toml: AOTR_SLOT_stride_qh must follow AOTR_SLOT_stride_qz" in r.stdout, r.stdout
+    assert ('static assertion failed: "variants.toml: AOTR_SLOT_stride_qh must follow '
+            'AOTR_SLOT_stride_qz') in r.stdout, r.stdout
 
 
 def test_a_renamed_kernel_fails_compilation(tmp_path):
