@@ -11,8 +11,8 @@ the arguments each kernel must declare.
 The build fails (exit status 1, "gen_slots: ..." on stderr) where variants.toml
 and the C core disagree: an argument name with two kinds, an unknown type, an
 OPTIONAL_ARGS entry that is not an argument, or an argument no C_SOURCE fills
-(names no AOTR_SLOT_<argument>). An argument the C code names but
-variants.toml no longer has is an undeclared identifier at compile time.
+(names no AOTR_SLOT_<argument>). An argument or a kernel the C code names
+but variants.toml no longer has is an undeclared identifier at compile time.
 Standard library only (tomli on Python 3.10); writes a file only when its
 text changes.
 """
@@ -121,7 +121,7 @@ def write_if_changed(path: Path, text: str) -> None:
 
 def main(argv) -> int:
     if len(argv) < 3:
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print("usage: gen_slots.py VARIANTS_TOML OUT_DIR C_SOURCE...", file=sys.stderr)
         return 2
     variants, out, sources = Path(argv[0]), Path(argv[1]), argv[2:]
     try:
