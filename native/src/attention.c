@@ -1,7 +1,6 @@
 /* FlashAttention forward and backward: request checks, the kernels'
  * argument values by name, grids, and the launches. */
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
