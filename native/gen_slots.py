@@ -63,9 +63,10 @@ def slots(variants: dict):
     for kernel, spec in kernels.items():
         args = [(str(a[0]), str(a[1])) for a in spec.get("args", ())]
         names = [n for n, _ in args]
-        for name, type_ in args:
+        for name in (kernel, *names):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise SlotError(f"kernel {kernel}: argument {name!r} is not a C identifier")
+                raise SlotError(f"kernel {kernel}: {name!r} is not a C identifier")
+        for name, type_ in args:
             kind = kind_of(kernel, name, type_)
             if kinds.setdefault(name, kind) != kind:
                 raise SlotError(f"argument {name} is {type_} in kernel {kernel} but {first[name][1]} in "
