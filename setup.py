@@ -13,7 +13,11 @@ libaotriton_v2, upstream AOTriton's C++ API over the same core (native/
 aotriton_api/, the core's sources compiled in), is built once per API line
 as ``aotriton_rocm/lib/aotriton_api/<line>/libaotriton_v2.so.<version>``
 with its headers in ``aotriton_rocm/include/aotriton_api/<line>/aotriton/``
-(native/aotriton_api/CMakeLists.txt builds and installs the same)."""
+(native/aotriton_api/CMakeLists.txt builds and installs the same).
+
+The sources and warnings come from native/sources.cmake (CMake's too); the
+argument-slot tables the core includes are written from kernels/variants.toml
+by native/gen_slots.py into the build directory first."""
 
 import os
 import re
@@ -22,6 +26,7 @@ import shutil
 from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.errors import CompileError
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
@@ -40,12 +45,17 @@ API_LINES = (("0.11", "0.11.2", 11), ("0.13", "0.13.0", 13), ("0.14", "0.14.0", 
 API_DIR = HERE / NATIVE / "aotriton_api"
 API_EXTENSIONS = {f"aotriton_rocm.lib.aotriton_api_{line.replace('.', '_')}": (line, version, api)
                   for line, version, api in API_LINES}
-API_CXX_FLAGS = ["-std=c++17", "-fvisibility=hidden", "-fvisibility-inlines-hidden", "-Wall", "-Wextra",
-                 "-Wpedantic", "-Wshadow", "-Wconversion", "-Wno-sign-conversion", "-Werror"]
-# The warning set of native/CMakeLists.txt.
-WARNINGS = ["-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wstrict-prototypes",
-            "-Wmissing-prototypes", "-Wconversion", "-Wno-sign-conversion", "-Wformat=2",
-            "-Werror"]
+# native/sources.cmake: its set() lists, by name
+SOURCES = {name: words.split() for name, words in
+           re.findall(r"set\((\w+)\s+([^)]*)\)",
+                      re.sub(r"#.*", "", (HERE / NATIVE / "sources.cmake").read_text()))}
+CORE_SOURCES = [f"{NATIVE}/{path}" for path in SOURCES["AOTR_CORE_SOURCES"]]
+API_SOURCES = [f"{NATIVE}/aotriton_api/{path}" for path in SOURCES["AOTR_API_SOURCES"]]
+API_CXX_FLAGS = ["-std=c++17", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+                 *SOURCES["AOTR_API_CXX_WARNINGS"], "-Werror"]
+WARNINGS = [*SOURCES["AOTR_WARNINGS"], "-Werror"]
+VARIANTS = "kernels/variants.toml"
+GEN_SLOTS = f"{NATIVE}/gen_slots.py"
 
 
 def copy_header(package: Path) -> None:
@@ -135,6 +145,13 @@ def render_package_files(package: Path) -> None:
 
 
 class BuildExt(build_ext):
+    def run(self):
+        # the argument-slot tables (native/CMakeLists.txt's aotr_slots)
+        self.slots_dir = str(Path(self.build_temp, "generated"))
+        if runpy.run_path(GEN_SLOTS)["main"]([VARIANTS, self.slots_dir, *CORE_SOURCES]):
+            raise CompileError(f"{GEN_SLOTS}: {VARIANTS} and the C core disagree (see above)")
+        super().run()
+
     def get_ext_filename(self, fullname):
         # asked with the dotted name and with its last part
         names = [(LIBRARY, SONAME), (TORCH_LIBRARY, "libaotriton_rocm_torch.so")]
@@ -167,12 +184,10 @@ class BuildExt(build_ext):
         compat = ["-include", f"{NATIVE}/src/glibc_compat.h", "-O2", "-g0"]
         cc = self.compiler
         cc.compiler_so = [f for f in cc.compiler_so if f != "-Wstrict-prototypes"]
-        core = sorted(str(p.relative_to(HERE)) for p in (HERE / NATIVE / "src").glob("*.c"))
-        objects = cc.compile(core, output_dir=str(temp / "core"), macros=[("_GNU_SOURCE", None)],
-                             include_dirs=[f"{NATIVE}/include", f"{NATIVE}/src"],
+        objects = cc.compile(CORE_SOURCES, output_dir=str(temp / "core"), macros=[("_GNU_SOURCE", None)],
+                             include_dirs=[f"{NATIVE}/include", f"{NATIVE}/src", self.slots_dir],
                              extra_postargs=["-std=c11", "-fvisibility=hidden", *compat, *WARNINGS])
-        layer = sorted(str(p.relative_to(HERE)) for p in (API_DIR / "src").glob("*.cpp"))
-        objects += cc.compile(layer, output_dir=str(temp / "layer"),
+        objects += cc.compile(API_SOURCES, output_dir=str(temp / "layer"),
                               macros=[("aotriton_v2_EXPORTS", None), ("AOTRITON_ROCM_NO_HIP_RUNTIME_H", None)],
                               include_dirs=[str(temp / "include"), str(API_DIR / "include"), f"{NATIVE}/include"],
                               extra_postargs=[*API_CXX_FLAGS, *compat])
@@ -186,6 +201,8 @@ class BuildExt(build_ext):
     def build_extension(self, ext):
         if ext.name in API_EXTENSIONS:
             return self.build_api_library(ext)
+        if ext.name == LIBRARY:
+            ext.include_dirs.append(self.slots_dir)
         if ext.name == TORCH_LIBRARY:
             # linked against the libaotriton_rocm just built (listed first)
             ext.library_dirs = [str(Path(self.get_ext_fullpath(LIBRARY)).parent)]
@@ -222,8 +239,9 @@ class BuildPy(build_py):
 
 library = Extension(
     LIBRARY,
-    sources=sorted(str(p.relative_to(HERE)) for p in (HERE / NATIVE / "src").glob("*.c")),
-    include_dirs=[f"{NATIVE}/include", f"{NATIVE}/src"],
+    sources=CORE_SOURCES,
+    include_dirs=[f"{NATIVE}/include", f"{NATIVE}/src"],  # + the slot tables' (BuildExt.run)
+    depends=[VARIANTS, GEN_SLOTS, f"{NATIVE}/sources.cmake"],
     define_macros=[("_GNU_SOURCE", None)],
     extra_compile_args=["-std=c11", "-fvisibility=hidden", "-include",
                         f"{NATIVE}/src/glibc_compat.h", *WARNINGS],
@@ -237,8 +255,7 @@ library = Extension(
 )
 
 # built by BuildExt.build_api_library (the sources listed for setuptools' bookkeeping)
-api_libraries = [Extension(name, sources=sorted(str(p.relative_to(HERE)) for p in (API_DIR / "src").glob("*.cpp")),
-                           language="c++", py_limited_api=True)
+api_libraries = [Extension(name, sources=API_SOURCES, language="c++", py_limited_api=True)
                  for name in API_EXTENSIONS]
 
 extensions = [library, *api_libraries, torch_extension()]

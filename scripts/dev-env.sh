@@ -10,9 +10,10 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 # Reinstall when the dependencies or the native sources (libaotriton_rocm, libaotriton_v2,
-# the torch extension) change.
+# the torch extension, and variants.toml, which the argument-slot tables come from) change.
 stamp="$venv/.deps-$(cat "$root/pyproject.toml" "$root/scripts/dev-env.sh" \
-  "$root"/setup.py "$root"/native/src/* \
+  "$root"/setup.py "$root"/native/src/* "$root"/native/*.py "$root"/native/*.cmake \
+  "$root"/kernels/variants.toml \
   "$root"/native/include/aotriton_rocm/* "$root"/native/cmake/* "$root"/native/pkgconfig/* \
   $(find "$root/native/aotriton_api" "$root/native/torch" -type f 2>/dev/null | sort) 2>/dev/null \
   | sha256sum | cut -c1-16)"

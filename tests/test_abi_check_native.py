@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,12 +80,16 @@ def build(tmp: Path, name: str, version: str, edit=None, debug: bool = True) -> 
     (prefix / "lib").mkdir(parents=True)
     (prefix / "include/aotriton_rocm").mkdir(parents=True)
     lib = prefix / "lib" / f"libaotriton_rocm.so.{line}"
+    sources = sorted(map(str, (src / "src").glob("*.c")))
+    # the argument-slot tables (native/CMakeLists.txt's aotr_slots)
+    subprocess.run([sys.executable, str(src / "gen_slots.py"), str(ROOT / "kernels/variants.toml"),
+                    str(src / "generated"), *sources], check=True)
     subprocess.run([CC, "-shared", "-fPIC", "-std=c11", "-O0", "-g" if debug else "-g0",
                     "-fvisibility=hidden", "-D_GNU_SOURCE", "-include", str(src / "src/glibc_compat.h"),
-                    "-I", str(src / "include"), "-I", str(src / "src"),
+                    "-I", str(src / "include"), "-I", str(src / "src"), "-I", str(src / "generated"),
                     f"-Wl,-soname,libaotriton_rocm.so.{line}",
                     f"-Wl,--version-script={src / 'src/libaotriton_rocm.map'}", "-Wl,-z,defs",
-                    "-o", str(lib), *sorted(map(str, (src / "src").glob("*.c"))), "-ldl", "-lpthread"],
+                    "-o", str(lib), *sources, "-ldl", "-lpthread"],
                    check=True)
     os.symlink(lib.name, prefix / "lib" / "libaotriton_rocm.so")
     shutil.copy2(src / HDR, prefix / HDR)

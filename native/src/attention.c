@@ -1,162 +1,17 @@
 /* FlashAttention forward and backward: request checks, the kernels'
  * argument values by name, grids, and the launches. */
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
+#include "slots.h"
 
 #define INT32_LIMIT 2147483647LL
 #define MAX_HEAD_DIM 512
 #define MAX_BLOCK 256   /* the largest BLOCK_M / BLOCK_N of any config */
 #define MAX_GRID_Y 65535
-
-/* -- argument names ------------------------------------------------------- */
-
-enum {
-    A_Q, A_K, A_V, A_BIAS, A_O, A_LSE, A_DMASK, A_CU_Q, A_CU_K, A_RNG_SEED, A_RNG_OFFSET,
-    A_DO, A_DELTA, A_DK, A_DV, A_DQ, A_DBIAS,
-    A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ, A_SBH, A_SBM,
-    A_SOZ, A_SOH, A_SOM, A_SLZ, A_SLH, A_SDOZ, A_SDOH, A_SDOM, A_SDKZ, A_SDKH, A_SDKN,
-    A_SDVZ, A_SDVH, A_SDVN, A_SDQZ, A_SDQH, A_SDQM, A_SDBZ, A_SDBH, A_SDBM,
-    A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K, A_VARLEN, A_HEAD_DIM,
-    A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_STORE_DMASK, A_STORE_DBIAS,
-    A_SM_SCALE, A_DROPOUT_P,
-    A_R, A_ENCODE_KEEP, /* dropout_uniform */
-    /* softcap and ALiBi (appended; optional in a kernel's argument list) */
-    A_ALIBI, A_SAZ, A_SAH, A_HAS_ALIBI, A_SOFTCAP,
-    A_DQ_ACC, A_SDQAZ, A_SDQAH, A_SDQAM, /* the fused backward's dQ accumulator */
-    A_OFFSET_ADD, A_SEED_OUT, A_OFFSET_OUT, /* philox_state */
-    A_COUNT
-};
-_Static_assert(A_COUNT <= AOTR_KV_FIRST_SLOT, "AOTR_KV_FIRST_SLOT is too small");
-
-static const char *const slot_names[A_COUNT] = {
-    "Q", "K", "V", "BIAS", "O", "LSE", "DMASK", "CU_Q", "CU_K", "RNG_SEED", "RNG_OFFSET",
-    "DO", "Delta", "DK", "DV", "DQ", "DBIAS",
-    "stride_qz", "stride_qh", "stride_qm", "stride_kz", "stride_kh", "stride_kn",
-    "stride_vz", "stride_vh", "stride_vn", "stride_bz", "stride_bh", "stride_bm",
-    "stride_oz", "stride_oh", "stride_om", "stride_lz", "stride_lh",
-    "stride_doz", "stride_doh", "stride_dom", "stride_dkz", "stride_dkh", "stride_dkn",
-    "stride_dvz", "stride_dvh", "stride_dvn", "stride_dqz", "stride_dqh", "stride_dqm",
-    "stride_dbz", "stride_dbh", "stride_dbm",
-    "batch", "num_heads", "gqa_group", "max_seqlen_q", "max_seqlen_k", "varlen", "head_dim",
-    "bottom_right", "window_left", "window_right", "store_dmask", "store_dbias",
-    "sm_scale", "dropout_p",
-    "R", "encode_keep",
-    "ALIBI", "stride_az", "stride_ah", "has_alibi", "softcap",
-    "DQ_ACC", "stride_dqaz", "stride_dqah", "stride_dqam",
-    "offset_add", "SEED_OUT", "OFFSET_OUT",
-};
-
-/* Name -> slot through an open-addressing table (a runtime start binds
- * tens of thousands of argument names: a linear search showed). */
-#define NAME_TABLE 256
-_Static_assert(NAME_TABLE >= 2 * AOTR_ARG_SLOTS, "NAME_TABLE is too small");
-static int16_t name_table[NAME_TABLE];
-static pthread_once_t name_table_once = PTHREAD_ONCE_INIT;
-
-static void fill_name_table(void)
-{
-    for (int i = 0; i < NAME_TABLE; i++)
-        name_table[i] = -1;
-    for (int slot = 0; slot < AOTR_ARG_SLOTS; slot++) {
-        const char *name = aotr_arg_slot_name(slot);
-        if (strcmp(name, "?") == 0)
-            continue;
-        uint32_t h = aotr_str_hash(name) % NAME_TABLE;
-        while (name_table[h] >= 0)
-            h = (h + 1) % NAME_TABLE;
-        name_table[h] = (int16_t)slot;
-    }
-}
-
-int aotr_arg_slot(const char *name)
-{
-    pthread_once(&name_table_once, fill_name_table);
-    uint32_t h = aotr_str_hash(name) % NAME_TABLE;
-    for (; name_table[h] >= 0; h = (h + 1) % NAME_TABLE)
-        if (strcmp(name, aotr_arg_slot_name(name_table[h])) == 0)
-            return name_table[h];
-    return -1;
-}
-
-const char *aotr_arg_slot_name(int slot)
-{
-    if (slot >= AOTR_KV_FIRST_SLOT)
-        return aotr_kv_arg_slot_name(slot);
-    return slot >= 0 && slot < A_COUNT ? slot_names[slot] : "?";
-}
-
-aotr_arg_kind aotr_arg_slot_kind(int slot)
-{
-    if (slot >= AOTR_KV_FIRST_SLOT)
-        return aotr_kv_arg_slot_kind(slot);
-    if (slot <= A_DBIAS || slot == A_R || slot == A_ALIBI || slot == A_DQ_ACC ||
-        slot == A_SEED_OUT || slot == A_OFFSET_OUT)
-        return AOTR_ARG_POINTER;
-    if (slot == A_OFFSET_ADD)
-        return AOTR_ARG_I64;
-    return slot == A_SM_SCALE || slot == A_DROPOUT_P || slot == A_SOFTCAP ? AOTR_ARG_FP32
-                                                                          : AOTR_ARG_I32;
-}
-
-static const int fwd_slots[] = {
-    A_Q, A_K, A_V, A_BIAS, A_O, A_LSE, A_DMASK, A_CU_Q, A_CU_K, A_RNG_SEED, A_RNG_OFFSET,
-    A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ, A_SBH, A_SBM,
-    A_SOZ, A_SOH, A_SOM, A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q,
-    A_MAX_SEQLEN_K, A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT,
-    A_SM_SCALE, A_DROPOUT_P, A_STORE_DMASK, -1};
-static const int pre_slots[] = {
-    A_O, A_DO, A_DELTA, A_CU_Q, A_SOZ, A_SOH, A_SOM, A_SDOZ, A_SDOH, A_SDOM, A_SLZ, A_SLH,
-    A_BATCH, A_NUM_HEADS, A_MAX_SEQLEN_Q, A_VARLEN, A_HEAD_DIM, -1};
-static const int dkdv_slots[] = {
-    A_Q, A_K, A_V, A_BIAS, A_DO, A_LSE, A_DELTA, A_DK, A_DV, A_CU_Q, A_CU_K, A_RNG_SEED,
-    A_RNG_OFFSET, A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ,
-    A_SBH, A_SBM, A_SDOZ, A_SDOH, A_SDOM, A_SDKZ, A_SDKH, A_SDKN, A_SDVZ, A_SDVH, A_SDVN,
-    A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
-    A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE,
-    A_DROPOUT_P, -1};
-static const int dq_slots[] = {
-    A_Q, A_K, A_V, A_BIAS, A_DO, A_LSE, A_DELTA, A_DQ, A_DBIAS, A_CU_Q, A_CU_K, A_RNG_SEED,
-    A_RNG_OFFSET, A_SQZ, A_SQH, A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SBZ,
-    A_SBH, A_SBM, A_SDOZ, A_SDOH, A_SDOM, A_SDQZ, A_SDQH, A_SDQM, A_SDBZ, A_SDBH, A_SDBM,
-    A_SLZ, A_SLH, A_BATCH, A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
-    A_VARLEN, A_HEAD_DIM, A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE,
-    A_DROPOUT_P, A_STORE_DBIAS, -1};
-static const int fused_slots[] = {
-    A_Q, A_K, A_V, A_DO, A_LSE, A_DELTA, A_DK, A_DV, A_DQ_ACC, A_CU_Q, A_CU_K, A_SQZ, A_SQH,
-    A_SQM, A_SKZ, A_SKH, A_SKN, A_SVZ, A_SVH, A_SVN, A_SDOZ, A_SDOH, A_SDOM, A_SDKZ, A_SDKH,
-    A_SDKN, A_SDVZ, A_SDVH, A_SDVN, A_SDQAZ, A_SDQAH, A_SDQAM, A_SLZ, A_SLH, A_BATCH,
-    A_NUM_HEADS, A_GQA_GROUP, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K, A_VARLEN, A_HEAD_DIM,
-    A_BOTTOM_RIGHT, A_WINDOW_LEFT, A_WINDOW_RIGHT, A_SM_SCALE, -1};
-static const int dq_convert_slots[] = {
-    A_DQ_ACC, A_DQ, A_CU_Q, A_SDQAZ, A_SDQAH, A_SDQAM, A_SDQZ, A_SDQH, A_SDQM, A_BATCH,
-    A_NUM_HEADS, A_MAX_SEQLEN_Q, A_VARLEN, A_HEAD_DIM, A_SM_SCALE, -1};
-static const int uniform_slots[] = {
-    A_R, A_RNG_SEED, A_RNG_OFFSET, A_BATCH, A_NUM_HEADS, A_MAX_SEQLEN_Q, A_MAX_SEQLEN_K,
-    A_DROPOUT_P, A_ENCODE_KEEP, -1};
-static const int philox_state_slots[] = {A_RNG_SEED, A_RNG_OFFSET, A_OFFSET_ADD, A_SEED_OUT,
-                                         A_OFFSET_OUT, -1};
-
-const int *aotr_kernel_required_slots(int kernel_id)
-{
-    static const int *const table[] = {fwd_slots, pre_slots, dkdv_slots, dq_slots};
-    static const int none[] = {-1};
-    if (kernel_id == AOTR_KERNEL_KVCACHE || kernel_id == AOTR_KERNEL_KVCACHE_COMBINE)
-        return aotr_kv_required_slots(kernel_id);
-    if (kernel_id == AOTR_KERNEL_DROPOUT_UNIFORM)
-        return uniform_slots;
-    if (kernel_id == AOTR_KERNEL_PHILOX_STATE)
-        return philox_state_slots;
-    if (kernel_id == AOTR_KERNEL_BWD_FUSED)
-        return fused_slots;
-    if (kernel_id == AOTR_KERNEL_BWD_DQ_CONVERT)
-        return dq_convert_slots;
-    return kernel_id >= 0 && kernel_id <= AOTR_KERNEL_BWD_DQ ? table[kernel_id] : none;
-}
 
 /* -- tensors and problems --------------------------------------------------- */
 
@@ -491,6 +346,25 @@ static aotr_status set_zhm(aotr_arg_value *v, int first, const aotr_tensor *t, i
     return set_strides(v, first, s, 3);
 }
 
+/* set_zhm and set_strides fill consecutive slots: each tensor's strides are
+ * listed together in variants.toml, whose order numbers the slots. */
+#define CONSECUTIVE(a, b) _Static_assert(b == a + 1, \
+    "variants.toml: " #b " must follow " #a " (set_zhm, set_strides)")
+#define ZHM(z, h, m) CONSECUTIVE(z, h); CONSECUTIVE(h, m)
+ZHM(AOTR_SLOT_stride_qz, AOTR_SLOT_stride_qh, AOTR_SLOT_stride_qm);
+ZHM(AOTR_SLOT_stride_kz, AOTR_SLOT_stride_kh, AOTR_SLOT_stride_kn);
+ZHM(AOTR_SLOT_stride_vz, AOTR_SLOT_stride_vh, AOTR_SLOT_stride_vn);
+ZHM(AOTR_SLOT_stride_bz, AOTR_SLOT_stride_bh, AOTR_SLOT_stride_bm);
+ZHM(AOTR_SLOT_stride_oz, AOTR_SLOT_stride_oh, AOTR_SLOT_stride_om);
+ZHM(AOTR_SLOT_stride_doz, AOTR_SLOT_stride_doh, AOTR_SLOT_stride_dom);
+ZHM(AOTR_SLOT_stride_dkz, AOTR_SLOT_stride_dkh, AOTR_SLOT_stride_dkn);
+ZHM(AOTR_SLOT_stride_dvz, AOTR_SLOT_stride_dvh, AOTR_SLOT_stride_dvn);
+ZHM(AOTR_SLOT_stride_dqz, AOTR_SLOT_stride_dqh, AOTR_SLOT_stride_dqm);
+ZHM(AOTR_SLOT_stride_dbz, AOTR_SLOT_stride_dbh, AOTR_SLOT_stride_dbm);
+ZHM(AOTR_SLOT_stride_dqaz, AOTR_SLOT_stride_dqah, AOTR_SLOT_stride_dqam);
+CONSECUTIVE(AOTR_SLOT_stride_lz, AOTR_SLOT_stride_lh);
+CONSECUTIVE(AOTR_SLOT_stride_az, AOTR_SLOT_stride_ah);
+
 /* (z, h) strides of the logsumexp (and Delta): (B, H, >= Sq) dense, (H, total) packed. */
 static aotr_status check_lse(const aotr_tensor *lse, const dims *d, const char *name,
                              int64_t out[2])
@@ -526,11 +400,11 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
     /* Pointers a launch never dereferences (a feature it does not use) get
      * q's address: valid device memory, aligned like every other input. */
     void *spare = p->q.data;
-    v[A_Q].p = p->q.data;
-    v[A_K].p = p->k.data;
-    v[A_V].p = p->v.data;
-    v[A_CU_Q].p = d->varlen ? p->cu_seqlens_q.data : spare;
-    v[A_CU_K].p = d->varlen ? p->cu_seqlens_k.data : spare;
+    v[AOTR_SLOT_Q].p = p->q.data;
+    v[AOTR_SLOT_K].p = p->k.data;
+    v[AOTR_SLOT_V].p = p->v.data;
+    v[AOTR_SLOT_CU_Q].p = d->varlen ? p->cu_seqlens_q.data : spare;
+    v[AOTR_SLOT_CU_K].p = d->varlen ? p->cu_seqlens_k.data : spare;
     if (needs_rng) {
         const aotr_tensor *r[2] = {&p->philox_seed, &p->philox_offset};
         for (int i = 0; i < 2; i++)
@@ -540,34 +414,36 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
                                  "8-byte aligned int64 device scalar",
                                  i ? "offset" : "seed");
     }
-    v[A_RNG_SEED].p = needs_rng ? p->philox_seed.data : spare;
-    v[A_RNG_OFFSET].p = needs_rng ? p->philox_offset.data : spare;
+    v[AOTR_SLOT_RNG_SEED].p = needs_rng ? p->philox_seed.data : spare;
+    v[AOTR_SLOT_RNG_OFFSET].p = needs_rng ? p->philox_offset.data : spare;
     if (aotr_present(&p->bias)) {
         if ((st = aotr_need_layout(&p->bias, "bias")) != AOTR_OK)
             return st;
-        v[A_BIAS].p = p->bias.data;
-        if ((st = set_strides(v, A_SBZ, p->bias.strides, 3)) != AOTR_OK)
+        v[AOTR_SLOT_BIAS].p = p->bias.data;
+        if ((st = set_strides(v, AOTR_SLOT_stride_bz, p->bias.strides, 3)) != AOTR_OK)
             return st;
     } else {
-        v[A_BIAS].p = spare;
-        v[A_SBZ].i32 = v[A_SBH].i32 = v[A_SBM].i32 = 0;
+        v[AOTR_SLOT_BIAS].p = spare;
+        v[AOTR_SLOT_stride_bz].i32 = v[AOTR_SLOT_stride_bh].i32 = v[AOTR_SLOT_stride_bm].i32 = 0;
     }
-    if ((st = set_zhm(v, A_SQZ, &p->q, d->varlen)) || (st = set_zhm(v, A_SKZ, &p->k, d->varlen)) ||
-        (st = set_zhm(v, A_SVZ, &p->v, d->varlen)))
+    if ((st = set_zhm(v, AOTR_SLOT_stride_qz, &p->q, d->varlen)) ||
+        (st = set_zhm(v, AOTR_SLOT_stride_kz, &p->k, d->varlen)) ||
+        (st = set_zhm(v, AOTR_SLOT_stride_vz, &p->v, d->varlen)))
         return st;
     int32_t window[2];
     aotr_attn_window(p->window_left, p->window_right, p->causal, d->sk, window);
-    if ((st = set_i32(v, A_BATCH, d->b)) || (st = set_i32(v, A_NUM_HEADS, d->h)) ||
-        (st = set_i32(v, A_GQA_GROUP, d->hk ? d->h / d->hk : 1)) ||
-        (st = set_i32(v, A_MAX_SEQLEN_Q, d->sq)) || (st = set_i32(v, A_MAX_SEQLEN_K, d->sk)) ||
-        (st = set_i32(v, A_WINDOW_LEFT, window[0])) ||
-        (st = set_i32(v, A_WINDOW_RIGHT, window[1])))
+    if ((st = set_i32(v, AOTR_SLOT_batch, d->b)) || (st = set_i32(v, AOTR_SLOT_num_heads, d->h)) ||
+        (st = set_i32(v, AOTR_SLOT_gqa_group, d->hk ? d->h / d->hk : 1)) ||
+        (st = set_i32(v, AOTR_SLOT_max_seqlen_q, d->sq)) ||
+        (st = set_i32(v, AOTR_SLOT_max_seqlen_k, d->sk)) ||
+        (st = set_i32(v, AOTR_SLOT_window_left, window[0])) ||
+        (st = set_i32(v, AOTR_SLOT_window_right, window[1])))
         return st;
-    v[A_VARLEN].i32 = d->varlen;
-    v[A_HEAD_DIM].i32 = (int32_t)d->d;
-    v[A_BOTTOM_RIGHT].i32 = p->causal_alignment == AOTR_CAUSAL_BOTTOM_RIGHT;
-    v[A_SM_SCALE].f32 = p->scale;
-    v[A_DROPOUT_P].f32 = p->dropout_p;
+    v[AOTR_SLOT_varlen].i32 = d->varlen;
+    v[AOTR_SLOT_head_dim].i32 = (int32_t)d->d;
+    v[AOTR_SLOT_bottom_right].i32 = p->causal_alignment == AOTR_CAUSAL_BOTTOM_RIGHT;
+    v[AOTR_SLOT_sm_scale].f32 = p->scale;
+    v[AOTR_SLOT_dropout_p].f32 = p->dropout_p;
     return AOTR_OK;
 }
 
@@ -611,20 +487,20 @@ static aotr_status score_mod_values(const score_mod *m, const dims *d, const voi
     if (!(isfinite(m->softcap) && m->softcap >= 0.0f))
         return aotr_fail(AOTR_INVALID_ARGUMENT, "softcap=%g: must be finite and >= 0 (0: off)",
                          (double)m->softcap);
-    v[A_SOFTCAP].f32 = m->softcap;
-    v[A_ALIBI].p = (void *)spare;
-    v[A_SAZ].i32 = v[A_SAH].i32 = v[A_HAS_ALIBI].i32 = 0;
+    v[AOTR_SLOT_softcap].f32 = m->softcap;
+    v[AOTR_SLOT_ALIBI].p = (void *)spare;
+    v[AOTR_SLOT_stride_az].i32 = v[AOTR_SLOT_stride_ah].i32 = v[AOTR_SLOT_has_alibi].i32 = 0;
     const aotr_tensor *a = m->alibi;
     if (!a)
         return AOTR_OK;
     int64_t s[2];
     aotr_status st = aotr_alibi_strides(a, d->b, d->h, s);
     if (st == AOTR_OK)
-        st = set_strides(v, A_SAZ, s, 2);
+        st = set_strides(v, AOTR_SLOT_stride_az, s, 2);
     if (st != AOTR_OK)
         return st;
-    v[A_ALIBI].p = a->data;
-    v[A_HAS_ALIBI].i32 = 1;
+    v[AOTR_SLOT_ALIBI].p = a->data;
+    v[AOTR_SLOT_has_alibi].i32 = 1;
     return AOTR_OK;
 }
 
@@ -632,10 +508,10 @@ static aotr_status score_mod_values(const score_mod *m, const dims *d, const voi
  * rather than ignore them. */
 static aotr_status score_mod_declared(const aotr_launchable *k, const aotr_arg_value *v)
 {
-    if (v[A_HAS_ALIBI].i32 && !aotr_launchable_declares(k, A_ALIBI))
+    if (v[AOTR_SLOT_has_alibi].i32 && !aotr_launchable_declares(k, AOTR_SLOT_ALIBI))
         return aotr_fail(AOTR_UNSUPPORTED, "the installed kernel image predates ALiBi: "
                          "install matching aotriton-rocm kernel images");
-    if (v[A_SOFTCAP].f32 > 0.0f && !aotr_launchable_declares(k, A_SOFTCAP))
+    if (v[AOTR_SLOT_softcap].f32 > 0.0f && !aotr_launchable_declares(k, AOTR_SLOT_softcap))
         return aotr_fail(AOTR_UNSUPPORTED, "the installed kernel image predates softcap: "
                          "install matching aotriton-rocm kernel images");
     return AOTR_OK;
@@ -775,10 +651,10 @@ static aotr_status place(aotr_runtime *rt, int32_t device, void *stream,
     if (st != AOTR_OK)
         return aotr_placement_end(pl, st);
     if (pl->word) {
-        v[A_CU_Q].p = pl->cu_q;
-        v[A_CU_K].p = pl->cu_k;
+        v[AOTR_SLOT_CU_Q].p = pl->cu_q;
+        v[AOTR_SLOT_CU_K].p = pl->cu_k;
     }
-    v[A_VARLEN].i32 = pl->word;
+    v[AOTR_SLOT_varlen].i32 = pl->word;
     return AOTR_OK;
 }
 
@@ -808,7 +684,7 @@ static aotr_status attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params
         return staged_fwd(rt, params, &d);
     if ((st = like(&params->out, &p->q, "out", "q")) != AOTR_OK)
         return st;
-    aotr_arg_value v[A_COUNT];
+    aotr_arg_value v[AOTR_ARG_SLOTS];
     memset(v, 0, sizeof v);
     int64_t lse_s[2];
     if ((st = check_lse(&params->lse, &d, "lse", lse_s)) != AOTR_OK)
@@ -836,12 +712,12 @@ static aotr_status attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params
                                  params->softcap);
     if ((st = score_mod_values(&mod, &d, p->q.data, v)) != AOTR_OK)
         return st;
-    v[A_O].p = params->out.data;
-    v[A_LSE].p = params->lse.data;
-    v[A_DMASK].p = store_dmask ? dm->data : p->q.data;
-    v[A_STORE_DMASK].i32 = store_dmask;
-    if ((st = set_zhm(v, A_SOZ, &params->out, d.varlen)) ||
-        (st = set_strides(v, A_SLZ, lse_s, 2)))
+    v[AOTR_SLOT_O].p = params->out.data;
+    v[AOTR_SLOT_LSE].p = params->lse.data;
+    v[AOTR_SLOT_DMASK].p = store_dmask ? dm->data : p->q.data;
+    v[AOTR_SLOT_store_dmask].i32 = store_dmask;
+    if ((st = set_zhm(v, AOTR_SLOT_stride_oz, &params->out, d.varlen)) ||
+        (st = set_strides(v, AOTR_SLOT_stride_lz, lse_s, 2)))
         return st;
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
@@ -873,8 +749,9 @@ static aotr_status fused_backward(aotr_runtime *rt, aotr_device *dev, const aotr
                                   aotr_arg_value *v)
 {
     aotr_status st;
-    v[A_DQ_ACC].p = acc->data;
-    if ((st = set_zhm(v, A_SDQAZ, acc, d->varlen)) || (st = aotr_launchable_check(pre, v)) ||
+    v[AOTR_SLOT_DQ_ACC].p = acc->data;
+    if ((st = set_zhm(v, AOTR_SLOT_stride_dqaz, acc, d->varlen)) ||
+        (st = aotr_launchable_check(pre, v)) ||
         (st = aotr_launchable_check(fused, v)) || (st = aotr_launchable_check(conv, v)))
         return st;
     if ((st = launch(rt, dev, pre, cdiv(d->sq, aotr_launchable_block_m(pre)), d->b * d->h,
@@ -1018,7 +895,7 @@ static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params
         if ((st = aotr_need_layout(db, "grad_bias")) != AOTR_OK)
             return st;
     }
-    aotr_arg_value v[A_COUNT];
+    aotr_arg_value v[AOTR_ARG_SLOTS];
     memset(v, 0, sizeof v);
     int dropout = p->dropout_p > 0.0f;
     if ((st = common_values(p, &d, dropout, v)) != AOTR_OK)
@@ -1028,23 +905,23 @@ static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params
                                  params->softcap);
     if ((st = score_mod_values(&mod, &d, p->q.data, v)) != AOTR_OK)
         return st;
-    v[A_O].p = params->out.data;
-    v[A_DO].p = params->grad_out.data;
-    v[A_LSE].p = params->lse.data;
-    v[A_DELTA].p = params->delta.data;
-    v[A_DQ].p = params->grad_q.data;
-    v[A_DK].p = params->grad_k.data;
-    v[A_DV].p = params->grad_v.data;
-    v[A_DBIAS].p = store_dbias ? db->data : p->q.data;
-    v[A_STORE_DBIAS].i32 = store_dbias;
-    if ((st = set_zhm(v, A_SOZ, &params->out, d.varlen)) ||
-        (st = set_zhm(v, A_SDOZ, &params->grad_out, d.varlen)) ||
-        (st = set_zhm(v, A_SDQZ, &params->grad_q, d.varlen)) ||
-        (st = set_zhm(v, A_SDKZ, &params->grad_k, d.varlen)) ||
-        (st = set_zhm(v, A_SDVZ, &params->grad_v, d.varlen)) ||
-        (st = set_strides(v, A_SLZ, lse_s, 2)))
+    v[AOTR_SLOT_O].p = params->out.data;
+    v[AOTR_SLOT_DO].p = params->grad_out.data;
+    v[AOTR_SLOT_LSE].p = params->lse.data;
+    v[AOTR_SLOT_Delta].p = params->delta.data;
+    v[AOTR_SLOT_DQ].p = params->grad_q.data;
+    v[AOTR_SLOT_DK].p = params->grad_k.data;
+    v[AOTR_SLOT_DV].p = params->grad_v.data;
+    v[AOTR_SLOT_DBIAS].p = store_dbias ? db->data : p->q.data;
+    v[AOTR_SLOT_store_dbias].i32 = store_dbias;
+    if ((st = set_zhm(v, AOTR_SLOT_stride_oz, &params->out, d.varlen)) ||
+        (st = set_zhm(v, AOTR_SLOT_stride_doz, &params->grad_out, d.varlen)) ||
+        (st = set_zhm(v, AOTR_SLOT_stride_dqz, &params->grad_q, d.varlen)) ||
+        (st = set_zhm(v, AOTR_SLOT_stride_dkz, &params->grad_k, d.varlen)) ||
+        (st = set_zhm(v, AOTR_SLOT_stride_dvz, &params->grad_v, d.varlen)) ||
+        (st = set_strides(v, AOTR_SLOT_stride_lz, lse_s, 2)))
         return st;
-    if (store_dbias && (st = set_strides(v, A_SDBZ, db->strides, 3)) != AOTR_OK)
+    if (store_dbias && (st = set_strides(v, AOTR_SLOT_stride_dbz, db->strides, 3)) != AOTR_OK)
         return st;
     const aotr_tensor *acc = NULL;
     if (params->struct_size >= offsetof(aotr_attn_bwd_params, grad_q_accum) + sizeof(aotr_tensor) &&
@@ -1126,17 +1003,17 @@ aotr_status aotr_dropout_uniform(aotr_runtime *rt, const aotr_dropout_uniform_pa
     const int64_t *n = params->out.sizes;
     if (numel(&params->out) == 0)
         return AOTR_OK; /* nothing to write */
-    aotr_arg_value v[A_COUNT];
+    aotr_arg_value v[AOTR_ARG_SLOTS];
     memset(v, 0, sizeof v);
-    v[A_R].p = params->out.data;
-    v[A_RNG_SEED].p = params->philox_seed.data;
-    v[A_RNG_OFFSET].p = params->philox_offset.data;
-    v[A_BATCH].i32 = (int32_t)n[0];
-    v[A_NUM_HEADS].i32 = (int32_t)n[1];
-    v[A_MAX_SEQLEN_Q].i32 = (int32_t)n[2];
-    v[A_MAX_SEQLEN_K].i32 = (int32_t)n[3];
-    v[A_DROPOUT_P].f32 = params->dropout_p;
-    v[A_ENCODE_KEEP].i32 = params->encode_keep;
+    v[AOTR_SLOT_R].p = params->out.data;
+    v[AOTR_SLOT_RNG_SEED].p = params->philox_seed.data;
+    v[AOTR_SLOT_RNG_OFFSET].p = params->philox_offset.data;
+    v[AOTR_SLOT_batch].i32 = (int32_t)n[0];
+    v[AOTR_SLOT_num_heads].i32 = (int32_t)n[1];
+    v[AOTR_SLOT_max_seqlen_q].i32 = (int32_t)n[2];
+    v[AOTR_SLOT_max_seqlen_k].i32 = (int32_t)n[3];
+    v[AOTR_SLOT_dropout_p].f32 = params->dropout_p;
+    v[AOTR_SLOT_encode_keep].i32 = params->encode_keep;
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
@@ -1158,13 +1035,13 @@ aotr_status aotr_philox_state(aotr_runtime *rt, const aotr_philox_state_params *
         (st = check_philox(&params->seed_out, "seed_out")) ||
         (st = check_philox(&params->offset_out, "offset_out")))
         return st;
-    aotr_arg_value v[A_COUNT];
+    aotr_arg_value v[AOTR_ARG_SLOTS];
     memset(v, 0, sizeof v);
-    v[A_RNG_SEED].p = params->philox_seed.data;
-    v[A_RNG_OFFSET].p = params->philox_offset.data;
-    v[A_OFFSET_ADD].i64 = params->offset_add;
-    v[A_SEED_OUT].p = params->seed_out.data;
-    v[A_OFFSET_OUT].p = params->offset_out.data;
+    v[AOTR_SLOT_RNG_SEED].p = params->philox_seed.data;
+    v[AOTR_SLOT_RNG_OFFSET].p = params->philox_offset.data;
+    v[AOTR_SLOT_offset_add].i64 = params->offset_add;
+    v[AOTR_SLOT_SEED_OUT].p = params->seed_out.data;
+    v[AOTR_SLOT_OFFSET_OUT].p = params->offset_out.data;
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;

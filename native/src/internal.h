@@ -201,40 +201,17 @@ AOTR_HIDDEN aotr_status aotr_driver_stream_synchronize(aotr_driver *d, int32_t d
 /* The runtime's driver (opened on first use, as for a device). */
 AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out);
 
-#endif /* AOTR_INTERNAL_H */
 
 /* ---------------------------------------------- runtime.c / attention.c */
-enum { AOTR_KERNEL_FWD, AOTR_KERNEL_BWD_PRE, AOTR_KERNEL_BWD_DKDV, AOTR_KERNEL_BWD_DQ,
-       AOTR_KERNEL_KVCACHE, AOTR_KERNEL_KVCACHE_COMBINE, AOTR_KERNEL_DROPOUT_UNIFORM,
-       AOTR_KERNEL_BWD_FUSED, AOTR_KERNEL_BWD_DQ_CONVERT, AOTR_KERNEL_PHILOX_STATE,
-       AOTR_KERNEL_COUNT };
-AOTR_HIDDEN extern const char *const aotr_kernel_names[AOTR_KERNEL_COUNT];
-
-/* The value of every kernel argument name the library knows (attention.c
- * owns the list); a launch packs the ones a kernel declares, in its order. */
+/* The value of every kernel argument name (slots.h numbers the names, the
+ * kernels and their argument lists); a launch packs the ones a kernel
+ * declares, in its order. */
 typedef union aotr_arg_value {
     void *p;
     int32_t i32;
     int64_t i64;
     float f32;
 } aotr_arg_value;
-
-/* Slot of an argument name, or -1; its kind via aotr_arg_kind_of. */
-AOTR_HIDDEN int aotr_arg_slot(const char *name);
-AOTR_HIDDEN aotr_arg_kind aotr_arg_slot_kind(int slot);
-AOTR_HIDDEN const char *aotr_arg_slot_name(int slot);
-/* The argument names kernel `kernel_id` must declare, in no particular order
- * (the trailing scratch pointers excluded); terminated by -1. */
-AOTR_HIDDEN const int *aotr_kernel_required_slots(int kernel_id);
-#define AOTR_ARG_SLOTS 112
-
-/* kvcache.c: the argument names only the KV-cache kernels have, in slots
- * AOTR_KV_FIRST_SLOT.. (attention.c's aotr_arg_slot* fall through to these),
- * and the names each KV-cache kernel must declare. */
-#define AOTR_KV_FIRST_SLOT 80
-AOTR_HIDDEN const char *aotr_kv_arg_slot_name(int slot);
-AOTR_HIDDEN aotr_arg_kind aotr_kv_arg_slot_kind(int slot);
-AOTR_HIDDEN const int *aotr_kv_required_slots(int kernel_id);
 
 typedef struct aotr_device aotr_device;
 typedef struct aotr_launchable aotr_launchable;
@@ -347,3 +324,5 @@ AOTR_HIDDEN aotr_status aotr_launchable_check(const aotr_launchable *k,
 AOTR_HIDDEN aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev,
                                            const aotr_launchable *k, const uint32_t grid[3],
                                            void *stream, const aotr_arg_value *values);
+
+#endif /* AOTR_INTERNAL_H */

@@ -2,11 +2,11 @@
  * request checks, the split choice, argument values by name, grids and the
  * launches. */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
+#include "slots.h"
 
 #define INT32_LIMIT 2147483647LL
 #define KV_MAX_HEAD_DIM 256
@@ -14,110 +14,34 @@
 
 /* -- argument names ------------------------------------------------------- */
 
-/* The names only these kernels have: pointers, then int32s (softcap and
- * ALiBi are the attention kernels' names, see resolve_slots). */
+/* The names only these kernels have (slots.h). */
 enum {
-    K_O_PART = AOTR_KV_FIRST_SLOT, K_LSE_PART, K_K_START, K_K_END, K_CACHE_BATCH_IDX,
-    K_BLOCK_TABLE,
-    K_STRIDE_BTZ, K_PAGED, K_PAGE_SIZE, K_HAS_BATCH_IDX, K_HAS_K_START, K_NUM_SPLITS,
-    K_END
-};
-_Static_assert(K_END <= AOTR_ARG_SLOTS, "AOTR_ARG_SLOTS is too small");
-
-static const char *const kv_names[K_END - AOTR_KV_FIRST_SLOT] = {
-    "O_PART", "LSE_PART", "K_START", "K_END", "CACHE_BATCH_IDX", "BLOCK_TABLE",
-    "stride_btz", "paged", "page_size", "has_batch_idx", "has_k_start", "num_splits",
+    K_O_PART = AOTR_SLOT_O_PART, K_LSE_PART = AOTR_SLOT_LSE_PART, K_K_START = AOTR_SLOT_K_START,
+    K_K_END = AOTR_SLOT_K_END, K_CACHE_BATCH_IDX = AOTR_SLOT_CACHE_BATCH_IDX,
+    K_BLOCK_TABLE = AOTR_SLOT_BLOCK_TABLE, K_STRIDE_BTZ = AOTR_SLOT_stride_btz,
+    K_PAGED = AOTR_SLOT_paged, K_PAGE_SIZE = AOTR_SLOT_page_size,
+    K_HAS_BATCH_IDX = AOTR_SLOT_has_batch_idx, K_HAS_K_START = AOTR_SLOT_has_k_start,
+    K_NUM_SPLITS = AOTR_SLOT_num_splits
 };
 
-const char *aotr_kv_arg_slot_name(int slot)
-{
-    return slot >= AOTR_KV_FIRST_SLOT && slot < K_END ? kv_names[slot - AOTR_KV_FIRST_SLOT] : "?";
-}
-
-aotr_arg_kind aotr_kv_arg_slot_kind(int slot)
-{
-    return slot <= K_BLOCK_TABLE ? AOTR_ARG_POINTER : AOTR_ARG_I32;
-}
-
-/* The slots of the names these kernels share with the attention kernels,
- * looked up once. */
-static struct {
+/* The slots of the names these kernels share with the attention kernels. */
+static const struct {
     int q, k, v, o, lse, cu_q;
     int sq[3], sk[3], sv[3], so[3], sl[2];
     int batch, num_heads, gqa_group, max_seqlen_q, varlen, head_dim, window_left, window_right,
         sm_scale, alibi, stride_az, has_alibi, softcap;
-    int main_required[64], combine_required[32];
-} S;
-static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
-
-static void resolve_slots(void)
-{
-    static const char *const suffix[3] = {"z", "h", "m"};
-    char name[32];
-    S.q = aotr_arg_slot("Q");
-    S.k = aotr_arg_slot("K");
-    S.v = aotr_arg_slot("V");
-    S.o = aotr_arg_slot("O");
-    S.lse = aotr_arg_slot("LSE");
-    S.cu_q = aotr_arg_slot("CU_Q");
-    for (int i = 0; i < 3; i++) {
-        const char *row = i == 2 ? "n" : suffix[i];
-        snprintf(name, sizeof name, "stride_q%s", suffix[i]);
-        S.sq[i] = aotr_arg_slot(name);
-        snprintf(name, sizeof name, "stride_k%s", row);
-        S.sk[i] = aotr_arg_slot(name);
-        snprintf(name, sizeof name, "stride_v%s", row);
-        S.sv[i] = aotr_arg_slot(name);
-        snprintf(name, sizeof name, "stride_o%s", suffix[i]);
-        S.so[i] = aotr_arg_slot(name);
-    }
-    S.sl[0] = aotr_arg_slot("stride_lz");
-    S.sl[1] = aotr_arg_slot("stride_lh");
-    S.batch = aotr_arg_slot("batch");
-    S.num_heads = aotr_arg_slot("num_heads");
-    S.gqa_group = aotr_arg_slot("gqa_group");
-    S.max_seqlen_q = aotr_arg_slot("max_seqlen_q");
-    S.varlen = aotr_arg_slot("varlen");
-    S.head_dim = aotr_arg_slot("head_dim");
-    S.window_left = aotr_arg_slot("window_left");
-    S.window_right = aotr_arg_slot("window_right");
-    S.sm_scale = aotr_arg_slot("sm_scale");
-    S.alibi = aotr_arg_slot("ALIBI");
-    S.stride_az = aotr_arg_slot("stride_az");
-    S.has_alibi = aotr_arg_slot("has_alibi");
-    S.softcap = aotr_arg_slot("softcap");
-
-    int n = 0;
-    const int shared_main[] = {S.q, S.k, S.v, S.o, S.lse, S.cu_q, S.sl[0], S.sl[1], S.batch,
-                               S.num_heads, S.gqa_group, S.max_seqlen_q, S.varlen, S.head_dim,
-                               S.window_left, S.window_right, S.sm_scale, S.alibi,
-                               S.stride_az, S.has_alibi, S.softcap};
-    for (size_t i = 0; i < sizeof shared_main / sizeof *shared_main; i++)
-        S.main_required[n++] = shared_main[i];
-    for (int i = 0; i < 3; i++) {
-        S.main_required[n++] = S.sq[i];
-        S.main_required[n++] = S.sk[i];
-        S.main_required[n++] = S.sv[i];
-        S.main_required[n++] = S.so[i];
-    }
-    for (int slot = AOTR_KV_FIRST_SLOT; slot < K_END; slot++)
-        S.main_required[n++] = slot;
-    S.main_required[n] = -1;
-
-    const int combine[] = {K_O_PART, K_LSE_PART, S.o, S.lse, S.cu_q, S.so[0], S.so[1], S.so[2],
-                           S.sl[0], S.sl[1], S.batch, S.num_heads, S.max_seqlen_q, S.varlen,
-                           S.head_dim, K_NUM_SPLITS, -1};
-    memcpy(S.combine_required, combine, sizeof combine);
-}
-
-const int *aotr_kv_required_slots(int kernel_id)
-{
-    static const int none[] = {-1};
-    pthread_once(&slots_once, resolve_slots);
-    if (kernel_id == AOTR_KERNEL_KVCACHE)
-        return S.main_required;
-    return kernel_id == AOTR_KERNEL_KVCACHE_COMBINE ? S.combine_required : none;
-}
+} S = {
+    AOTR_SLOT_Q, AOTR_SLOT_K, AOTR_SLOT_V, AOTR_SLOT_O, AOTR_SLOT_LSE, AOTR_SLOT_CU_Q,
+    {AOTR_SLOT_stride_qz, AOTR_SLOT_stride_qh, AOTR_SLOT_stride_qm},
+    {AOTR_SLOT_stride_kz, AOTR_SLOT_stride_kh, AOTR_SLOT_stride_kn},
+    {AOTR_SLOT_stride_vz, AOTR_SLOT_stride_vh, AOTR_SLOT_stride_vn},
+    {AOTR_SLOT_stride_oz, AOTR_SLOT_stride_oh, AOTR_SLOT_stride_om},
+    {AOTR_SLOT_stride_lz, AOTR_SLOT_stride_lh},
+    AOTR_SLOT_batch, AOTR_SLOT_num_heads, AOTR_SLOT_gqa_group, AOTR_SLOT_max_seqlen_q,
+    AOTR_SLOT_varlen, AOTR_SLOT_head_dim, AOTR_SLOT_window_left, AOTR_SLOT_window_right,
+    AOTR_SLOT_sm_scale, AOTR_SLOT_ALIBI, AOTR_SLOT_stride_az, AOTR_SLOT_has_alibi,
+    AOTR_SLOT_softcap,
+};
 
 /* -- the request ---------------------------------------------------------- */
 
@@ -487,7 +411,6 @@ aotr_status aotr_attn_fwd_kvcache(aotr_runtime *rt, const aotr_attn_kvcache_para
     }
     if (d->d % 8)
         return staged(rt, p, &c);
-    pthread_once(&slots_once, resolve_slots);
     aotr_arg_value v[AOTR_ARG_SLOTS];
     memset(v, 0, sizeof v);
     fill_values(p, &c, v);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "slots.h"
 
 #define MAX_DEVICES 64
 #define MAX_KERNEL_ARGS 96
@@ -18,11 +19,6 @@
  * pad_head x has_bias x enable_dropout, each flag in {absent, false, true}. */
 #define HEAD_DIM_STEPS 6
 #define GROUP_SLOTS (AOTR_KERNEL_COUNT * 3 * HEAD_DIM_STEPS * 27)
-
-const char *const aotr_kernel_names[AOTR_KERNEL_COUNT] = {
-    "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq", "attn_fwd_kvcache",
-    "attn_fwd_kvcache_combine", "dropout_uniform", "attn_bwd_fused", "attn_bwd_dq_convert",
-    "philox_state"};
 
 struct aotr_launchable {
     const aotr_kernel_record *record;

@@ -1,0 +1,33 @@
+# The native libraries' sources and warnings, in one place: native/CMakeLists.txt
+# includes this file and setup.py reads it (so: set() lists of plain words).
+# -Werror is added where AOTR_WERROR is on (always in setup.py).
+
+# The C core: libaotriton_rocm, and compiled into libaotriton_v2 too.
+set(AOTR_CORE_SOURCES
+  src/error.c
+  src/json.c
+  src/sha256.c
+  src/xz.c
+  src/archive.c
+  src/find.c
+  src/driver.c
+  src/slots.c
+  src/runtime.c
+  src/attention.c
+  src/stage.c
+  src/kvcache.c
+  src/varlen.c
+  src/device_ops.c
+)
+set(AOTR_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes
+    -Wmissing-prototypes -Wconversion -Wno-sign-conversion -Wformat=2)
+
+# libaotriton_v2's C++ layer (native/aotriton_api/).
+set(AOTR_API_SOURCES
+  src/attention.cpp
+  src/runtime.cpp
+  src/staging.cpp
+  src/v2_api.cpp
+)
+set(AOTR_API_CXX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion
+    -Wformat=2)
