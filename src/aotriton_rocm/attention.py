@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from .backends import Backend, backend_for
-from . import native
-from .native import attn_window
+from .native import OK as NATIVE_OK, attn_window, dtype_code, error as native_error
+from .native import library as native_library, make_problem
 from .philox_state import next_state
 
 # Head dims covered: 1 to this. The kernels take multiples of 8 (padded to a
@@ -148,14 +148,14 @@ def _core_reason(q, k, v, is_causal, dropout_p, varlen) -> str | None:
     # dtypes the library has no code for are told apart here, in its words
     if k.dtype != q.dtype or v.dtype != q.dtype:
         return "query, key and value must share a dtype"
-    if native.dtype_code(q.dtype) == 0:
+    if dtype_code(q.dtype) == 0:
         return f"dtype {str(q.dtype).replace('torch.', '')} is not covered (fp16, bf16 and fp32 are)"
     cu = None if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k)
     seqlens = (0, 0) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k)
-    problem = native.make_problem(q, k, v, scale=1.0, causal=is_causal, dropout_p=dropout_p,
+    problem = make_problem(q, k, v, scale=1.0, causal=is_causal, dropout_p=dropout_p,
                                   cu_seqlens=cu, max_seqlens=seqlens)
-    status = native.library().aotr_attn_check(problem)
-    return None if status == native.OK else native.error(status).message
+    status = native_library().aotr_attn_check(problem)
+    return None if status == NATIVE_OK else native_error(status).message
 
 
 def score_mod_reason(softcap, alibi_slopes, q: torch.Tensor, batch: int,

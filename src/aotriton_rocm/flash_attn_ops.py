@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import torch_native
+from .torch_native import (activate as activate_torch_native, is_active as torch_native_active,
+                           process_archives as torch_native_archives, wanted as torch_native_wanted)
 from .attention import (MAX_HEAD_DIM, Varlen, flash_attn_window, new_rng_state, problem_dims)
 from .attention import backward as attention_backward, forward as attention_forward
 from .attention import unsupported_reason as attention_unsupported_reason
@@ -36,7 +37,7 @@ from .philox_state import efficient_dims
 
 __all__ = ["KVCACHE_SUPPORTED", "PYTHON_ROUTES", "SUPPORTED", "check_operands", "fail",
            "flash_attn_backward", "flash_attn_forward", "flash_attn_kvcache", "forward",
-           "forward_state"]
+           "forward_state", "refusal_kept"]
 
 _DTYPES = "fp16/bf16/fp32"
 SUPPORTED = (f"{_DTYPES} tensors, head dims 1 to {MAX_HEAD_DIM} (fp32: 256), nheads a "
@@ -326,10 +327,10 @@ def _served_natively(q: Tensor) -> bool:
     be called again to reach them. A failure is warned about once, and the
     Python route keeps every call."""
     global _native_failed
-    if _native_failed or not q.is_cuda or torch_native.is_active() or not torch_native.wanted():
+    if _native_failed or not q.is_cuda or torch_native_active() or not torch_native_wanted():
         return False
     try:
-        torch_native.activate(PYTHON_ROUTES, aten=False, archives=torch_native.process_archives())
+        activate_torch_native(PYTHON_ROUTES, aten=False, archives=torch_native_archives())
     except (OSError, RuntimeError) as exc:
         _native_failed = True
         warnings.warn(f"aotriton-rocm: the C++ route of flash-attn's operators is unavailable "
@@ -366,6 +367,21 @@ def forward(q: Tensor, k: Tensor, v: Tensor, *args):
     traces the operator itself."""
     if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad)):
-        return flash_attn_forward(q, k, v, *args)
+        return refusal_kept(flash_attn_forward, q, k, v, *args)
     with torch._C._AutoDispatchBelowAutograd():
-        return flash_attn_forward(q, k, v, *args)
+        return refusal_kept(flash_attn_forward, q, k, v, *args)
+
+
+def refusal_kept(op, *args):
+    """``op(*args)``; where its C++ kernel handed the call to the Python
+    route and that raised (a refusal: no exception type crosses torch's
+    stable ABI, it arrives as "py_<op> failed"), the Python route's own
+    exception, with its reason, raised here."""
+    try:
+        return op(*args)
+    except RuntimeError as exc:
+        name = op.name().split("::")[-1].split(".")[0]
+        if torch.compiler.is_compiling() or f"::py_{name} failed" not in str(exc):
+            raise
+        _IMPLS[name](*args)
+        raise

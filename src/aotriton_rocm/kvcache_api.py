@@ -13,7 +13,7 @@ import operator
 import torch
 
 from .attention import flash_attn_window
-from .flash_attn_ops import check_operands, fail, flash_attn_kvcache
+from .flash_attn_ops import check_operands, fail, flash_attn_kvcache, refusal_kept
 from .kvcache import PAGE_MULTIPLE
 
 __all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
@@ -240,9 +240,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             slots = _cache_slots(positions, cache_batch_idx, block_table, batch, page)
             _check_room(positions, slots, k_cache, block_table, capacity)
             _append(k_cache, v_cache, k, v, slots)
-        out, lse = flash_attn_kvcache(q, k_cache, v_cache, k_end, cache_leftpad, cache_batch_idx,
-                                      block_table, alibi_slopes, softmax_scale, bool(causal),
-                                      *window, softcap, num_splits, None, 0, API)
+        out, lse = refusal_kept(flash_attn_kvcache, q, k_cache, v_cache, k_end, cache_leftpad,
+                                cache_batch_idx, block_table, alibi_slopes, softmax_scale,
+                                bool(causal), *window, softcap, num_splits, None, 0, API)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -267,6 +267,6 @@ def varlen_paged_forward(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_se
     capacity = block_table.shape[1] * k_cache.shape[1]
     window = flash_attn_window(*window_size, int(max_seqlen_k) or capacity)
     with torch.no_grad():
-        return flash_attn_kvcache(q, k_cache, v_cache, k_end, None, None, block_table,
-                                  alibi_slopes, softmax_scale, causal, *window, softcap, 0,
-                                  cu_seqlens_q, int(max_seqlen_q), VARLEN_API)
+        return refusal_kept(flash_attn_kvcache, q, k_cache, v_cache, k_end, None, None,
+                            block_table, alibi_slopes, softmax_scale, causal, *window, softcap, 0,
+                            cu_seqlens_q, int(max_seqlen_q), VARLEN_API)

@@ -151,6 +151,10 @@ def attn_window(left: int | None, right: int | None, causal: bool,
     return out[0], out[1]
 
 
+# A pure function of ints: torch.compile runs it while tracing and keeps the
+# result as a constant (what torch._dynamo.assume_constant_result marks),
+# rather than breaking the graph at the ctypes call.
+attn_window._dynamo_marked_constant = True
 _INT64_MAX = 2**63 - 1
 
 

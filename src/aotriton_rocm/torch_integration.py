@@ -30,7 +30,8 @@ from .philox_state import efficient_dims, flash_dims, next_state_and_values
 from .registry import IMPL_NAME, has_registry
 from .registry import register as _registry_register
 from .torch_compat import check_torch
-from . import torch_native
+from .torch_native import (activate as activate_torch_native, process_archives as torch_native_archives,
+                           wanted as torch_native_wanted)
 from .flash_attn_ops import PYTHON_ROUTES
 from .trace import span
 
@@ -713,7 +714,7 @@ class _Overrides:
 def _native_wanted() -> bool:
     """The C++ route (torch_native) for the registry route: torch >= 2.10
     with the extension installed, unless AOTRITON_ROCM_TORCH_NATIVE=0."""
-    return has_registry() and torch_native.wanted()
+    return has_registry() and torch_native_wanted()
 
 
 def _activate_native(overrides: _Overrides, kernels: dict):
@@ -725,10 +726,10 @@ def _activate_native(overrides: _Overrides, kernels: dict):
             overrides._capture(op, "CUDA")
     try:
         with span("archive_search", "(the archives handed to the C++ runtime)"):
-            archives = torch_native.process_archives()
+            archives = torch_native_archives()
         python_kernels = {op.split("::")[1]: fn for op, fn in kernels.items()}
         python_kernels.update(PYTHON_ROUTES)
-        return torch_native.activate(
+        return activate_torch_native(
             python_kernels, rng_layout=_rng_layout(),
             efficient_lse_align=1 if torch.version.hip else 32, archives=archives)
     except (OSError, RuntimeError) as exc:

@@ -590,3 +590,19 @@ def test_kvcache_operator_launches_what_the_python_route_launches(ours_route, nu
                     causal=True, window_size=(40, -1), num_splits=num_splits, out=out)
     assert_same_launches(_take(stub), native_l, records, ignore=("O_PART", "LSE_PART", "LSE"))
 
+
+
+def test_refusals_keep_their_reason_through_the_cpp_route(ours_route):
+    """A call the C++ kernel hands to the Python route, which refuses it:
+    the caller gets the refusal (ValueError and its reason), not the
+    extension's "py_<op> failed"."""
+    import aotriton_rocm
+
+    q, k, v = _qkv(1, 2, 2, 32, 32, 64, bshd=True)
+    with pytest.raises(ValueError, match="alibi_slopes must be float32"):
+        aotriton_rocm.flash_attn_func(q, k, v, alibi_slopes=torch.ones(2, dtype=torch.float16))
+    cache = torch.empty(1, 64, 2, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        aotriton_rocm.flash_attn_with_kvcache(q[:, :1], cache, cache, cache_seqlens=5,
+                                              alibi_slopes=torch.ones(3))
+    assert torch_native.fallback_count() == 2
