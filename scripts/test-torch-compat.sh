@@ -73,7 +73,8 @@ status=0
 "$venv/bin/python" - <<'EOF' || status=1
 import torch
 import torch.nn.functional as F
-from aotriton_rocm import torch_integration, torch_native
+from aotriton_rocm.core import torch_native
+from aotriton_rocm.integrations import torch_integration
 
 if not torch_native.available():
     raise SystemExit(f"torch {torch.__version__}: the torch extension is not installed "

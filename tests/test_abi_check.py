@@ -15,12 +15,13 @@ import pytest
 
 pytest.importorskip("triton")
 
-from aotriton_rocm import _version, kernel_abi  # noqa: E402
+from aotriton_rocm import _version
+from aotriton_rocm.common import kernel_abi  # noqa: E402
 from aotriton_rocm.tooling.release import public_api  # noqa: E402
-from aotriton_rocm.archive import Archive  # noqa: E402
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.common.archive import Archive  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling.release import abi_check as AC  # noqa: E402
-from aotriton_rocm.tooling.build import command as B  # noqa: E402
+from aotriton_rocm.tooling.builder import command as B  # noqa: E402
 from aotriton_rocm.tooling.package import snapshot as S  # noqa: E402
 from aotriton_rocm.tooling.package import wheels as W  # noqa: E402
 from support.toy_build import TOY_KERNEL, TOY_VARIANTS, make_root  # noqa: E402
@@ -161,7 +162,7 @@ def test_public_api_description_is_generated_from_the_code():
     # the recorded options are the ones the smoke parser accepts
     import argparse
 
-    from aotriton_rocm.smoke import SMOKE_FLAGS, add_smoke_arguments
+    from aotriton_rocm.commands.smoke import SMOKE_FLAGS, add_smoke_arguments
     parser = argparse.ArgumentParser()
     add_smoke_arguments(parser)
     for f in SMOKE_FLAGS:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aotriton_rocm.cli import main as cli_main
+from aotriton_rocm.commands.cli import main as cli_main
 from aotriton_rocm.tooling.release import abi_native as NA
 from aotriton_rocm.tooling.release import c_header as CH
 

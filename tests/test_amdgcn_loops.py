@@ -1,4 +1,4 @@
-"""The hot loop of real AMD kernels (tooling/build/amdgcn.py): the flash kernels
+"""The hot loop of real AMD kernels (tooling/builder/amdgcn.py): the flash kernels
 compiled now for gfx942 and gfx908, their loops checked against LLVM's own
 loop annotations in the same assembly text."""
 
@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from aotriton_rocm.tooling.build.amdgcn import LoopStats, find_loops, hot_loop, hot_loop_stats  # noqa: E402
-from aotriton_rocm.tooling.build.plan import Sources, Subset, plan_build  # noqa: E402
-from aotriton_rocm.tooling.build.triton_compile import COMPILE_ENV, compile_task, parse_amdgcn_stats  # noqa: E402
+from aotriton_rocm.tooling.builder.amdgcn import LoopStats, find_loops, hot_loop, hot_loop_stats  # noqa: E402
+from aotriton_rocm.tooling.builder.plan import Sources, Subset, plan_build  # noqa: E402
+from aotriton_rocm.tooling.builder.triton_compile import COMPILE_ENV, compile_task, parse_amdgcn_stats  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = "dtype=fp16,pad_head=false,has_bias=false,enable_dropout=false"

@@ -17,16 +17,16 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import real_archives as RA  # noqa: E402
 
-from aotriton_rocm import aotriton_prefix as AP  # noqa: E402
-from aotriton_rocm.errors import CommandError, UsageError  # noqa: E402
-from aotriton_rocm.files import file_sha256  # noqa: E402
-from aotriton_rocm.paths import AOTRITON_API_LINE_OF, aotriton_api_line  # noqa: E402
+from aotriton_rocm.commands import aotriton_prefix as AP  # noqa: E402
+from aotriton_rocm.common.errors import CommandError, UsageError  # noqa: E402
+from aotriton_rocm.common.files import file_sha256  # noqa: E402
+from aotriton_rocm.common.paths import AOTRITON_API_LINE_OF, aotriton_api_line  # noqa: E402
 
 
 @pytest.fixture
 def images_dir(tmp_path, monkeypatch):
     d = tmp_path / "images"
-    from aotriton_rocm.images import packaged_inputs_hash
+    from aotriton_rocm.common.images import packaged_inputs_hash
 
     for arch in ("gfx942", "gfx908"):   # a checkout's runtime takes any build-inputs hash
         RA.write(d, arch, inputs_hash=packaged_inputs_hash() or "a" * 64)
@@ -68,7 +68,7 @@ def _wrong_arch(p: Path) -> None:
 @pytest.mark.parametrize("damage,needle", [(_truncate, "truncated"), (_garbage, "not an aotriton-rocm"),
                                            (_wrong_arch, "archive inside is for gfx908")])
 def test_a_bad_image_is_refused_and_nothing_written(tmp_path, images_dir, damage, needle):
-    from aotriton_rocm.install_checks import archive_problems
+    from aotriton_rocm.commands.install_checks import archive_problems
 
     damage(images_dir / "gfx942.aotr")
     assert archive_problems("gfx942", images_dir / "gfx942.aotr")[1]   # info fails it too
@@ -233,7 +233,7 @@ def test_concurrent_runs_take_turns(tmp_path, images_dir):
     """Runs writing one --out at once (one per rank of a job) take turns on a
     lock beside it: each ends whole, and nothing of theirs is left beside it."""
     out = tmp_path / "prefix"
-    code = ("import sys; from pathlib import Path; from aotriton_rocm import aotriton_prefix as AP; "
+    code = ("import sys; from pathlib import Path; from aotriton_rocm.commands import aotriton_prefix as AP; "
             "AP.write_prefix(AP.PrefixOptions(Path(sys.argv[1]), '0.13', None, False), say=print)")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from aotriton_rocm import archive as A
-from aotriton_rocm.archive import (Archive, ArchiveError, KernelRecord, manifest_path_for,
-                                   verify_against_manifest, write_archive, write_manifest_sidecar)
+from aotriton_rocm.common import archive as A
+from aotriton_rocm.common.archive import (Archive, ArchiveError, KernelRecord, manifest_path_for,
+                                          verify_against_manifest, write_archive, write_manifest_sidecar)
 
 ARGS = (("Q", "*fp16"), ("n", "i32"), ("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 

@@ -13,7 +13,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from support import real_archives as RA  # noqa: E402
-from aotriton_rocm import archive as A  # noqa: E402
+from aotriton_rocm.common import archive as A  # noqa: E402
 
 MUTATIONS = st.lists(st.one_of(
     st.tuples(st.just("flip"), st.integers(0, 1 << 20), st.integers(1, 255)),

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from support import real_archives as RA
-from aotriton_rocm import archive as A
-from aotriton_rocm import cli, device, images, native, smoke
+from aotriton_rocm.common import archive as A
+from aotriton_rocm.commands import cli, smoke
+from aotriton_rocm.core import device, native
+from aotriton_rocm.common import images
 from aotriton_rocm._version import __version__
 from aotriton_rocm.tooling.package import archive_intake as AI
 from aotriton_rocm.tooling.package.naming import PackagingError

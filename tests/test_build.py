@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("triton")
 
 from aotriton_rocm._version import ABI_VERSION, TRITON_VERSION, __version__  # noqa: E402
-from aotriton_rocm.archive import Archive, verify_against_manifest  # noqa: E402
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.tooling.build import command as B  # noqa: E402
-from aotriton_rocm.tooling.build.triton_compile import validate_output  # noqa: E402
+from aotriton_rocm.common.archive import Archive, verify_against_manifest  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.tooling.builder import command as B  # noqa: E402
+from aotriton_rocm.tooling.builder.triton_compile import validate_output  # noqa: E402
 from aotriton_rocm.tooling.common.inputs_hash import module_sources_hash  # noqa: E402
 from aotriton_rocm.tooling.common.targets import TargetError  # noqa: E402
-from aotriton_rocm.kernel_spec import VariantSpecError  # noqa: E402
+from aotriton_rocm.core.kernel_spec import VariantSpecError  # noqa: E402
 from support.toy_build import TOY_KERNEL, TOY_VARIANTS, make_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ def test_failed_build_writes_no_archive(built, tmp_path):
 
 
 def test_validation_rules():
-    from aotriton_rocm.tooling.build.triton_compile import shared_memory_finding
+    from aotriton_rocm.tooling.builder.triton_compile import shared_memory_finding
     ok = {"global_scratch_size": 0, "shared": 1024, "triton_version": TRITON_VERSION,
           "stats": {"scratch_size": 0, "private_segment_fixed_size": 0, "vgpr_spill_count": 2,
                     "amdgcn_target": "amdgcn-amd-amdhsa--gfx90a:sramecc+:xnack-"}}
@@ -245,7 +245,7 @@ def test_real_flash_kernels_gfx942(tmp_path):
 
 
 def test_codegen_env_is_scrubbed(toy_root, tmp_path, monkeypatch):
-    from aotriton_rocm.tooling.build.triton_compile import scrubbed_env_names
+    from aotriton_rocm.tooling.builder.triton_compile import scrubbed_env_names
     env = {"TRITON_DEBUG": "1", "AMDGCN_USE_BUFFER_OPS": "0", "TRITON_PTXAS_PATH": "/x/ptxas",
            "TRITON_DEFAULT_FP_FUSION": "1", "TRITON_CACHE_DIR": "/c", "MLIR_ENABLE_DUMP": "1", "HOME": "/h"}
     assert scrubbed_env_names(env) == ["AMDGCN_USE_BUFFER_OPS", "MLIR_ENABLE_DUMP", "TRITON_DEBUG"]

@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("triton")
 
-from aotriton_rocm.archive import Archive  # noqa: E402
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.tooling.build import command as B  # noqa: E402
-from aotriton_rocm.tooling.build import merge as M  # noqa: E402
-from aotriton_rocm.tooling.build.dask_executor import ExecutorError  # noqa: E402
+from aotriton_rocm.common.archive import Archive  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.tooling.builder import command as B  # noqa: E402
+from aotriton_rocm.tooling.builder import merge as M  # noqa: E402
+from aotriton_rocm.tooling.builder.dask_executor import ExecutorError  # noqa: E402
 from support.toy_build import make_root  # noqa: E402
 
 ARCHS = ["gfx942,sm_90"]

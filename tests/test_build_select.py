@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("triton")
 
-from aotriton_rocm.archive import Archive  # noqa: E402
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E402
-from aotriton_rocm.tooling.build import command as B  # noqa: E402
-from aotriton_rocm.tooling.build import tuning as T  # noqa: E402
+from aotriton_rocm.common.archive import Archive  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.core.kernel_spec import VariantSpecError, load_variants  # noqa: E402
+from aotriton_rocm.tooling.builder import command as B  # noqa: E402
+from aotriton_rocm.tooling.builder import tuning as T  # noqa: E402
 from support.select_toy import HOG, HOG_SMALL, MEASURED, SCALE_ADD, make_root  # noqa: E402
 from support.toy_build import config_table  # noqa: E402
 
@@ -316,7 +316,7 @@ def test_selection_records_every_candidate(built):
 def test_static_report_of_the_toy_build(built, capsys):
     # the report reads the AMD archives only; the rejected (spilling) hog
     # candidate is listed under the shipped one with its scratch and finding
-    from aotriton_rocm.tooling.build import static_report as R
+    from aotriton_rocm.tooling.builder import static_report as R
     out, res = built
     reports = R.read_build(out)
     assert [r.arch for r in reports] == ["gfx942", "gfx1100"]

@@ -11,7 +11,7 @@ import pytest
 from aotriton_rocm.tooling.common.progress import Progress, format_seconds
 from aotriton_rocm.tooling.common.source_tree import SourceTreeError, find_source_root
 from aotriton_rocm.tooling.common.targets import TargetError, load_targets
-from aotriton_rocm.kernel_spec import VariantSpecError, load_variants, variant_key
+from aotriton_rocm.core.kernel_spec import VariantSpecError, load_variants, variant_key
 from support.toy_build import config_table
 
 ROOT = Path(__file__).resolve().parents[1]

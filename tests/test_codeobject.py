@@ -1,4 +1,4 @@
-"""Static code-object validation (aotriton_rocm.tooling.build.codeobject, `aotriton-rocm
+"""Static code-object validation (aotriton_rocm.tooling.builder.codeobject, `aotriton-rocm
 validate`): the metadata note's MessagePack framing, ELF + AMDGPU metadata parsing checked
 against what triton itself reports for real HSACOs compiled here (a tiny
 kernel and one FlashAttention forward variant for gfx908, gfx942 and
@@ -12,15 +12,15 @@ import struct
 
 import pytest
 
-from aotriton_rocm.archive import KernelRecord, write_archive
-from aotriton_rocm.cli import main as cli_main
+from aotriton_rocm.common.archive import KernelRecord, write_archive
+from aotriton_rocm.commands.cli import main as cli_main
 
 pytest.importorskip("elftools")
 pytest.importorskip("msgpack")
 
-from aotriton_rocm.tooling.build import codeobject as C  # noqa: E402
-from aotriton_rocm.tooling.build.codeobject import (ArchLimits, CodeObjectError, MsgpackError, decode_metadata,  # noqa: E402
-                                              validate_kernel)
+from aotriton_rocm.tooling.builder import codeobject as C  # noqa: E402
+from aotriton_rocm.tooling.builder.codeobject import (ArchLimits, CodeObjectError, MsgpackError, decode_metadata,  # noqa: E402
+                                                validate_kernel)
 
 
 # -- msgpack (the metadata note's framing around the msgpack library) ----------
@@ -49,7 +49,7 @@ def test_metadata_rejects_malformed_msgpack(data, what):
 triton = pytest.importorskip("triton")
 
 from aotriton_rocm.tooling.common.targets import load_targets  # noqa: E402
-from aotriton_rocm.kernel_spec import SCRATCH_ARGS, load_variants  # noqa: E402
+from aotriton_rocm.core.kernel_spec import SCRATCH_ARGS, load_variants  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def compiled(tmp_path_factory):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from aotriton_rocm.tooling.build.triton_compile import load_kernel_function
+    from aotriton_rocm.tooling.builder.triton_compile import load_kernel_function
 
     mp = pytest.MonkeyPatch()
     mp.setenv("TRITON_DEFAULT_FP_FUSION", "1")
@@ -230,7 +230,7 @@ def test_corrupted_elf_rejected(compiled):
 
 
 def test_validate_command(compiled, tmp_path, capsys):
-    from aotriton_rocm.tooling.build.write import arch_limits_dict
+    from aotriton_rocm.tooling.builder.write import arch_limits_dict
 
     def archive(name, arch, pairs, limits=True):
         man = {"package_version": "0.1.0", "abi_version": "0.1", "rocm_profile": "6.4", "arch": arch,
@@ -282,8 +282,8 @@ def test_validate_command(compiled, tmp_path, capsys):
 
 
 def test_build_table_and_chart(compiled, tmp_path, capsys, monkeypatch):
-    from aotriton_rocm.tooling.build import validate_archives as V
-    from aotriton_rocm.tooling.build.report import arch_chart_png, format_arch_table
+    from aotriton_rocm.tooling.builder import validate_archives as V
+    from aotriton_rocm.tooling.builder.report import arch_chart_png, format_arch_table
 
     report = {"profile": "6.4", "compiler_version": "3.9.0", "package_version": "0.1.0", "per_arch": {
         "gfx942": {"kernels": 2, "candidates": 3, "compiled": 3, "cached": 0, "archive_bytes": 12345,

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from aotriton_rocm import attention, native
+from aotriton_rocm.core import attention, native
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 

@@ -4,7 +4,7 @@ draws with (42, 0), so the mask torch's tests regenerate with
 ``_fill_mem_eff_dropout_mask_(mask, p, 42, 0)`` is the one the op used (its
 output and gradients against the math reference with that mask, in
 float32/float64); successive calls advance the offset as torch's kernels
-advance the CUDA generator; the CPU rule of :mod:`aotriton_rocm.philox_state`."""
+advance the CUDA generator; the CPU rule of :mod:`aotriton_rocm.core.philox_state`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import aotriton_rocm
 from support import attn_reference as ref
 from support import philox_reference
 from support.dmask_reference import check_like_torch
-from aotriton_rocm import philox_state
-from aotriton_rocm import torch_integration as ti
+from aotriton_rocm.core import philox_state
+from aotriton_rocm.integrations import torch_integration as ti
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 
@@ -129,7 +129,7 @@ def test_nearby_offsets_draw_unrelated_masks():
     # torch's flash ops advance the offset by 32 per (batch, head) although
     # our kernels draw one counter per score: the offset is the counter's
     # high half, so the next call's draws are not the last ones shifted.
-    from aotriton_rocm import dropout_masks
+    from aotriton_rocm.core import dropout_masks
     first, second = (torch.empty(1, 2, 8, 64) for _ in range(2))
     dropout_masks.fill_dropout_uniform(first, 7, 0)
     dropout_masks.fill_dropout_uniform(second, 7, philox_state.round4(32 * 1 * 2))

@@ -20,8 +20,8 @@ from support import attn_reference as ref
 from support.dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
                              softmax_reference)
 from support import philox_reference
-from aotriton_rocm import attention, dropout_masks
-from aotriton_rocm import torch_integration as ti
+from aotriton_rocm.core import attention, dropout_masks
+from aotriton_rocm.integrations import torch_integration as ti
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from aotriton_rocm._version import ABI_VERSION
-from aotriton_rocm.cli import main as cli_main
+from aotriton_rocm.commands.cli import main as cli_main
 from aotriton_rocm.tooling.common.targets import load_targets
 from aotriton_rocm.tooling.package.naming import conda_rocm_tag, image_dist_name, local_label
 from aotriton_rocm.tooling.release import pin
@@ -198,7 +198,7 @@ def test_release_plan_builds_every_arch_of_rocm_10(tmp_path, capsys):
 def test_pin_takes_a_group_extra(extras):
     """pip gets the group's extra, conda the group's image packages (read from
     the installed runtime's metadata)."""
-    from aotriton_rocm import images
+    from aotriton_rocm.common import images
 
     if images.published_image_extras() is None:
         pytest.skip("the runtime has no distribution metadata here")

@@ -1,4 +1,4 @@
-"""The feature set through :mod:`aotriton_rocm.attention` on the CPU (kernel
+"""The feature set through :mod:`aotriton_rocm.core.attention` on the CPU (kernel
 sources in Triton's interpreter): attention bias and its gradient, dropout
 (checked against an independent host model of the Philox mask), variable-length
 batches, fp32, head dim 512, zero-size and grid-split launches. Judged with
@@ -13,7 +13,7 @@ from support import philox_reference
 import pytest
 import torch
 
-from aotriton_rocm import attention, backends
+from aotriton_rocm.core import attention, backends
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from support import attn_reference as ref
-from aotriton_rocm import backends, torch_integration as ti
+from aotriton_rocm.core import backends
+from aotriton_rocm.integrations import torch_integration as ti
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 

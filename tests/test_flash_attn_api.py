@@ -12,7 +12,7 @@ import torch
 import aotriton_rocm
 from support import attn_reference as ref
 from support import philox_reference
-from aotriton_rocm import attention, backends
+from aotriton_rocm.core import attention, backends
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 

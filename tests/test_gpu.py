@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import backends, device, smoke, torch_integration
+from aotriton_rocm.core import backends, device
+from aotriton_rocm.commands import smoke
+from aotriton_rocm.integrations import torch_integration
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ import torch
 
 import aotriton_rocm
 from support import attn_reference as ref
-from aotriton_rocm import attention, backends
+from aotriton_rocm.core import attention, backends
 from support.gpu import ours as _ours  # noqa: E402
 
 pytestmark = pytest.mark.gpu

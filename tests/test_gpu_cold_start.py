@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aotriton_rocm import device, images, torch_integration, torch_native
+from aotriton_rocm.core import device, torch_native
+from aotriton_rocm.common import images
+from aotriton_rocm.integrations import torch_integration
 
 pytestmark = pytest.mark.gpu
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import aotriton_rocm
-from aotriton_rocm import philox_state
-from aotriton_rocm import torch_integration as ti
+from aotriton_rocm.core import philox_state
+from aotriton_rocm.integrations import torch_integration as ti
 from support.dmask_reference import check_like_torch
 from support.gpu import ours as _ours
 

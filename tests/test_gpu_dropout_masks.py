@@ -18,7 +18,7 @@ import torch
 import aotriton_rocm
 from support import attn_reference as ref
 from support import philox_reference
-from aotriton_rocm import attention, dropout_masks
+from aotriton_rocm.core import attention, dropout_masks
 from support.dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
                                      softmax_reference)
 from support.gpu import ours as _ours

@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from support import attn_reference as ref
 from support import philox_reference
-from aotriton_rocm import torch_integration
+from aotriton_rocm.integrations import torch_integration
 from support.gpu import ours as _ours  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]

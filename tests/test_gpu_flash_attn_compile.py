@@ -115,7 +115,7 @@ def test_host_time_of_a_tiny_call():
 def test_enabled_cpp_route_serves_flash_attn_func(kw):
     """After enable() (the C++ route), flash_attn_func runs in the extension's
     kernel, no Python route: the result matches the float32 reference."""
-    from aotriton_rocm import torch_native
+    from aotriton_rocm.core import torch_native
 
     q, k, v = _rand(2, 100, 8, 64, seed=31), _rand(2, 160, 2, 64, seed=32), _rand(2, 160, 2, 64, seed=33)
     kw = dict(kw)

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from aotriton_rocm import backends
+from aotriton_rocm.core import backends
 
 pytestmark = pytest.mark.gpu
 

@@ -21,7 +21,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import aotriton_rocm
 from support import attn_reference
 from support import philox_reference
-from aotriton_rocm import backends, smoke, torch_integration
+from aotriton_rocm.core import backends
+from aotriton_rocm.commands import smoke
+from aotriton_rocm.integrations import torch_integration
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

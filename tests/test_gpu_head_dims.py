@@ -17,7 +17,8 @@ import aotriton_rocm
 from support import attn_reference as ref
 from support import kvcache_reference as kv_ref
 from support import philox_reference
-from aotriton_rocm import backends, torch_integration, torch_native
+from aotriton_rocm.core import backends, torch_native
+from aotriton_rocm.integrations import torch_integration
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("enabled")]
 

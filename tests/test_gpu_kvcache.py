@@ -15,7 +15,7 @@ import torch
 
 import aotriton_rocm
 from support import kvcache_reference as ref
-from aotriton_rocm import backends, kvcache
+from aotriton_rocm.core import backends, kvcache
 from support import gpu
 from support.gpu import ours as _ours  # noqa: E402
 
@@ -140,7 +140,7 @@ def test_append_with_rotary(page, interleaved):
         q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
         block_table=table, causal=True, rotary_interleaved=interleaved)
     positions = seqlens.long()[:, None] + torch.arange(new, device="cuda")
-    from aotriton_rocm.kvcache_api import apply_rotary
+    from aotriton_rocm.integrations.kvcache_api import apply_rotary
     k_rot = apply_rotary(k_new, cos, sin, positions, interleaved)
     q_rot = apply_rotary(q, cos, sin, seqlens.long()[:, None] + torch.arange(sq, device="cuda"),
                          interleaved)

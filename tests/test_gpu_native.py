@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 if not os.environ.get("AOTRITON_ROCM_NATIVE_LIB"):
     pytest.skip("set AOTRITON_ROCM_NATIVE_LIB to a built libaotriton_rocm", allow_module_level=True)
 
-from aotriton_rocm import attention, device, images, native  # noqa: E402
+from aotriton_rocm.core import attention, device, native  # noqa: E402
+from aotriton_rocm.common import images  # noqa: E402
 
 pytestmark = pytest.mark.gpu(image=False)  # the runtime fixture finds the archive
 

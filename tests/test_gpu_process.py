@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import backends, torch_integration, torch_native
+from aotriton_rocm.core import backends, torch_native
+from aotriton_rocm.integrations import torch_integration
 
 pytestmark = pytest.mark.gpu
 
@@ -97,7 +98,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import aotriton_rocm
-from aotriton_rocm import backends, device, torch_integration, torch_native
+from aotriton_rocm.core import backends, device, torch_native
+from aotriton_rocm.integrations import torch_integration
 
 def counts():
     arch = device.arch_of(torch.cuda.current_device())

@@ -18,7 +18,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import archive, images
+from aotriton_rocm.common import archive, images
 from support import attn_reference as ref
 from support.gpu import ours, randn
 

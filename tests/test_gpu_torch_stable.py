@@ -21,7 +21,8 @@ if not os.environ.get("AOTRITON_ROCM_TORCH_LIB"):
 import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from aotriton_rocm import torch_integration, torch_native  # noqa: E402
+from aotriton_rocm.integrations import torch_integration  # noqa: E402
+from aotriton_rocm.core import torch_native  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from aotriton_rocm import cli, device, gpus_present, images, smoke
+from aotriton_rocm.commands import cli, smoke
+from aotriton_rocm.core import device
+from aotriton_rocm.common import gpus_present, images
 from support import real_archives as RA
 
 

@@ -16,7 +16,9 @@ import aotriton_rocm
 from support import attn_reference as ref
 from support import kvcache_reference as kv_ref
 from support import philox_reference
-from aotriton_rocm import attention, backends, smoke, torch_integration
+from aotriton_rocm.core import attention, backends
+from aotriton_rocm.commands import smoke
+from aotriton_rocm.integrations import torch_integration
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from aotriton_rocm import images
+from aotriton_rocm.common import images
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from support import real_archives as RA
-from aotriton_rocm import archive as A
-from aotriton_rocm import backends, cli, device, images, smoke
+from aotriton_rocm.common import archive as A
+from aotriton_rocm.core import backends, device
+from aotriton_rocm.commands import cli, smoke
+from aotriton_rocm.common import images
 from aotriton_rocm._version import ABI_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +128,7 @@ def test_smoke_prints_each_problem_once(isolated_images, capsys, monkeypatch):
 def test_smoke_reads_every_archive_with_the_native_library(isolated_images, capsys, monkeypatch):
     """A healthy archive is read and verified again by libaotriton_rocm (the
     reader every GPU call uses); a library that cannot read it fails smoke."""
-    from aotriton_rocm import native
+    from aotriton_rocm.core import native
 
     path = RA.write(isolated_images, "gfx942")
     read = []
@@ -510,7 +512,7 @@ def test_build_argument_errors(tmp_path):
 
 def test_build_removes_leftovers_of_interrupted_runs(tmp_path):
     pytest.importorskip("triton")
-    from aotriton_rocm.tooling.build import command as B
+    from aotriton_rocm.tooling.builder import command as B
 
     root = _toy_root(tmp_path / "root")
     out = tmp_path / "out"
@@ -698,7 +700,7 @@ def test_smoke_json_error_message(isolated_images, capsys, monkeypatch):
 def test_broken_torch_extension_fails_smoke_and_info(isolated_images, tmp_path, capsys, monkeypatch):
     """An empty libaotriton_rocm_torch.so (the default route on torch >=
     2.10) fails smoke and info; so does an empty libaotriton_rocm."""
-    from aotriton_rocm import torch_native
+    from aotriton_rocm.core import torch_native
 
     if not torch_native._torch_version_ok():
         pytest.skip("torch < 2.10 takes no torch extension")
@@ -763,7 +765,7 @@ def test_read_only_file_system_is_named(read_only_dir, tmp_path):
 
 def test_enable_without_gpu_says_so(monkeypatch):
     import aotriton_rocm
-    from aotriton_rocm import torch_integration
+    from aotriton_rocm.integrations import torch_integration
 
     monkeypatch.setattr(torch_integration, "gpu_available", lambda: False)
     monkeypatch.delenv(torch_integration.CPU_ENV, raising=False)

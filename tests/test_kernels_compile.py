@@ -127,7 +127,7 @@ def test_fwd_compiles_for_sm90():
 def _sm90_variant(kernel, **point):
     """The build's sm_90 variant of KERNEL at POINT that runs a Gluon kernel (a
     config's function, or the fused backward's own)."""
-    from aotriton_rocm.kernel_spec import load_variants
+    from aotriton_rocm.core.kernel_spec import load_variants
     from aotriton_rocm.tooling.common.targets import load_targets
 
     spec = load_variants(KERNEL_DIR)
@@ -141,7 +141,7 @@ def _sm90_variant(kernel, **point):
 
 def test_config_functions_take_the_kernel_parameters():
     # check_sources compares every config's function with the kernel's
-    from aotriton_rocm.kernel_spec import load_variants
+    from aotriton_rocm.core.kernel_spec import load_variants
 
     params = load_variants(KERNEL_DIR).check_sources()
     gluon = _module("flash_attention_sm90")
@@ -201,9 +201,9 @@ def _compile_sm90_config_function(kernel, module, **point):
     check what every such kernel must be: a cubin for 12 warps (a producer
     warpgroup and two consumer ones, with setmaxnreg), wgmma, descriptors in
     global scratch at the runtime's alignment, within the shared memory."""
-    from aotriton_rocm.tooling.build.plan import compile_task_for
-    from aotriton_rocm.tooling.build.cache import kernel_sources_hash
-    from aotriton_rocm.tooling.build.triton_compile import SCRATCH_ALIGN, compile_task, discard_stderr_at_exit
+    from aotriton_rocm.tooling.builder.plan import compile_task_for
+    from aotriton_rocm.tooling.builder.cache import kernel_sources_hash
+    from aotriton_rocm.tooling.builder.triton_compile import SCRATCH_ALIGN, compile_task, discard_stderr_at_exit
 
     spec, arch, v = _sm90_variant(kernel, **point)
     assert (v.module, v.function) == (module, kernel)

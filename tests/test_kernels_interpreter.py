@@ -43,7 +43,7 @@ def _load_module():
     """kernels/flash_attention.py of this checkout, imported as a module of a
     package (it imports its helpers relatively) with the interpret knob set:
     every @triton.jit function is then an InterpretedFunction."""
-    from aotriton_rocm.kernel_spec import import_interpreted, kernels_package
+    from aotriton_rocm.core.kernel_spec import import_interpreted, kernels_package
 
     return import_interpreted(kernels_package("aotriton_rocm_kernels_under_test", KERNEL_DIR), "flash_attention")
 
@@ -378,7 +378,7 @@ def test_interpreter_launches_bind_arguments_by_name():
     """Launch arguments are a name -> value dict checked against the kernel's
     own argument list: the right names compute, a missing or an unknown name
     fails at the launch."""
-    from aotriton_rocm import backends
+    from aotriton_rocm.core import backends
 
     backend = backends._interpreter_backend()
     kernel = backend.kernel("attn_bwd_preprocess", dtype="fp32", head_dim=16)

@@ -16,7 +16,7 @@ import torch
 
 import aotriton_rocm
 from support import kvcache_reference as ref
-from aotriton_rocm import backends, kvcache
+from aotriton_rocm.core import backends, kvcache
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 
@@ -188,7 +188,7 @@ def test_rotary_dim_below_head_dim_keeps_the_rest():
     gen = _gen(5)
     x = torch.randn(1, 2, 3, 32, generator=gen).to(torch.float16)
     angles = torch.rand(10, 4, generator=gen)
-    from aotriton_rocm.kvcache_api import apply_rotary
+    from aotriton_rocm.integrations.kvcache_api import apply_rotary
     got = apply_rotary(x, angles.cos(), angles.sin(), torch.tensor([[3, 7]]), True)
     assert torch.equal(got[..., 8:], x[..., 8:])
     want = ref.rotate(x, angles.cos(), angles.sin(), [[3, 7]], True)
@@ -281,7 +281,7 @@ def _packed(seqs):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_torch_op_dense_seqused_k_and_splits(causal):
-    from aotriton_rocm import torch_integration as ti
+    from aotriton_rocm.integrations import torch_integration as ti
     gen = _gen(21 + int(causal))
     b, sq, sk, h, hk, d = 3, 4, 90, 4, 2, 64
     q = torch.randn(b, sq, h, d, generator=gen).half()
@@ -303,7 +303,7 @@ def test_torch_op_dense_seqused_k_and_splits(causal):
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_torch_op_varlen_seqused_k_and_block_table(paged):
-    from aotriton_rocm import torch_integration as ti
+    from aotriton_rocm.integrations import torch_integration as ti
     gen = _gen(40 + int(paged))
     h, hk, d, page = 4, 1, 32, 16
     q_lens, k_lens = [3, 1, 5], [40, 17, 64]
@@ -442,7 +442,7 @@ def test_torch_op_paged_backward_is_refused():
     inputs' requires_grad; torch's autograd then calls the backward op
     without the block table: refused with the reason, never computed as if
     the paged keys were packed ones (and never handed to torch's kernel)."""
-    from aotriton_rocm import torch_integration as ti
+    from aotriton_rocm.integrations import torch_integration as ti
     q, k, v, table, cu_q, cu_k, q_lens, k_lens, dense_k, dense_v = _paged_problem(80)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     out, lse, rng, unused, _ = ti.flash_attention_forward(

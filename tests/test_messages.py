@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aotriton_rocm import cli
+from aotriton_rocm.commands import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,8 +31,8 @@ def test_every_help_is_plain_text():
 
 
 def test_a_file_as_a_parent_is_named(tmp_path):
-    from aotriton_rocm.files import parent_file_problem
-    from aotriton_rocm.tooling.build.command import OutDirError, check_out_dir
+    from aotriton_rocm.common.files import parent_file_problem
+    from aotriton_rocm.tooling.builder.command import OutDirError, check_out_dir
     from aotriton_rocm.tooling.package.dist_dir import check_out
 
     f = tmp_path / "file"
@@ -48,7 +48,7 @@ def test_a_file_as_a_parent_is_named(tmp_path):
 
 
 def test_package_names_an_unknown_arch_with_the_known_ones():
-    from aotriton_rocm.errors import UsageError
+    from aotriton_rocm.common.errors import UsageError
     from aotriton_rocm.tooling.package.command import _check_known_archs
 
     with pytest.raises(UsageError) as e:
@@ -60,7 +60,7 @@ def test_package_names_an_unknown_arch_with_the_known_ones():
 
 
 def test_pin_names_an_unknown_arch():
-    from aotriton_rocm import images
+    from aotriton_rocm.common import images
     from aotriton_rocm.tooling.release import pin
 
     published = images.published_image_extras()
@@ -101,9 +101,9 @@ def test_package_points_at_the_archives_directory_of_a_build(tmp_path):
 
 
 def test_validate_and_report_name_the_right_directory(tmp_path):
-    from aotriton_rocm.errors import UsageError
-    from aotriton_rocm.tooling.build.static_report import ReportOptions, run_report
-    from aotriton_rocm.tooling.build.validate_archives import ValidateOptions, run_validate
+    from aotriton_rocm.common.errors import UsageError
+    from aotriton_rocm.tooling.builder.static_report import ReportOptions, run_report
+    from aotriton_rocm.tooling.builder.validate_archives import ValidateOptions, run_validate
 
     out = tmp_path / "build"
     (out / "archives").mkdir(parents=True)
@@ -120,8 +120,8 @@ def test_validate_and_report_name_the_right_directory(tmp_path):
 
 
 def test_a_damaged_archive_of_an_unknown_arch_is_not_sent_to_pip_or_build(tmp_path):
-    from aotriton_rocm import images
-    from aotriton_rocm.archive import Archive, ArchiveError, identity_fix
+    from aotriton_rocm.common import images
+    from aotriton_rocm.common.archive import Archive, ArchiveError, identity_fix
 
     published = images.published_image_extras()
     if published is None:

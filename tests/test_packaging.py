@@ -545,7 +545,7 @@ def test_conda_image_alone_pulls_runtime(conda_channel, tmp_path):
 def test_package_command_arguments_and_errors(tmp_path, capsys):
     import argparse
 
-    from aotriton_rocm.cli import main as cli_main
+    from aotriton_rocm.commands.cli import main as cli_main
 
     parser = argparse.ArgumentParser()
     pkg.add_package_arguments(parser)

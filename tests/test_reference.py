@@ -1,4 +1,4 @@
-"""AMD's kernels beside ours (tooling/build/reference*.py, gcn_decode.py,
+"""AMD's kernels beside ours (tooling/builder/reference*.py, gcn_decode.py,
 cycle_model.py): the machine-code decoder against LLVM's assembler
 encodings and against triton's own assembly text of the same code object,
 the amd-aiter wheel's assembly kernels read by the same reader, AMD's
@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("elftools")
 
-from aotriton_rocm.tooling.build import cycle_model as CM  # noqa: E402
-from aotriton_rocm.tooling.build.codeobject import ArchLimits, CodeObjectError, inspect_code_object  # noqa: E402
-from aotriton_rocm.tooling.build.gcn_decode import decode  # noqa: E402
-from aotriton_rocm.tooling.build.reference import (ReferenceError, ReferenceWheel, default_cache_dir,  # noqa: E402
-                                                   download_wheel)
+from aotriton_rocm.tooling.builder import cycle_model as CM  # noqa: E402
+from aotriton_rocm.tooling.builder.codeobject import ArchLimits, CodeObjectError, inspect_code_object  # noqa: E402
+from aotriton_rocm.tooling.builder.gcn_decode import decode  # noqa: E402
+from aotriton_rocm.tooling.builder.reference import (ReferenceError, ReferenceWheel, default_cache_dir,  # noqa: E402
+                                                     download_wheel)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def aiter_wheel() -> ReferenceWheel:
 
 @pytest.fixture(scope="session")
 def limits():
-    from aotriton_rocm.tooling.build.plan import Sources
+    from aotriton_rocm.tooling.builder.plan import Sources
     from aotriton_rocm.tooling.common.targets import load_targets
     targets = load_targets(Sources.find(ROOT).targets_path)
     return {a: ArchLimits.from_spec(targets.archs[a]) for a in ("gfx942", "gfx950")}
@@ -151,7 +151,7 @@ def test_bad_wheel_and_offline_download(tmp_path, monkeypatch):
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_aiter_asm_kernels_read_by_our_reader(aiter_wheel, limits, arch, direction):
-    from aotriton_rocm.tooling.build.reference_report import _asm_figures
+    from aotriton_rocm.tooling.builder.reference_report import _asm_figures
     asm = aiter_wheel.asm(arch, direction, 128, "bf16", False)
     assert asm is not None
     info = inspect_code_object(asm.code)
@@ -165,7 +165,7 @@ def test_aiter_asm_kernels_read_by_our_reader(aiter_wheel, limits, arch, directi
 
 
 def test_calibration_holds_on_the_wheel(aiter_wheel, limits):
-    from aotriton_rocm.tooling.build.reference_report import calibration_from_wheel
+    from aotriton_rocm.tooling.builder.reference_report import calibration_from_wheel
     cal = calibration_from_wheel(aiter_wheel, limits["gfx942"])
     assert set(cal.errors) == set(CM.PUBLISHED)
     assert cal.factor == pytest.approx(CM.CALIBRATION.factor, rel=0.02)  # the stored fit is this wheel's
@@ -182,13 +182,13 @@ def test_amd_triton_kernel_compiles_and_decodes_like_its_text(aiter_wheel, limit
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET is set")
     pytest.importorskip("triton")
-    from aotriton_rocm.tooling.build.reference_report import build_reference
-    from aotriton_rocm.tooling.build.reference_compile import RefShape, amd_config
+    from aotriton_rocm.tooling.builder.reference_report import build_reference
+    from aotriton_rocm.tooling.builder.reference_compile import RefShape, amd_config
     shapes = [RefShape("gfx942", "fwd", "bf16", 64, False), RefShape("gfx950", "fwd", "bf16", 64, False)]
     rep = build_reference(aiter_wheel, [], limits, tmp_path, shapes, jobs=2)
     rows = [r for r in rep.rows if r.who == "amd-triton"]
     assert len(rows) == 2 and all(r.figures is not None for r in rows), [r.note for r in rep.rows]
-    from aotriton_rocm.tooling.build.cache import CompileCache
+    from aotriton_rocm.tooling.builder.cache import CompileCache
     cache = CompileCache(tmp_path / "compiled")
     metas = [cache.get(k)[0] for k in _keys(cache)]
     assert len(metas) == 2
@@ -210,7 +210,7 @@ def _keys(cache):
 
 def test_report_options():
     import argparse
-    from aotriton_rocm.tooling.build.static_report import ReportOptions, add_report_arguments
+    from aotriton_rocm.tooling.builder.static_report import ReportOptions, add_report_arguments
     p = add_report_arguments(argparse.ArgumentParser())
     o = ReportOptions.from_args(p.parse_args(["b", "--reference-wheel", "w.whl", "--reference-jobs", "2"]))
     assert o.reference and o.reference_wheel == Path("w.whl") and o.reference_jobs == 2
@@ -223,8 +223,8 @@ def test_fallback_is_our_kernel_at_amds_config(aiter_wheel):
     """Where AMD's kernel does not compile, ours is compiled at AMD's config:
     the tasks carry AMD's tiles, early V load and backend options."""
     pytest.importorskip("triton")
-    from aotriton_rocm.tooling.build.reference_compile import RefShape, amd_config
-    from aotriton_rocm.tooling.build.reference_report import _fallback_tasks
+    from aotriton_rocm.tooling.builder.reference_compile import RefShape, amd_config
+    from aotriton_rocm.tooling.builder.reference_report import _fallback_tasks
     fwd = RefShape("gfx942", "fwd", "bf16", 128, False)
     cfg = amd_config(aiter_wheel, fwd)
     ((kernel, task),) = _fallback_tasks(fwd, cfg, ROOT)

@@ -1,5 +1,5 @@
 """The written reasons for the reference column's gaps
-(tooling/build/reference_gaps.py, kernels/tuning/gap-reasons.toml): a
+(tooling/builder/reference_gaps.py, kernels/tuning/gap-reasons.toml): a
 figure below AMD's without a reason is flagged, one with a reason shows it,
 in the text report and in its JSON."""
 
@@ -11,12 +11,12 @@ import pytest
 
 pytest.importorskip("elftools")
 
-from aotriton_rocm.tooling.build.reference_compile import RefShape  # noqa: E402
-from aotriton_rocm.tooling.build.reference_gaps import (METRICS, REASONS_FILE, ReasonsError, find_gaps,  # noqa: E402
-                                                         load_reasons)
-from aotriton_rocm.tooling.build.reference_report import (ReferenceReport, RefRow, format_reference,  # noqa: E402
-                                                          reference_json)
-from aotriton_rocm.tooling.build.report_model import Figures  # noqa: E402
+from aotriton_rocm.tooling.builder.reference_compile import RefShape  # noqa: E402
+from aotriton_rocm.tooling.builder.reference_gaps import (METRICS, REASONS_FILE, ReasonsError, find_gaps,  # noqa: E402
+                                                           load_reasons)
+from aotriton_rocm.tooling.builder.reference_report import (ReferenceReport, RefRow, format_reference,  # noqa: E402
+                                                            reference_json)
+from aotriton_rocm.tooling.builder.report_model import Figures  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FWD = RefShape("gfx942", "fwd", "bf16", 128, False)

@@ -27,7 +27,7 @@ from support import toy_release as TR
 pytest.importorskip("build")
 pytest.importorskip("rattler_build")
 
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling.release import command as R  # noqa: E402
 from aotriton_rocm.tooling.release import credentials, gates, matrix, publish  # noqa: E402
 

@@ -204,7 +204,7 @@ def test_two_fresh_builds_give_identical_archives(tmp_path):
     """The kernel archives: the toy kernel compiled from scratch twice, from
     source trees at two different paths, into two build directories."""
     pytest.importorskip("triton")
-    from aotriton_rocm.tooling.build import command as B
+    from aotriton_rocm.tooling.builder import command as B
     from test_build import make_root
 
     got = []

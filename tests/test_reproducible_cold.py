@@ -25,7 +25,7 @@ if os.environ.get("AOTRITON_COLD_REPRO") == "0":
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = r"""
 import sys
-from aotriton_rocm.tooling.build.command import build
+from aotriton_rocm.tooling.builder.command import build
 
 if __name__ == "__main__":
     build("6.4", ["gfx942"], sys.argv[1], source_root=sys.argv[2], jobs=2, progress=False,

@@ -22,8 +22,9 @@ pytest.importorskip("rattler_build")
 pytest.importorskip("cyclonedx")
 pytest.importorskip("jsonschema")  # the validator: cyclonedx-python-lib[json-validation]
 
-from aotriton_rocm import _version, torch_compat  # noqa: E402
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
+from aotriton_rocm import _version
+from aotriton_rocm.core import torch_compat  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling.package import conda as C  # noqa: E402
 from aotriton_rocm._version import abi_line  # noqa: E402
 from aotriton_rocm.tooling.package import dist_dir as D  # noqa: E402

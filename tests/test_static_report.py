@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("triton")
 
-from aotriton_rocm.archive import Archive  # noqa: E402
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.tooling.build import command as B  # noqa: E402
-from aotriton_rocm.tooling.build import static_report as R  # noqa: E402
-from aotriton_rocm.tooling.build.cache import CompileCache  # noqa: E402
-from aotriton_rocm.tooling.build.codeobject import inspect_code_object  # noqa: E402
+from aotriton_rocm.common.archive import Archive  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.tooling.builder import command as B  # noqa: E402
+from aotriton_rocm.tooling.builder import static_report as R  # noqa: E402
+from aotriton_rocm.tooling.builder.cache import CompileCache  # noqa: E402
+from aotriton_rocm.tooling.builder.codeobject import inspect_code_object  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 import aotriton_rocm
-from aotriton_rocm import _autoload, torch_compat, torch_integration
-from aotriton_rocm.cli import main as cli_main
+from aotriton_rocm import _autoload
+from aotriton_rocm.core import torch_compat
+from aotriton_rocm.integrations import torch_integration
+from aotriton_rocm.commands.cli import main as cli_main
 from aotriton_rocm.tooling.release import pin
 
 ROOT = Path(__file__).resolve().parents[1]

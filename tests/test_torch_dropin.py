@@ -26,9 +26,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_aotriton_api_commands import CC, _shared  # noqa: E402
 
-from aotriton_rocm import torch_dropin as D  # noqa: E402
-from aotriton_rocm.cli import main as cli_main  # noqa: E402
-from aotriton_rocm.paths import aotriton_api_library  # noqa: E402
+from aotriton_rocm.commands import torch_dropin as D  # noqa: E402
+from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
+from aotriton_rocm.common.paths import aotriton_api_library  # noqa: E402
 
 pytestmark = pytest.mark.skipif(CC is None, reason="needs a C compiler")
 
@@ -304,7 +304,7 @@ def test_the_steps_are_those_tested(tmp_path, wheels, capsys, monkeypatch):
 
 KILL = ("import os, sys\n"
         "from aotriton_rocm import torch_dropin\n"
-        "from aotriton_rocm.cli import main\n"
+        "from aotriton_rocm.commands.cli import main\n"
         "torch_dropin._reached = lambda step: os._exit(9) if step == sys.argv[1] else None\n"
         "sys.exit(main(sys.argv[2:]))\n")
 
@@ -381,7 +381,7 @@ def test_os_errors_are_clean(tmp_path, wheels, capsys, monkeypatch, name, step, 
 # --- which library smoke and info say torch loaded ----------------------------------------------
 
 LOADED = ("import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); "
-          "from aotriton_rocm.torch_dropin import loaded_aotriton; print(loaded_aotriton())")
+          "from aotriton_rocm.commands.torch_dropin import loaded_aotriton; print(loaded_aotriton())")
 
 
 def loaded(lib: Path) -> str:

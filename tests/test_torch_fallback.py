@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from aotriton_rocm import backends, torch_integration as ti
+from aotriton_rocm.core import backends
+from aotriton_rocm.integrations import torch_integration as ti
 
 META = torch.device("meta")
 
@@ -101,6 +102,6 @@ def test_old_torch_cpu_route_runs_covered_calls_and_refuses_the_rest(without_get
 
 
 def test_enable_accepts_the_old_torch_lines():
-    from aotriton_rocm import torch_compat
+    from aotriton_rocm.core import torch_compat
     for version in ("2.5.1", "2.6.0", "2.7.1", "2.8.0"):
         torch_compat.check_torch(version)  # raises if the line does not list it

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import backends, smoke, torch_integration
+from aotriton_rocm.core import backends
+from aotriton_rocm.commands import smoke
+from aotriton_rocm.integrations import torch_integration
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 
@@ -150,7 +152,7 @@ def test_autoload_hook_never_raises(monkeypatch):
 def test_smoke_command_cpu_mode_passes():
     # no kernel image is installed here: only the sources are checked, which
     # smoke fails unless told that is intended
-    proc = subprocess.run([sys.executable, "-m", "aotriton_rocm.smoke", "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", "aotriton_rocm.commands.smoke", "--device", "cpu",
                            "--quick", "--no-images-ok"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Triton's interpreter" in proc.stdout
@@ -282,7 +284,7 @@ def test_sdpa_gqa_matches_math(enabled, h, hk, causal):
 
 def test_direct_api_gqa_bottom_right_and_head_dim_80():
     # attention.forward/backward directly (the future flash-attn style API).
-    from aotriton_rocm import attention
+    from aotriton_rocm.core import attention
 
     class Fn(torch.autograd.Function):
         @staticmethod

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import aotriton_rocm
-from aotriton_rocm import torch_compat, torch_integration, torch_native
+from aotriton_rocm.core import torch_compat, torch_native
+from aotriton_rocm.integrations import torch_integration
 from aotriton_rocm.tooling.release import torch_schemas
 
 FA = "_flash_attention_forward"

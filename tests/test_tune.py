@@ -15,10 +15,10 @@ pytest.importorskip("triton")
 
 import torch  # noqa: E402
 
-from aotriton_rocm import device  # noqa: E402
-from aotriton_rocm.errors import UsageError  # noqa: E402
-from aotriton_rocm.kernel_spec import VariantSpecError, load_variants  # noqa: E402
-from aotriton_rocm.tooling.build import tuning as T  # noqa: E402
+from aotriton_rocm.core import device  # noqa: E402
+from aotriton_rocm.common.errors import UsageError  # noqa: E402
+from aotriton_rocm.core.kernel_spec import VariantSpecError, load_variants  # noqa: E402
+from aotriton_rocm.tooling.builder import tuning as T  # noqa: E402
 from aotriton_rocm.tooling.common.targets import load_targets  # noqa: E402
 from aotriton_rocm.tooling.tune.command import TuneOptions, run_tune  # noqa: E402
 from aotriton_rocm.tooling.tune.space import load_space  # noqa: E402
@@ -77,7 +77,7 @@ def test_dump_is_one_choice_per_line_and_loads_back(tmp_path):
 
 
 def test_with_choice_ships_one_config_at_every_length_for_matched_points():
-    from aotriton_rocm.tooling.build.plan import Subset
+    from aotriton_rocm.tooling.builder.plan import Subset
 
     def entry(dtype, head_dim, smax, block_m):
         return {"kernel": "attn_fwd", "functional": {"dtype": [dtype], "head_dim": [head_dim]},
@@ -266,7 +266,7 @@ def test_amd_candidates_are_compiled_and_validated_before_timing(tmp_path, monke
 
     root = make_root(tmp_path / "root", SCALE_ADD + HOG.replace("{allow}", "") + HOG_SMALL,
                      measured=None)
-    from aotriton_rocm.tooling.build.plan import Sources
+    from aotriton_rocm.tooling.builder.plan import Sources
     from aotriton_rocm.tooling.tune.measure import Launchers
 
     sources = Sources.find(root)

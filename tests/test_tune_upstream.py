@@ -9,7 +9,7 @@ import sqlite3
 import tarfile
 from pathlib import Path
 
-from aotriton_rocm.tooling.build.tuning import load_measured_text, dump_measured
+from aotriton_rocm.tooling.builder.tuning import load_measured_text, dump_measured
 from aotriton_rocm.tooling.tune import upstream, upstream_drops
 
 COLS = ["gpu", "inputs$Q_dtype", "inputs$Max_seqlen_q", "inputs$Max_seqlen_k", "inputs$CAUSAL_TYPE",

@@ -11,7 +11,7 @@ from support import attn_reference
 import pytest
 import torch
 
-from aotriton_rocm import attention
+from aotriton_rocm.core import attention
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 

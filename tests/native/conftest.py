@@ -107,7 +107,7 @@ def stub(native_build, monkeypatch):
     path, the driver's ctypes handle, reset)."""
     import ctypes
 
-    from aotriton_rocm import native
+    from aotriton_rocm.core import native
     from aotriton_rocm._version import ABI_VERSION
 
     path = native_build / "tests" / "libaotr_stub_driver.so"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import ctypes
 import struct
 
-from aotriton_rocm import kernel_spec
+from aotriton_rocm.core import kernel_spec
 from aotriton_rocm._version import ABI_VERSION
-from aotriton_rocm.archive import KernelRecord
+from aotriton_rocm.common.archive import KernelRecord
 
 SCRATCH = (("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 MANIFEST = {"package_version": "0.1.0", "abi_version": ABI_VERSION, "rocm_profile": "6.4",
@@ -109,7 +109,7 @@ def assert_same_launches(a, b, recs, ignore=("Delta",)) -> None:
 
 def stub_runtime(stub_path, archive):
     """A libaotriton_rocm runtime on the stub driver, serving `archive`."""
-    from aotriton_rocm import native
+    from aotriton_rocm.core import native
 
     rt = native.Runtime(driver_library=str(stub_path), backend=native.BACKEND_CUDA)
     rt.add_archive(archive)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aotriton_rocm.cli import main as cli_main
+from aotriton_rocm.commands.cli import main as cli_main
 from aotriton_rocm.tooling.release import abi_aotriton_api as AA
 from aotriton_rocm.tooling.release import abi_native as NA
 

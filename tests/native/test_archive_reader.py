@@ -1,5 +1,5 @@
 """The C archive reader (libaotriton_rocm) against archives written by the
-Python writer: it must agree with aotriton_rocm.archive on what is valid,
+Python writer: it must agree with aotriton_rocm.common.archive on what is valid,
 refuse archives of another arch / ABI line, and fail cleanly (never crash
 or hang) on damaged files."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from aotriton_rocm._version import ABI_VERSION
-from aotriton_rocm.archive import HEADER_SIZE, Archive, ArchiveError, KernelRecord, write_archive
+from aotriton_rocm.common.archive import HEADER_SIZE, Archive, ArchiveError, KernelRecord, write_archive
 
 ARGS = (("Q", "*fp16"), ("sm_scale", "fp32"), ("seqlen_q", "i32"), ("philox_offset", "i64"),
         ("global_scratch", "*i8"), ("profile_scratch", "*i8"))

@@ -6,7 +6,7 @@ find_package(aotriton_rocm 0.1 CONFIG) or pkg-config, from the paths that
 fresh conda prefix (the .conda packages); they run the attention forward and
 backward of one fixed problem on the stub driver with a real archive (the
 kernels' real argument lists) and print what they launched. Their launches
-must be byte-identical with what the Python binding (aotriton_rocm.native,
+must be byte-identical with what the Python binding (aotriton_rocm.core.native,
 ctypes, the same installed library) launches for the same problem.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from aotriton_rocm._version import ABI_VERSION, __version__, public_version
-from aotriton_rocm.archive import write_archive, write_manifest_sidecar
+from aotriton_rocm.common.archive import write_archive, write_manifest_sidecar
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "native" / "examples"
@@ -35,7 +35,7 @@ PY_MINOR = "%d.%d" % sys.version_info[:2]
 # never dereferences them), so the packed argument bytes must match exactly.
 PYTHON_CONSUMER = r"""
 import ctypes, json, sys
-from aotriton_rocm import native
+from aotriton_rocm.core import native
 
 driver, archive = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
 B, HQ, HKV, SQ, SK, D = 2, 4, 2, 128, 192, 64
@@ -292,11 +292,11 @@ def test_cmake_install_consumers(native_build, cmake_install, tmp_path):
 
 def test_config_command_imports_nothing_heavy():
     code = ("import sys, runpy; sys.argv = ['-m', 'config', '--cmakedir']\n"
-            "import aotriton_rocm, aotriton_rocm.cli as cli\n"
+            "import aotriton_rocm, aotriton_rocm.commands.cli as cli\n"
             "rc = cli.main(['config', '--cmakedir'])\n"
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'triton', 'numpy', 'rattler', 'rattler_build', 'elftools') "
-            "or m.startswith('aotriton_rocm.tooling') or m == 'aotriton_rocm.smoke')\n"
+            "or m.startswith('aotriton_rocm.tooling') or m == 'aotriton_rocm.commands.smoke')\n"
             "print(rc, heavy)\n")
     r = _run([sys.executable, "-c", code])
     lines = r.stdout.strip().splitlines()

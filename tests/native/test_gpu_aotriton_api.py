@@ -30,7 +30,8 @@ torch = pytest.importorskip("torch")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "aotriton_api"))
 
-from aotriton_rocm import device, images  # noqa: E402
+from aotriton_rocm.core import device  # noqa: E402
+from aotriton_rocm.common import images  # noqa: E402
 from consumer_abi import (ACQUIRED_DQ_ACC, HIP_NOT_SUPPORTED, HIP_SUCCESS, Consumer,  # noqa: E402
                           make_case)
 from test_aotriton_api import LINES, _run  # noqa: E402

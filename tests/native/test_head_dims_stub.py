@@ -18,8 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from aotriton_rocm import native  # noqa: E402
-from aotriton_rocm.archive import write_archive  # noqa: E402
+from aotriton_rocm.core import native  # noqa: E402
+from aotriton_rocm.common.archive import write_archive  # noqa: E402
 
 from stub_archive import MANIFEST, decode, image, launches, record, stub_runtime, variants  # noqa: E402
 

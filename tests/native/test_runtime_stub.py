@@ -14,8 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aotriton_rocm import attention, backends, images, native  # noqa: E402
-from aotriton_rocm.archive import write_archive  # noqa: E402
+from aotriton_rocm.core import attention, backends, native  # noqa: E402
+from aotriton_rocm.common import images  # noqa: E402
+from aotriton_rocm.common.archive import write_archive  # noqa: E402
 
 from stub_archive import MANIFEST, decode as _decode, image as _image, launches as _launches  # noqa: E402
 from stub_archive import record as _record, stub_runtime as _runtime, variants  # noqa: E402
@@ -458,7 +459,7 @@ def fused(stub, tmp_path):
     backward's kernels beside the split ones (their real argument lists)."""
     from pathlib import Path
 
-    from aotriton_rocm import kernel_spec
+    from aotriton_rocm.core import kernel_spec
     from aotriton_rocm.tooling.common.targets import load_targets
 
     stub_path, lib = stub

@@ -19,9 +19,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aotriton_rocm import attention, backends, images, native, torch_integration, torch_native  # noqa: E402
+from aotriton_rocm.core import attention, backends, native, torch_native  # noqa: E402
+from aotriton_rocm.common import images  # noqa: E402
+from aotriton_rocm.integrations import torch_integration  # noqa: E402
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
-from aotriton_rocm.archive import write_archive  # noqa: E402
+from aotriton_rocm.common.archive import write_archive  # noqa: E402
 
 from stub_archive import (MANIFEST, assert_same_launches, decode, kernel_of, launches,  # noqa: E402
                           records as stub_records, stub_runtime)
@@ -85,7 +87,7 @@ try:
     print("loaded-unpromoted")
 except OSError as e:
     print("refused:", e)
-from aotriton_rocm import torch_native
+from aotriton_rocm.core import torch_native
 def dispatch():  # every key (a CUDA build has torch's own CUDA kernels)
     return [torch._C._dispatch_dump(op) for op in {ATEN!r}]
 before = dispatch()
@@ -112,7 +114,7 @@ def _has(op, key):
 
 
 def test_activate_and_deactivate_the_cuda_kernels_repeatedly(ext):
-    import aotriton_rocm.flash_attn_ops  # noqa: F401  (defines flash-attn's operators)
+    import aotriton_rocm.integrations.flash_attn_ops  # noqa: F401  (defines flash-attn's operators)
 
     before = [_has(op, "CUDA") for op in ATEN]
     for _ in range(3):

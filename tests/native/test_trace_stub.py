@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aotriton_rocm import native  # noqa: E402
+from aotriton_rocm.core import native  # noqa: E402
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +23,8 @@ CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, {here!r})
     import torch
-    from aotriton_rocm import native
-    from aotriton_rocm.archive import write_archive
+    from aotriton_rocm.core import native
+    from aotriton_rocm.common.archive import write_archive
     from stub_archive import MANIFEST, records, stub_runtime
     archive = {archive!r}
     write_archive(archive, MANIFEST, records())

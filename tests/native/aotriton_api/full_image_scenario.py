@@ -21,10 +21,10 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 
-from aotriton_rocm.archive import write_archive  # noqa: E402
+from aotriton_rocm.common.archive import write_archive  # noqa: E402
 from consumer_abi import HIP_SUCCESS, Consumer, make_case  # noqa: E402
 from stub_archive import MANIFEST, decode, launches, record  # noqa: E402
-from aotriton_rocm import kernel_spec  # noqa: E402
+from aotriton_rocm.core import kernel_spec  # noqa: E402
 
 consumer_path, stub_path, v2_path, root = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
 os.environ.update(AOTRITON_ROCM_DRIVER_LIBRARY=stub_path, AOTRITON_ROCM_BACKEND="cuda",

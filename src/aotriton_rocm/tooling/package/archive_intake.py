@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
-from ...archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, build_command,
-                         identity_fix, identity_problems, strict_json_loads,
-                         verify_against_manifest, with_fix)
+from ...common.archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, build_command,
+                                identity_fix, identity_problems, strict_json_loads,
+                                verify_against_manifest, with_fix)
 from ..common.inputs_hash import source_tree_inputs_hash
 from .naming import PackagingError, archname, check_profile
 
@@ -151,7 +151,7 @@ def _c_reader_problems(archive: Path, version: str) -> List[str]:
     compiled in): packaging another line's release, which the tests do,
     leaves the C reading to that release's library."""
     from ..._version import ABI_VERSION
-    from ...install_checks import library_error, native_problems
+    from ...commands.install_checks import library_error, native_problems
 
     if abi_line(version) != ABI_VERSION:
         return []
