@@ -10,8 +10,10 @@ import os
 import pytest
 
 from aotriton_rocm.common import archive as A
-from aotriton_rocm.common.archive import (Archive, ArchiveError, KernelRecord, manifest_path_for,
-                                          verify_against_manifest, write_archive, write_manifest_sidecar)
+from aotriton_rocm.common import archive_index as AX
+from aotriton_rocm.common.archive import Archive, ArchiveError, KernelRecord, manifest_path_for
+from aotriton_rocm.common.archive_identity import verify_against_manifest
+from aotriton_rocm.tooling.builder.archive_writer import write_archive, write_manifest_sidecar
 
 ARGS = (("Q", "*fp16"), ("n", "i32"), ("global_scratch", "*i8"), ("profile_scratch", "*i8"))
 
@@ -55,7 +57,7 @@ def test_round_trip(written):
     a = Archive.open(path)
     assert a.manifest == man
     assert a.manifest["format_version"] == A.FORMAT_VERSION == 1
-    for k in A.MANIFEST_KEYS:
+    for k in AX.MANIFEST_KEYS:
         assert k in a.manifest
     assert a.kernels == recs
     for r, c in zip(a.kernels, codes):

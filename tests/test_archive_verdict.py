@@ -18,6 +18,8 @@ import pytest
 
 from support import real_archives as RA
 from aotriton_rocm.common import archive as A
+from aotriton_rocm.common import archive_index as AX
+from aotriton_rocm.tooling.builder import archive_writer as AW
 from aotriton_rocm.commands import cli, smoke
 from aotriton_rocm.core import device, native
 from aotriton_rocm.common import images
@@ -158,7 +160,7 @@ def _write_all(base, d: Path):
         path.parent.mkdir(parents=True)
         path.write_bytes(reseal(data, text.encode("utf-8")))
         if _python_accepts(path):
-            A.write_manifest_sidecar(path)
+            AW.write_manifest_sidecar(path)
         else:  # the old sidecar, naming this file's bytes
             side = json.loads(sidecar)
             side["archive"].update(sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
@@ -218,11 +220,11 @@ def test_refusals_are_archive_errors_that_say_the_fix(crafted):
 
 
 def test_strict_json_rules():
-    loads = A.strict_json_loads
+    loads = AX.strict_json_loads
     assert loads(b'[12345678901234567890, -9223372036854775808]') == [1.2345678901234567e19,
                                                                        -2 ** 63]
     assert loads(_nested(64).encode()) == loads(_nested(64))
-    assert A._max_depth(b'["[[[", {"a\\"[": [[]]}]') == 4  # brackets in strings do not count
+    assert AX._max_depth(b'["[[[", {"a\\"[": [[]]}]') == 4  # brackets in strings do not count
     for bad, why in ((b"[1e999]", "out of range"), (b"[NaN]", "NaN"),
                      (b'["\\ud800"]', "surrogate"), (b'{"\\u0000":1}', "u0000"),
                      (_nested(65).encode(), "deeper than 64"), (b'"\xed\xa0\x80"', "utf-8")):

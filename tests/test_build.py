@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("triton")
 
 from aotriton_rocm._version import ABI_VERSION, TRITON_VERSION, __version__  # noqa: E402
-from aotriton_rocm.common.archive import Archive, verify_against_manifest  # noqa: E402
+from aotriton_rocm.common.archive import Archive
+from aotriton_rocm.common.archive_identity import verify_against_manifest  # noqa: E402
 from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.tooling.builder import command as B  # noqa: E402
 from aotriton_rocm.tooling.builder.triton_compile import validate_output  # noqa: E402

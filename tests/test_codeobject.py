@@ -12,7 +12,8 @@ import struct
 
 import pytest
 
-from aotriton_rocm.common.archive import KernelRecord, write_archive
+from aotriton_rocm.common.archive import KernelRecord
+from aotriton_rocm.tooling.builder.archive_writer import write_archive
 from aotriton_rocm.commands.cli import main as cli_main
 
 pytest.importorskip("elftools")

@@ -1,5 +1,5 @@
 """Integrity end to end: an archive must be what its file name, its sidecar,
-the device and the runtime's ABI line say it is (archive.identity_problems),
+the device and the runtime's ABI line say it is (archive_identity.identity_problems),
 at every boundary: the runtime loader, smoke, info, validate, package, build.
 Archives are real (tests/support/real_archives.py: the real writer); commands run
 through their real entry points."""
@@ -18,6 +18,7 @@ import pytest
 
 from support import real_archives as RA
 from aotriton_rocm.common import archive as A
+from aotriton_rocm.common import archive_identity as AI
 from aotriton_rocm.core import backends, device
 from aotriton_rocm.commands import cli, smoke
 from aotriton_rocm.common import images
@@ -30,29 +31,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_identity_rule(tmp_path):
     good = RA.write(tmp_path / "a", "gfx942")
-    assert A.identity_problems(A.Archive.open(good), expected_arch="gfx942",
+    assert AI.identity_problems(A.Archive.open(good), expected_arch="gfx942",
                                expected_abi=ABI_VERSION) == []
     # (1) a gfx90a archive and its sidecar copied to gfx942.*
     src = RA.write(tmp_path / "b", "gfx90a")
     renamed = RA.copy_as(src, tmp_path / "c", "gfx942")
-    probs = A.identity_problems(A.Archive.open(renamed), expected_arch="gfx942")
+    probs = AI.identity_problems(A.Archive.open(renamed), expected_arch="gfx942")
     text = "\n".join(probs)
     assert "file name says arch gfx942 but the archive inside is for gfx90a" in text
     assert "the archive is for gfx90a, the device is gfx942" in text
     assert "describes the archive file 'gfx90a.aotr', not gfx942.aotr" in text
     assert str(renamed) in text and "pip install --force-reinstall --no-deps 'aotriton-rocm-gfx942~=" in text
     assert "aotriton-rocm build --arch gfx942 --out" in "\n".join(
-        A.identity_problems(A.Archive.open(renamed), context="build"))
+        AI.identity_problems(A.Archive.open(renamed), context="build"))
     # (2) an image of another ABI line
     other = RA.write(tmp_path / "d", "gfx942", version="0.2.0")
-    [msg] = A.identity_problems(A.Archive.open(other), expected_abi="0.1")
+    [msg] = AI.identity_problems(A.Archive.open(other), expected_abi="0.1")
     assert "ABI line 0.2, the runtime is ABI line 0.1" in msg and str(other) in msg
     assert "aotriton-rocm-gfx942~=0.1.0" in msg and "aotriton-rocm~=0.2.0" in msg
     # a sidecar from another build of the same arch: hash named, both values
     RA.write(tmp_path / "e", "gfx942", inputs_hash="b" * 64)
     import shutil
     shutil.copyfile(tmp_path / "e" / "gfx942.manifest.json", tmp_path / "a" / "gfx942.manifest.json")
-    [msg] = A.identity_problems(A.Archive.open(good))
+    [msg] = AI.identity_problems(A.Archive.open(good))
     assert "build_inputs_hash 'bbbb" in msg and f"differs from '{RA.tree_hash()[:4]}" in msg
 
 
@@ -62,7 +63,7 @@ def test_fifo_refused_before_opening(tmp_path):
     with pytest.raises(A.ArchiveError, match="is a FIFO, not a regular file"):
         A.Archive.open(fifo)  # would block forever in open() without the check
     (tmp_path / "gfx942.manifest.json").write_text("{}")
-    assert "FIFO" in A.verify_against_manifest(fifo)[0]
+    assert "FIFO" in AI.verify_against_manifest(fifo)[0]
 
 
 # -- the runtime loader ----------------------------------------------------------
@@ -668,7 +669,9 @@ def test_unreadable_image_directory(tmp_path, mode):
     d = tmp_path / "images"
     RA.write(d, "gfx942")
     code = ("import sys\n"
-            "from aotriton_rocm import cli, device, images, smoke\n"
+            "from aotriton_rocm.commands import cli, smoke\n"
+            "from aotriton_rocm.common import images\n"
+            "from aotriton_rocm.core import device\n"
             "smoke.cpu_cases = lambda quick=False: []\n"
             "device.gpu_available = lambda: False\n"
             "print('lookup', images.find_archives())\n"

@@ -382,9 +382,9 @@ def test_fresh_venv_finds_archives_through_entry_points(venv_python, wheels):
     code = r"""
 import importlib.metadata as md, json, sys
 eps = {e.name: e.value for e in md.entry_points(group="aotriton_rocm.images")}
-import aotriton_rocm, aotriton_rocm.images as images
+import aotriton_rocm, aotriton_rocm.common.images as images
 import aotriton_rocm_gfx942, aotriton_rocm_sm90
-from aotriton_rocm import native
+from aotriton_rocm.core import native
 native.library()
 print(json.dumps({
     "eps": eps,
@@ -509,8 +509,8 @@ def test_conda_runtime_imports_from_prefix(conda_prefix):
 
     python, env = python_for_conda_prefix(conda_prefix)
     env.pop("AOTRITON_ROCM_ARCHIVE_DIR", None)
-    code = ("import json, sys, aotriton_rocm, aotriton_rocm.images as im\n"
-            "from aotriton_rocm import native; native.library()\n"
+    code = ("import json, sys, aotriton_rocm, aotriton_rocm.common.images as im\n"
+            "from aotriton_rocm.core import native; native.library()\n"
             "print(json.dumps({'prefix': sys.prefix, 'file': aotriton_rocm.__file__,\n"
             "  'launch': str(native.library_path()), 'version': aotriton_rocm.__version__,\n"
             "  'found': {k: str(v) for k, v in im.find_archives().items()}}))\n")

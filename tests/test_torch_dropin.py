@@ -303,7 +303,7 @@ def test_the_steps_are_those_tested(tmp_path, wheels, capsys, monkeypatch):
 
 
 KILL = ("import os, sys\n"
-        "from aotriton_rocm import torch_dropin\n"
+        "from aotriton_rocm.commands import torch_dropin\n"
         "from aotriton_rocm.commands.cli import main\n"
         "torch_dropin._reached = lambda step: os._exit(9) if step == sys.argv[1] else None\n"
         "sys.exit(main(sys.argv[2:]))\n")

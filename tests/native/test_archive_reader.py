@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from aotriton_rocm._version import ABI_VERSION
-from aotriton_rocm.common.archive import HEADER_SIZE, Archive, ArchiveError, KernelRecord, write_archive
+from aotriton_rocm.common.archive import HEADER_SIZE, Archive, ArchiveError, KernelRecord
+from aotriton_rocm.tooling.builder.archive_writer import write_archive
 
 ARGS = (("Q", "*fp16"), ("sm_scale", "fp32"), ("seqlen_q", "i32"), ("philox_offset", "i64"),
         ("global_scratch", "*i8"), ("profile_scratch", "*i8"))

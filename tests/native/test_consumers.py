@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from aotriton_rocm._version import ABI_VERSION, __version__, public_version
-from aotriton_rocm.common.archive import write_archive, write_manifest_sidecar
+from aotriton_rocm.tooling.builder.archive_writer import write_archive, write_manifest_sidecar
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "native" / "examples"

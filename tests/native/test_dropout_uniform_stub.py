@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aotriton_rocm.core import kernel_spec, native  # noqa: E402
-from aotriton_rocm.common.archive import write_archive  # noqa: E402
+from aotriton_rocm.tooling.builder.archive_writer import write_archive  # noqa: E402
 
 from stub_archive import (MANIFEST, decode, image, launches, record, stub_runtime,  # noqa: E402
                           variants)

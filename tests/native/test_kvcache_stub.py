@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 import aotriton_rocm  # noqa: E402
 from aotriton_rocm.core import backends, kvcache, native  # noqa: E402
 from aotriton_rocm.common import images  # noqa: E402
-from aotriton_rocm.common.archive import write_archive  # noqa: E402
+from aotriton_rocm.tooling.builder.archive_writer import write_archive  # noqa: E402
 
 from stub_archive import (MANIFEST, decode, image, launches, record, stub_runtime,  # noqa: E402
                           variants)

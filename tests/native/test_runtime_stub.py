@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from aotriton_rocm.core import attention, backends, native  # noqa: E402
 from aotriton_rocm.common import images  # noqa: E402
-from aotriton_rocm.common.archive import write_archive  # noqa: E402
+from aotriton_rocm.tooling.builder.archive_writer import write_archive  # noqa: E402
 
 from stub_archive import MANIFEST, decode as _decode, image as _image, launches as _launches  # noqa: E402
 from stub_archive import record as _record, stub_runtime as _runtime, variants  # noqa: E402

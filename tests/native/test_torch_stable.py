@@ -23,7 +23,7 @@ from aotriton_rocm.core import attention, backends, native, torch_native  # noqa
 from aotriton_rocm.common import images  # noqa: E402
 from aotriton_rocm.integrations import torch_integration  # noqa: E402
 from aotriton_rocm._version import ABI_VERSION  # noqa: E402
-from aotriton_rocm.common.archive import write_archive  # noqa: E402
+from aotriton_rocm.tooling.builder.archive_writer import write_archive  # noqa: E402
 
 from stub_archive import (MANIFEST, assert_same_launches, decode, kernel_of, launches,  # noqa: E402
                           records as stub_records, stub_runtime)

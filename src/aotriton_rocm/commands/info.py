@@ -31,7 +31,7 @@ def run_info(options: InfoOptions) -> int:
     from ..core import device
     from ..common import gpus_present, images
     from .._version import ABI_VERSION, TRITON_VERSION, __version__
-    from ..common.archive import clip
+    from ..common.archive_index import clip
     from .install_checks import (archive_note, archive_problems, check_library,
                                  check_torch_extension, library_error)
     from .torch_dropin import loaded_aotriton

@@ -16,8 +16,9 @@ from typing import List, Optional, Tuple
 
 from ..common import images
 from .._version import ABI_VERSION, __version__
-from ..common.archive import (Archive, ArchiveError, clip, identity_fix, identity_problems,
-                              manifest_path_for, subset_of, verify_against_manifest, with_fix)
+from ..common.archive import Archive, ArchiveError, identity_fix, manifest_path_for
+from ..common.archive_index import clip
+from ..common.archive_identity import identity_problems, subset_of, verify_against_manifest, with_fix
 
 __all__ = ["Row", "REINSTALL_RUNTIME", "NOT_READ_BY_C", "check_library", "check_torch_extension",
            "library_error", "native_problems", "archive_problems", "archive_note", "check_archives",

@@ -223,7 +223,8 @@ class AOTBackend(Backend):
     native = True
 
     def __init__(self, device_index: int):
-        from ..common.archive import Archive, ArchiveError, identity_problems
+        from ..common.archive import Archive, ArchiveError
+        from ..common.archive_identity import identity_problems
         from ..common.images import find_archives
 
         self.device_index = device_index

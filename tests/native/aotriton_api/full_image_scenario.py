@@ -21,7 +21,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 
-from aotriton_rocm.common.archive import write_archive  # noqa: E402
+from aotriton_rocm.tooling.builder.archive_writer import write_archive  # noqa: E402
 from consumer_abi import HIP_SUCCESS, Consumer, make_case  # noqa: E402
 from stub_archive import MANIFEST, decode, launches, record  # noqa: E402
 from aotriton_rocm.core import kernel_spec  # noqa: E402

@@ -24,7 +24,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import torch  # noqa: E402
 
-from aotriton_rocm.common.archive import write_archive  # noqa: E402
+from aotriton_rocm.tooling.builder.archive_writer import write_archive  # noqa: E402
 from consumer_abi import (ACQUIRED_D, ACQUIRED_DQ_ACC, HIP_INVALID_SYMBOL, HIP_NO_BINARY_FOR_GPU,  # noqa: E402
                           HIP_NOT_SUPPORTED, HIP_SUCCESS, Consumer, make_case)
 from stub_archive import MANIFEST, decode, launches, records  # noqa: E402

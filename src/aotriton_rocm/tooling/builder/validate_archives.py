@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from ..._version import ABI_VERSION
-from ...common.archive import Archive, ArchiveError, identity_fix, identity_problems
+from ...common.archive import Archive, ArchiveError, identity_fix
+from ...common.archive_identity import identity_problems
 from ...common.errors import CommandError, UsageError
 from .codeobject import ArchLimits, validate_kernel
 from ..common.tables import render_table
@@ -118,7 +119,7 @@ def _unreadable(path: str, message: str) -> ArchReport:
 def validate_archives(paths: Sequence[str], targets_path: Optional[str] = None) -> List[ArchReport]:
     """One :class:`ArchReport` per archive, every archive (an unreadable one
     gets a report with ``unreadable`` set). Each archive's identity (file
-    name, sidecar, this aotriton-rocm's ABI line: archive.identity_problems)
+    name, sidecar, this aotriton-rocm's ABI line: archive_identity.identity_problems)
     is checked before its code objects."""
     reports = []
     for p in paths:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 from ... import _version
-from ...common.archive import (ARCHIVE_SUFFIX, Archive, ArchiveError, manifest_path_for, write_archive,
-                               write_manifest_sidecar)
+from ...common.archive import ARCHIVE_SUFFIX, Archive, ArchiveError, manifest_path_for
+from .archive_writer import write_archive, write_manifest_sidecar
 from .compile import Compiled
 from .plan import BuildPlan
 from .report import summarize_validation
