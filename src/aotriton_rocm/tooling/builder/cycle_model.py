@@ -190,7 +190,7 @@ SOURCES = ("AMD Instinct MI300X data sheet (clock, CUs, peak)",
 
 # The raw estimates of those two kernels from their .co files in amd-aiter
 # 0.1.7.post2.dev18 (reference.py recomputes them from the wheel and
-# tests/test_reference.py checks they still hold: fwd_hd128_bf16.co and
+# tests/tooling/builder/test_reference.py checks they still hold: fwd_hd128_bf16.co and
 # bwd_hd128_bf16_a32_rtne.co of gfx942); fitted once here so
 # that a report without the wheel still uses the same factor.
 CALIBRATION_RAW = {"aiter fmha_v3 fwd hd128 bf16": 1001.9, "aiter fmha_v3 bwd hd128 bf16": 599.9}

@@ -9,7 +9,7 @@ its length (32 or 64 bits, plus a 32-bit literal, DPP or SDWA word) and,
 for the families the report counts, its class. The result is rendered as
 a minimal assembly text (one mnemonic per line, a label at every branch
 target) that :mod:`amdgcn` cuts into blocks and loops exactly as it does
-triton's own text; tests/test_reference.py checks both give the same hot
+triton's own text; tests/tooling/builder/test_reference.py checks both give the same hot
 loop for the same code object.
 
 The encodings are those of AMD's "Vega"/CDNA3 ISA guides (chapter 12,

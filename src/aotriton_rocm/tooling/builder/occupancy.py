@@ -58,7 +58,7 @@ def estimate_occupancy(km: Any, limits: ArchLimits, num_warps: int,
       * vgpr (RDNA wave32): .vgpr_count against the wave32 register file (1536
         or 1024 entries), granule 24/16, at most 16 waves.
     This reproduces LLVM's own "; Occupancy:" figure for every flash kernel
-    compiled for gfx908/gfx942 (checked in tests/test_codeobject.py).
+    compiled for gfx908/gfx942 (checked in tests/tooling/builder/test_codeobject.py).
     LDS: ``lds_bytes`` (default: .group_segment_fixed_size; triton allocates
     its LDS dynamically at launch, so pass static + dynamic) per workgroup;
     workgroups per CU = lds_per_cu // lds_bytes, each putting
