@@ -10,7 +10,7 @@
 # release is (TORCH_COMPAT_HEADERS=<torch>/include overrides), then the tests
 # of enable(), the aten overrides, the registry route, the C++ extension and
 # the flash-attn API, and a summary. Minutes and gigabytes: not part of
-# .ci/run; record its results in src/aotriton_rocm/torch_compat.json ("tested").
+# the CI jobs (ci/jobs/); record its results in src/aotriton_rocm/torch_compat.json ("tested").
 set -euo pipefail
 version="${1:?usage: scripts/test-torch-compat.sh TORCH_VERSION [VENV_DIR]}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
