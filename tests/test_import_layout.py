@@ -11,8 +11,8 @@ The folders are the layers; a module's layer is its folder's:
     4  tooling/       build, package, release, tune (builder/, package/, ...)
 
 The few modules at the top of the package (``__init__``, ``__main__``,
-``_version``, ``_autoload``, the ``flash_attn_interface`` alias) are placed
-one by one in TOP_LEVEL."""
+``_version``, ``_autoload``, and ``flash_attn_interface``, which keeps the
+path of flash-attn's own module) are placed one by one in TOP_LEVEL."""
 from __future__ import annotations
 
 import ast

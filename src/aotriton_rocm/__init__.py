@@ -26,7 +26,7 @@ _NO_TORCH = (_os.environ.get("AOTRITON_ROCM_NO_TORCH") == "1"
 # module -> the public names it defines, imported on first access to one
 _LAZY_MODULES = {
     "core.backends": ["launch_counts", "reset_launch_counts"],
-    "integrations.flash_attn_interface": ["flash_attn_func", "flash_attn_kvpacked_func",
+    "flash_attn_interface": ["flash_attn_func", "flash_attn_kvpacked_func",
                              "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
                              "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"],
     "integrations.kvcache_api": ["flash_attn_with_kvcache"],

@@ -16,7 +16,7 @@ import torch
 
 import aotriton_rocm
 from aotriton_rocm.core import attention
-from aotriton_rocm.integrations.flash_attn_interface import AttentionFunction
+from aotriton_rocm.flash_attn_interface import AttentionFunction
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 

@@ -7,7 +7,7 @@ gfx908, for which torch's bundled AOTriton has no image, or any call with an
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.1)
 
 Inside the mode every SDPA call our kernels cover runs forward and backward
-through :class:`~aotriton_rocm.integrations.flash_attn_interface.AttentionFunction`:
+through :class:`~aotriton_rocm.flash_attn_interface.AttentionFunction`:
 4-D (B, H, S, D) fp16/bf16/fp32 tensors with a covered head dim, GQA through
 ``enable_gqa=True``, ``is_causal`` (aligned top-left, as SDPA defines it),
 ``scale``, ``dropout_p`` (our Philox stream, drawn from torch's generator on
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..core.attention import unsupported_reason
-from .flash_attn_interface import AttentionFunction
+from ..flash_attn_interface import AttentionFunction
 
 _BIAS_MODULE = "torch.nn.attention.bias"
 
