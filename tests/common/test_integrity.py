@@ -443,7 +443,7 @@ def test_package_removes_scratch_of_killed_runs(tmp_path):
 # -- build -----------------------------------------------------------------------
 
 def _toy_root(base: Path) -> Path:
-    from test_build import make_root
+    from support.toy_build import make_root
     return make_root(base)
 
 

@@ -205,7 +205,7 @@ def test_two_fresh_builds_give_identical_archives(tmp_path):
     source trees at two different paths, into two build directories."""
     pytest.importorskip("triton")
     from aotriton_rocm.tooling.builder import command as B
-    from test_build import make_root
+    from support.toy_build import make_root
 
     got = []
     for name in ("first", "second-tree-elsewhere"):
