@@ -215,6 +215,7 @@ def test_versions_agree():
     assert re.search(rf'#define AOTR_ABI_LINE "{re.escape(ABI_VERSION)}"', header)
 
 
+@pytest.mark.slow
 def test_cmake_install_layout(cmake_install):
     for rel in (f"lib/{SONAME}", "include/aotriton_rocm/aotriton_rocm.h",
                 "lib/cmake/aotriton_rocm/aotriton_rocmConfig.cmake",
@@ -227,6 +228,7 @@ def test_cmake_install_layout(cmake_install):
         assert "@" not in f.read_text() and str(ROOT) not in f.read_text(), f
 
 
+@pytest.mark.slow
 def test_setup_py_renders_what_cmake_installs(cmake_install):
     """The editable install's package files (setup.py) == CMake's install."""
     pkg_lib = ROOT / "src" / "aotriton_rocm" / "lib"
@@ -265,6 +267,7 @@ REQUESTS = {"": True, "0.1": True, "0.1.0": True, "0.1.0;EXACT": True, "0.1...0.
             "0.0.9...0.3": False}
 
 
+@pytest.mark.slow
 def test_find_package_by_abi_line(cmake_install, tmp_path):
     got = find_package_results(cmake_install / "lib/cmake/aotriton_rocm", tmp_path, REQUESTS)
     assert {req: r is not None for req, r in got.items()} == REQUESTS
@@ -274,6 +277,7 @@ def test_find_package_by_abi_line(cmake_install, tmp_path):
     assert include == str(cmake_install / "include")
 
 
+@pytest.mark.slow
 def test_cmake_install_consumers(native_build, cmake_install, tmp_path):
     """The consumers against the CMake install tree (no Python packaging involved)."""
     stub = native_build / "tests" / "libaotr_stub_driver.so"

@@ -30,6 +30,9 @@ from rattler.package import RunExportsJson  # noqa: E402
 
 from aotriton_rocm.tooling.package.conda import index_channel, install_conda  # noqa: E402
 
+# every test solves a channel of three toy releases (wheels and .conda packages built from this tree)
+pytestmark = pytest.mark.slow
+
 VERSIONS = ("0.1.0", "0.1.1", "0.2.0")
 IMAGE = f"aotriton-rocm-{TR.ARCH}"
 PY = "py%d%d" % sys.version_info[:2]

@@ -87,6 +87,7 @@ def release_dir(tmp_path_factory):
     return out, wheels, condas
 
 
+@pytest.mark.slow
 def test_package_writes_a_cyclonedx_sbom(release_dir):
     out, wheels, condas = release_dir
     path = out / f"aotriton-rocm-{VERSION}.cdx.json"
@@ -141,6 +142,7 @@ def test_package_writes_a_cyclonedx_sbom(release_dir):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_sbom_is_reproducible(release_dir, monkeypatch):
     out, _, _ = release_dir
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")

@@ -72,6 +72,7 @@ def _abi_check(capsys, old, new):
     return rc, out.out + out.err
 
 
+@pytest.mark.slow
 def test_manifest_records_abi(releases):
     a = Archive.open(releases["old"] / "gfx942.aotr")
     sec = a.manifest["abi"]
@@ -87,6 +88,7 @@ def test_manifest_records_abi(releases):
     assert same["kernels"] == sec["kernels"]  # sm_90 uses another BLOCK: same ABI
 
 
+@pytest.mark.slow
 def test_added_arch_is_allowed(releases, capsys):
     rc, out = _abi_check(capsys, releases["old"], releases["added_arch"])
     assert rc == 0, out
@@ -95,6 +97,7 @@ def test_added_arch_is_allowed(releases, capsys):
     assert f"OK: {POINT} is ABI compatible with {OLD}" in out
 
 
+@pytest.mark.slow
 def test_changed_argument_list_is_refused(releases, capsys):
     rc, out = _abi_check(capsys, releases["old"], releases["changed_args"])
     assert rc == 1, out
@@ -107,6 +110,7 @@ def test_changed_argument_list_is_refused(releases, capsys):
     assert rc == 1
 
 
+@pytest.mark.slow
 def test_next_line_may_break(releases, capsys):
     rc, out = _abi_check(capsys, releases["old"], releases["next_line"])
     assert rc == 0, out
@@ -114,6 +118,7 @@ def test_next_line_may_break(releases, capsys):
     assert f"starts the new ABI line {X}.{Y + 1}" in out
 
 
+@pytest.mark.slow
 def test_removed_arch_and_older_release_are_refused(releases, capsys):
     rc, out = _abi_check(capsys, releases["added_arch"], releases["old"])
     assert rc == 1 and "breaking: arch sm_90 removed" in out and "older than OLD" in out

@@ -137,6 +137,7 @@ ABIGAIL_BREAKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(BREAKS))
 def test_breaking_point_release_is_refused(libs, capsys, mode, variant):
     import re
@@ -153,6 +154,7 @@ def test_breaking_point_release_is_refused(libs, capsys, mode, variant):
         assert "WARNING: libabigail is not installed" in out and "apt-get install abigail-tools" in out
 
 
+@pytest.mark.slow
 def test_compatible_point_release_is_accepted(libs, capsys, mode):
     rc, out = _abi_check(capsys, libs["old"], libs["compatible"])
     assert rc == 0, out
@@ -166,6 +168,7 @@ def test_compatible_point_release_is_accepted(libs, capsys, mode):
     assert "OK: 0.1.1 is ABI compatible with 0.1.0" in out
 
 
+@pytest.mark.slow
 def test_new_abi_line_may_break(libs, capsys, mode):
     rc, out = _abi_check(capsys, libs["old"], libs["next_line"])
     assert rc == 0, out
@@ -175,6 +178,7 @@ def test_new_abi_line_may_break(libs, capsys, mode):
     assert "starts the new ABI line 0.2" in out
 
 
+@pytest.mark.slow
 def test_new_abi_line_must_change_the_soname(libs, tmp_path, capsys):
     bad = tmp_path / "bad"
     shutil.copytree(libs["next_line"], bad, symlinks=True)
@@ -186,6 +190,7 @@ def test_new_abi_line_must_change_the_soname(libs, tmp_path, capsys):
                         "needs libaotriton_rocm.so.0.2") in out, out
 
 
+@pytest.mark.slow
 @needs_abigail
 def test_without_dwarf_libabigail_reads_stand_ins(libs, capsys):
     """The runtime wheel's library is built with -g0: libabigail then reads
@@ -199,6 +204,7 @@ def test_without_dwarf_libabigail_reads_stand_ins(libs, capsys):
     assert rc == 0 and "no ABI changes" in out, out
 
 
+@pytest.mark.slow
 def test_require_libabigail(libs, capsys, monkeypatch):
     monkeypatch.setattr(NA, "have_libabigail", lambda: False)
     rc, out = _abi_check(capsys, libs["old"], libs["compatible"], "--require-libabigail")

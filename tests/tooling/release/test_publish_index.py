@@ -26,6 +26,9 @@ pytest.importorskip("build")
 
 from support.pypi_index import IndexServer, quiet_env  # noqa: E402
 
+# every test publishes toy releases (wheels built from this tree) to the index
+pytestmark = pytest.mark.slow
+
 USER = "uploader"
 OLD, POINT = "0.1.0", "0.1.1"
 ROCM_INDEX = f"rocm{TR.ROCM}"

@@ -122,6 +122,7 @@ def dry(toy, tmp_path_factory):
     return {"rc": rc, "out": buf.getvalue(), "dist": out}
 
 
+@pytest.mark.slow
 def test_matrix_dry_run_prints_every_gate_for_every_target(dry, toy):
     out = dry["out"]
     assert dry["rc"] == 0, out
@@ -160,6 +161,7 @@ def test_matrix_dry_run_prints_every_gate_for_every_target(dry, toy):
         assert (dist / t / "SHA256SUMS").is_file() and list((dist / t).glob("*.cdx.json")), t
 
 
+@pytest.mark.slow
 def test_package_gate_refuses_a_used_directory(dry, toy, capsys, monkeypatch):
     monkeypatch.setenv("TWINE_USERNAME", "uploader")
     monkeypatch.setenv("TWINE_PASSWORD", SECRET)
@@ -168,6 +170,7 @@ def test_package_gate_refuses_a_used_directory(dry, toy, capsys, monkeypatch):
     assert _verdicts(out)["package rocm6.4"] == "not run"
 
 
+@pytest.mark.slow
 def test_reuse_dist_refuses_a_changed_file(dry, toy, capsys, monkeypatch, tmp_path):
     copy = tmp_path / "dist"
     shutil.copytree(dry["dist"], copy)
@@ -243,6 +246,7 @@ def _publish(capsys, toy, dry, server, channel, *extra, tree=None):
                     "--channel", str(channel), *extra, tree=tree)
 
 
+@pytest.mark.slow
 def test_publish_with_keyring_credentials_to_per_rocm_paths(dry, toy, capsys, monkeypatch, server,
                                                             keyring_backend, stub_install_check,
                                                             tmp_path):
@@ -286,6 +290,7 @@ def test_publish_with_keyring_credentials_to_per_rocm_paths(dry, toy, capsys, mo
     assert {i: server.files(i) for i in before} == before
 
 
+@pytest.mark.slow
 def test_wrong_password_uploads_nothing_and_is_never_printed(dry, toy, capsys, monkeypatch, server,
                                                              stub_install_check, tmp_path):
     wrong = "wrong-" + SECRET
@@ -301,6 +306,7 @@ def test_wrong_password_uploads_nothing_and_is_never_printed(dry, toy, capsys, m
     assert not (tmp_path / "channel").exists()
 
 
+@pytest.mark.slow
 def test_failing_gate_stops_before_any_upload(dry, toy, capsys, monkeypatch, server, stub_install_check,
                                               tmp_path):
     monkeypatch.setenv("TWINE_USERNAME", "uploader")
@@ -365,6 +371,7 @@ def test_credentials_gate_names_what_is_missing(monkeypatch, tmp_path):
     assert "TWINE_USERNAME" in str(e.value) and SECRET not in str(e.value)
 
 
+@pytest.mark.slow
 def test_matrix_arguments(capsys, toy):
     from aotriton_rocm.tooling.common.targets import load_targets
 
@@ -409,6 +416,7 @@ def test_release_options_and_dry_run_default():
     assert not any(a.dest in ("password", "username", "token") for a in p._actions)  # never on argv
 
 
+@pytest.mark.slow
 def test_reused_archives_must_match_the_sources(toy, tmp_path, capsys):
     """--build-dir archives of other kernel sources, or of a subset build
     (`build --only`), fail the build gate: both hashes and the rebuild named."""
