@@ -24,7 +24,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import torch
     from aotriton_rocm.core import native
-    from aotriton_rocm.common.archive import write_archive
+    from aotriton_rocm.tooling.builder.archive_writer import write_archive
     from stub_archive import MANIFEST, records, stub_runtime
     archive = {archive!r}
     write_archive(archive, MANIFEST, records())
