@@ -22,7 +22,6 @@ def clip(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
-# -- the index's JSON: the C reader's rules (native/src/json.c, archive.c) ------
 # Python's json accepts more than RFC 8259 (NaN, Infinity, numbers that overflow
 # to inf, lone surrogate escapes, \u0000, any depth up to a RecursionError). The
 # runtime's C reader refuses those, so this reader refuses them too: an archive
