@@ -19,10 +19,10 @@ import argparse
 import json
 from pathlib import Path
 
-from aotriton_rocm.archive import Archive
-from aotriton_rocm.tooling.build.codeobject import ArchLimits
-from aotriton_rocm.tooling.build.reference_compile import RefShape, compile_reference
-from aotriton_rocm.tooling.build.reference_report import RefRow, _estimate, _fallback_tasks, _figures
+from aotriton_rocm.common.archive import Archive
+from aotriton_rocm.tooling.builder.codeobject import ArchLimits
+from aotriton_rocm.tooling.builder.reference_compile import RefShape, compile_reference
+from aotriton_rocm.tooling.builder.reference_report import RefRow, _estimate, _fallback_tasks, _figures
 
 _BASE = dict(BLOCK_M=128, BLOCK_N=64, PRELOAD_V=False, waves_per_eu=2, num_warps=4, num_stages=1)
 CANDIDATES = {

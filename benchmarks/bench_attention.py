@@ -270,7 +270,7 @@ def _triton_jit_forward(shape: Shape, q, k, v):
     by name from variants.toml, or why not (a string). Arguments this
     benchmark does not set are off: null-like pointers, zero scalars."""
     try:
-        from aotriton_rocm import attention, backends, kernel_spec
+        from aotriton_rocm.core import attention, backends, kernel_spec
         spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
         kernel = spec.kernels["attn_fwd"]
         fn = kernel_spec.jit_function(kernel)

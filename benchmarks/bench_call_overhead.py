@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import aotriton_rocm
-from aotriton_rocm import attention
+from aotriton_rocm.core import attention
 
 TORCH_PEERS = {"torch FLASH": SDPBackend.FLASH_ATTENTION,
                "torch CUDNN": SDPBackend.CUDNN_ATTENTION}

@@ -39,7 +39,7 @@ import aotriton_rocm
 t1 = time.perf_counter()
 enable = aotriton_rocm.enable  # loads the runtime modules (lazy since the import)
 t2 = time.perf_counter()
-print("aotriton-rocm: trace: runtime_import %.3f ms (aotriton_rocm.torch_integration and "
+print("aotriton-rocm: trace: runtime_import %.3f ms (aotriton_rocm.integrations.torch_integration and "
       "what it imports)" % ((t2 - t1) * 1e3), file=sys.stderr, flush=True)
 enable()
 t3 = time.perf_counter()

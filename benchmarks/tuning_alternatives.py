@@ -27,10 +27,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from aotriton_rocm.errors import UsageError
-from aotriton_rocm.tooling.build.plan import Subset
+from aotriton_rocm.common.errors import UsageError
+from aotriton_rocm.tooling.builder.plan import Subset
 from aotriton_rocm.tooling.common.source_tree import find_source_root
-from aotriton_rocm.tooling.build.tuning import dump_measured, with_choice
+from aotriton_rocm.tooling.builder.tuning import dump_measured, with_choice
 
 
 def parse_alt(text: str):

@@ -20,7 +20,7 @@ stamp="$venv/.deps-$(cat "$root/pyproject.toml" "$root/scripts/dev-env.sh" \
 if [ ! -e "$stamp" ]; then
   echo "== installing dependencies into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  # cyclonedx-python-lib[json-validation]: tests/test_sbom.py checks the SBOM against the CycloneDX schema
+  # cyclonedx-python-lib[json-validation]: tests/tooling/package/test_sbom.py checks the SBOM against the CycloneDX schema
   "$venv/bin/python" -m pip install -q "torch==2.13.0" numpy pytest pytest-xdist hypothesis "pypiserver[passlib]" \
     "cyclonedx-python-lib[json-validation]" "ruff==0.17.6"
   "$venv/bin/python" -m pip install -q -e "$root[build]"

@@ -10,16 +10,18 @@
 # release is (TORCH_COMPAT_HEADERS=<torch>/include overrides), then the tests
 # of enable(), the aten overrides, the registry route, the C++ extension and
 # the flash-attn API, and a summary. Minutes and gigabytes: not part of
-# .ci/run; record its results in src/aotriton_rocm/torch_compat.json ("tested").
+# the CI jobs (ci/jobs/); record its results in src/aotriton_rocm/torch_compat.json ("tested").
 set -euo pipefail
 version="${1:?usage: scripts/test-torch-compat.sh TORCH_VERSION [VENV_DIR]}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${2:-$root/.cache/torch-compat/$version}"
 py="${PYTHON:-python3}"
-tests=(tests/test_torch_compat.py tests/test_torch_schemas.py tests/test_torch_integration.py
-       tests/test_flash_attention_op.py tests/test_torch_fallback.py tests/test_attention_mode.py
-       tests/test_dropout_generator.py tests/test_flash_attn_api.py
-       tests/test_kvcache_interpreter.py tests/test_import_cost.py tests/native/test_torch_stable.py)
+tests=(tests/core/test_torch_compat.py tests/tooling/release/test_torch_schemas.py
+       tests/integrations/test_torch_integration.py tests/integrations/test_flash_attention_op.py
+       tests/integrations/test_torch_fallback.py tests/integrations/test_attention_mode.py
+       tests/core/test_dropout_generator.py tests/integrations/test_flash_attn_api.py
+       tests/core/test_kvcache_interpreter.py tests/test_import_cost.py
+       tests/native_library/test_torch_stable.py)
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "== creating $venv"
@@ -73,7 +75,8 @@ status=0
 "$venv/bin/python" - <<'EOF' || status=1
 import torch
 import torch.nn.functional as F
-from aotriton_rocm import torch_integration, torch_native
+from aotriton_rocm.core import torch_native
+from aotriton_rocm.integrations import torch_integration
 
 if not torch_native.available():
     raise SystemExit(f"torch {torch.__version__}: the torch extension is not installed "

@@ -4,7 +4,7 @@ set -euo pipefail
 source "$(dirname "$0")/dev-env.sh"
 cd "$root"
 # Repeated native builds (runtime wheels, CMake consumers) through ccache
-# when it is installed (.ci/run installs it): its compiler links come first.
+# when it is installed (CI's ci/setup-host.sh installs it): its compiler links come first.
 if [ -d /usr/lib/ccache ] && command -v ccache >/dev/null; then
   export PATH="/usr/lib/ccache:$PATH" CCACHE_DIR="${CCACHE_DIR:-$root/.cache/ccache}" \
     CCACHE_NOHASHDIR=1 CCACHE_BASEDIR=/

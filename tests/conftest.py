@@ -48,7 +48,7 @@ def toy_root(tmp_path_factory):
 def enabled():
     """Our implementation enabled for one test, launch counts reset."""
     import aotriton_rocm
-    from aotriton_rocm import backends
+    from aotriton_rocm.core import backends
 
     aotriton_rocm.enable()
     backends.reset_launch_counts()
@@ -59,7 +59,7 @@ def enabled():
 @pytest.fixture
 def isolated_images(monkeypatch, tmp_path):
     """No installed image is visible but AOTRITON_ROCM_ARCHIVE_DIR=tmp/images."""
-    from aotriton_rocm import images
+    from aotriton_rocm.common import images
 
     d = tmp_path / "images"
     d.mkdir()

@@ -20,9 +20,9 @@ import pytest
 # module that pulls it in, Triton, and our own runtime (loaded on activation).
 FORBIDDEN_PREFIXES = ("torch._dynamo", "torch._inductor", "triton", "sympy",
                       "torch.nn.attention.bias", "torch._functorch.aot_autograd",
-                      "aotriton_rocm.torch_integration", "aotriton_rocm.backends",
-                      "aotriton_rocm.attention", "aotriton_rocm.native",
-                      "aotriton_rocm.kernel_spec", "aotriton_rocm.function_mode")
+                      "aotriton_rocm.integrations.torch_integration", "aotriton_rocm.core.backends",
+                      "aotriton_rocm.core.attention", "aotriton_rocm.core.native",
+                      "aotriton_rocm.core.kernel_spec", "aotriton_rocm.integrations.function_mode")
 # `import aotriton_rocm` may add: the package, _version, registry (the lazy
 # entry in torch's flash registry), and the autoload hook; one spare for a
 # small stdlib module a refactor might need. Anything beyond that is a module
@@ -116,7 +116,7 @@ def test_lazy_import_then_enable_runs_sdpa_on_our_kernels():
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import aotriton_rocm
-        assert "aotriton_rocm.torch_integration" not in sys.modules
+        assert "aotriton_rocm.integrations.torch_integration" not in sys.modules
         assert not aotriton_rocm.is_enabled()
         aotriton_rocm.enable(cpu_interpreter=True)
         assert aotriton_rocm.is_enabled()
@@ -169,11 +169,11 @@ def test_the_gpu_routes_runtime_loads_no_compiler_stack():
     serve the CPU interpreter route only)."""
     env = _env(autoload=False)
     base, _ = _run("import torch", env)
-    ours, times = _run("import torch\nimport aotriton_rocm\nimport aotriton_rocm.torch_integration",
+    ours, times = _run("import torch\nimport aotriton_rocm\nimport aotriton_rocm.integrations.torch_integration",
                        env)
     added = set(ours) - set(base)
     heavy = ("torch._dynamo", "torch._inductor", "triton", "sympy", "torch.nn.attention.bias",
-             "aotriton_rocm.kernel_spec", "tomllib", "aotriton_rocm.tooling")
+             "aotriton_rocm.core.kernel_spec", "tomllib", "aotriton_rocm.tooling")
     wrong = sorted(m for m in added if m.startswith(heavy))
     assert not wrong, f"the runtime imported {wrong}"
     # ours, and nothing from outside the package beyond a few stdlib modules

@@ -18,7 +18,7 @@ TOOLING_LIBRARIES = ("elftools", "msgpack", "matplotlib", "rich", "cyclonedx", "
 
 # Every runtime module: the package minus the tooling, the CLI (which offers
 # the tooling's commands) and ``python -m`` glue.
-NOT_RUNTIME = {"aotriton_rocm.cli", "aotriton_rocm.__main__"}
+NOT_RUNTIME = {"aotriton_rocm.commands.cli", "aotriton_rocm.__main__"}
 RUNTIME_MODULES = sorted(
     m.name for m in pkgutil.walk_packages(aotriton_rocm.__path__, "aotriton_rocm.")
     if not m.name.startswith("aotriton_rocm.tooling") and m.name not in NOT_RUNTIME)
@@ -46,8 +46,8 @@ def _run(code: str, timeout: int = 240) -> subprocess.CompletedProcess:
 
 def test_runtime_modules_are_found():
     # the list the next test imports is the real runtime, not an empty walk
-    assert {"aotriton_rocm.archive", "aotriton_rocm.attention", "aotriton_rocm.kernel_spec",
-            "aotriton_rocm.smoke", "aotriton_rocm.torch_integration"} <= set(RUNTIME_MODULES)
+    assert {"aotriton_rocm.common.archive", "aotriton_rocm.core.attention", "aotriton_rocm.core.kernel_spec",
+            "aotriton_rocm.commands.smoke", "aotriton_rocm.integrations.torch_integration"} <= set(RUNTIME_MODULES)
 
 
 def test_runtime_imports_no_tooling_library():
@@ -83,7 +83,7 @@ def test_runtime_commands_start_without_tooling_libraries():
     libraries not importable: both run to their normal end."""
     code = BLOCKER.format(blocked=TOOLING_LIBRARIES) + """
 import contextlib, io, json
-from aotriton_rocm.cli import main
+from aotriton_rocm.commands.cli import main
 results = {}
 for argv in (["smoke", "--help"], ["info"]):
     out = io.StringIO()

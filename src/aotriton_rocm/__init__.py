@@ -25,20 +25,20 @@ _NO_TORCH = (_os.environ.get("AOTRITON_ROCM_NO_TORCH") == "1"
 
 # module -> the public names it defines, imported on first access to one
 _LAZY_MODULES = {
-    "backends": ["launch_counts", "reset_launch_counts"],
+    "core.backends": ["launch_counts", "reset_launch_counts"],
     "flash_attn_interface": ["flash_attn_func", "flash_attn_kvpacked_func",
                              "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
                              "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func"],
-    "kvcache_api": ["flash_attn_with_kvcache"],
-    "function_mode": ["AttentionMode"],
-    "torch_integration": ["disable", "enable", "register"],
+    "integrations.kvcache_api": ["flash_attn_with_kvcache"],
+    "integrations.function_mode": ["AttentionMode"],
+    "integrations.torch_integration": ["disable", "enable", "register"],
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 
 
 def _activate():
     # What torch's registry calls on activate_flash_attention_impl(IMPL_NAME).
-    from .torch_integration import _register_fn
+    from .integrations.torch_integration import _register_fn
 
     return _register_fn()
 
@@ -46,7 +46,7 @@ def _activate():
 def is_enabled() -> bool:
     """Whether our kernels are active (an import of the runtime is not needed
     to tell: nothing was enabled before it was imported)."""
-    integration = _sys.modules.get(__name__ + ".torch_integration")
+    integration = _sys.modules.get(__name__ + ".integrations.torch_integration")
     return integration is not None and integration.is_enabled()
 
 
@@ -58,7 +58,7 @@ except ImportError:  # the build tooling runs without torch; the runtime cannot
     _HAS_TORCH = False
 else:
     _HAS_TORCH = True
-    from .registry import IMPL_NAME, register as _register_lazily
+    from .core.registry import IMPL_NAME, register as _register_lazily
 
     _register_lazily(_activate)
 

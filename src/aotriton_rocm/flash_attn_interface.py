@@ -29,13 +29,13 @@ import operator
 
 import torch
 
-from .attention import (Varlen, default_scale, flash_attn_window, mask_args, new_bias_grad,
-                        problem_dims)
-from .attention import backward as attention_backward, forward as attention_forward
-from .dropout_masks import flash_attn_s_dmask
-from .flash_attn_ops import check_operands, fail as _fail, forward as flash_attn_forward, forward_state
+from .core.attention import (Varlen, default_scale, flash_attn_window, mask_args, new_bias_grad,
+                             problem_dims)
+from .core.attention import backward as attention_backward, forward as attention_forward
+from .core.dropout_masks import flash_attn_s_dmask
+from .integrations.flash_attn_ops import check_operands, fail as _fail, forward as flash_attn_forward, forward_state
 # flash-attn's module also holds the KV-cache entry point.
-from .kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
+from .integrations.kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
 
 __all__ = ["AttentionFunction", "flash_attn_func", "flash_attn_kvpacked_func",
            "flash_attn_qkvpacked_func", "flash_attn_varlen_func", "flash_attn_varlen_kvpacked_func",

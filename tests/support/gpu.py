@@ -8,7 +8,8 @@ import functools
 import pytest
 import torch
 
-from aotriton_rocm import archive, backends, device, images
+from aotriton_rocm.common import archive, images
+from aotriton_rocm.core import backends, device
 
 
 @functools.lru_cache(maxsize=None)

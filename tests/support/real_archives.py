@@ -1,5 +1,5 @@
 """Small but real kernel archives, written by the real writer
-(archive.write_archive + write_manifest_sidecar): what packaging, the loader,
+(archive_writer.write_archive + write_manifest_sidecar): what packaging, the loader,
 smoke, info and validate check. The code objects are stand-in bytes."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from aotriton_rocm._version import __version__
-from aotriton_rocm.archive import KernelRecord, write_archive, write_manifest_sidecar
+from aotriton_rocm.common.archive import KernelRecord
+from aotriton_rocm.tooling.builder.archive_writer import write_archive, write_manifest_sidecar
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPILER = "3.9.0"
@@ -71,7 +72,7 @@ def copy_as(src: Path, dst_dir: os.PathLike, arch: str) -> Path:
     (byte for byte: what a user's ``cp`` does)."""
     import shutil
 
-    from aotriton_rocm.archive import manifest_path_for
+    from aotriton_rocm.common.archive import manifest_path_for
 
     dst_dir = Path(dst_dir)
     dst_dir.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,9 @@ by the real builders from this source tree stamped with another version, and
 small real archives (tests/support/real_archives.py; package verifies what it ships).
 
 Each (version, local label) is built once per test run and shared by the
-modules that import this helper (tests/test_publish_index.py,
-tests/test_conda_pins.py, tests/test_release.py, tests/test_sbom.py), across
-the xdist workers too: they build into one directory (tests/conftest.py
+modules that import this helper (tests/tooling/release/test_publish_index.py,
+tests/tooling/package/test_conda_pins.py, tests/tooling/release/test_release.py,
+tests/tooling/package/test_sbom.py), across the xdist workers too: they build into one directory (tests/conftest.py
 makes it) under a file lock per build, so a build one worker made is reused
 by the others.
 """

@@ -16,7 +16,7 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib  # type: ignore[no-redef]
 
-from ...errors import UsageError
+from ...common.errors import UsageError
 
 __all__ = ["PROJECT_NAME", "SourceTreeError", "find_source_root", "version_file", "read_version"]
 

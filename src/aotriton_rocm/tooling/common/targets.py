@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ...errors import UsageError
+from ...common.errors import UsageError
 
 __all__ = [
     "TargetError",
@@ -39,7 +39,7 @@ class ArchSpec:
     lds_bytes: Optional[int] = None  # hip: LDS per workgroup
     capability: Optional[int] = None  # cuda: compute capability, e.g. 90
     # hip: ELF e_flags EF_AMDGPU_MACH value and the register budget of the
-    # static occupancy estimate (see ci/targets.toml and tooling/build/codeobject.py).
+    # static occupancy estimate (see ci/targets.toml and tooling/builder/codeobject.py).
     mach: Optional[int] = None
     vgpr_file: Optional[int] = None
     vgpr_mode: Optional[str] = None  # "unified" | "split" | "vgpr"

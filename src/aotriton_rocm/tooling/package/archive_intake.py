@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
-from ...archive import (ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, build_command,
-                         identity_fix, identity_problems, strict_json_loads,
-                         verify_against_manifest, with_fix)
+from ...common.archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError, build_command, identity_fix
+from ...common.archive_identity import identity_problems, verify_against_manifest, with_fix
+from ...common.archive_index import strict_json_loads
 from ..common.inputs_hash import source_tree_inputs_hash
 from .naming import PackagingError, archname, check_profile
 
@@ -116,7 +116,7 @@ _verified: Dict[tuple, List[str]] = {}
 def verify_archive(archive: Path, manifest_path: Path, version: str) -> List[str]:
     """Everything that must hold before an archive ships: it opens, is what
     its name and sidecar say, of ``version``'s ABI line
-    (archive.identity_problems), matches its sidecar byte for byte, every
+    (archive_identity.identity_problems), matches its sidecar byte for byte, every
     kernel's sha256 checks out (verify_against_manifest, Archive.verify) and
     the runtime's C reader accepts it (native.verify_archive). The problems
     end with the fix."""
@@ -151,7 +151,7 @@ def _c_reader_problems(archive: Path, version: str) -> List[str]:
     compiled in): packaging another line's release, which the tests do,
     leaves the C reading to that release's library."""
     from ..._version import ABI_VERSION
-    from ...install_checks import library_error, native_problems
+    from ...commands.install_checks import library_error, native_problems
 
     if abi_line(version) != ABI_VERSION:
         return []

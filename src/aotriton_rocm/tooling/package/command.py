@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...errors import INTERRUPTED, CommandError, UsageError
-from ...files import describe_os_error
+from ...common.errors import INTERRUPTED, CommandError, UsageError
+from ...common.files import describe_os_error
 from .archive_intake import collect_archives, resolve_rocm_profile
 from .archive_intake import check_complete, check_matches_sources
 from .dist_dir import (COMPLETE_MARKER, MARKER_KIND, check_out, clean_leftovers, real_out, stage,

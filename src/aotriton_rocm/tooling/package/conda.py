@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
-from ...aotriton_prefix import DEFAULT_LINE
-from ...files import atomic_move, atomic_write, link_or_copy
-from ...paths import AOTRITON_API_VERSIONS
+from ...commands.aotriton_prefix import DEFAULT_LINE
+from ...common.files import atomic_move, atomic_write, link_or_copy
+from ...common.paths import AOTRITON_API_VERSIONS
 from .archive_intake import collect_archives
 from .conda_auto import build_auto_packages
 from .dist_dir import scratch_dir
@@ -192,7 +192,7 @@ def torch_requirement(version: str, source_root: Optional[Path] = None) -> str:
     supported minor (the ``a0`` bound keeps out the next minor's pre-releases)."""
     import json
 
-    from ... import torch_compat
+    from ...core import torch_compat
 
     data = None
     if source_root is not None:

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from ...files import atomic_move
+from ...common.files import atomic_move
 from .dist_dir import scratch_dir
 from .naming import PackagingError, archname, conda_rocm_tag, image_dist_name
 

@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ...files import (atomic_move, atomic_write_text, file_sha256, left_by_dead_process,
-                      replace_dir_problem)
+from ...common.files import (atomic_move, atomic_write_text, file_sha256, left_by_dead_process,
+                             replace_dir_problem)
 
 __all__ = ["COMPLETE_MARKER", "MARKER_KIND", "sha256sums_path", "write_sha256sums",
            "read_sha256sums", "move_into", "clean_leftovers", "clean_stale_scratch", "scratch_dir",

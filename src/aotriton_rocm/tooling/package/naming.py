@@ -9,7 +9,7 @@ import re
 import sys
 
 from ..._version import abi_line, public_version
-from ...errors import CommandError
+from ...common.errors import CommandError
 from ..common.source_tree import read_version
 
 __all__ = [

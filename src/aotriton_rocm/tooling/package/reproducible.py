@@ -16,7 +16,7 @@ import tarfile
 from pathlib import Path
 from typing import Dict, Optional
 
-from ...files import atomic_write_bytes
+from ...common.files import atomic_write_bytes
 from .naming import PackagingError
 
 __all__ = ["source_date_epoch", "reproducible_env", "normalize_sdist", "normalize_modes",

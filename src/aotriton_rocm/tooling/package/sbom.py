@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..._version import abi_line
-from ...files import atomic_write_text
+from ...common.files import atomic_write_text
 from .conda_auto import AUTO_PACKAGE
 from .dist_dir import sha256sums_path
 from .reproducible import source_date_epoch
@@ -161,7 +161,7 @@ def build_sbom(out_dir: os.PathLike, version: str, *, source_root: Optional[os.P
     from cyclonedx.model.license import LicenseExpression
     from packageurl import PackageURL
 
-    from ... import torch_compat
+    from ...core import torch_compat
     from ..._version import TRITON_VERSION
 
     def licenses(expr: Optional[str]):

@@ -23,7 +23,7 @@ _SNAPSHOT_IGNORE = shutil.ignore_patterns(
     ".pytest_cache", ".cache")
 
 
-# build outputs at the top of the tree only (src/aotriton_rocm/tooling/build/ is source)
+# build outputs at the top of the tree only (a build/ folder deeper in the tree is source)
 _SNAPSHOT_SKIP_TOP = {"BUILD", "build", "dist", ".cache", ".whl", ".pytest_cache"}
 
 

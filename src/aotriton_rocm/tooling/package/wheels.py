@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..._version import abi_line, public_version
-from ...archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX
+from ...common.archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX
 from ..common.subprocesses import run_captured
 from .archive_intake import ArchiveInput, collect_archives, resolve_rocm_profile
 from .dist_dir import move_into, scratch_dir, write_sha256sums
@@ -171,7 +171,7 @@ def write_packaged_record(tree: os.PathLike, build_inputs_hash: Optional[str],
                           archs: Sequence[str]) -> Optional[Path]:
     """``src/aotriton_rocm/packaged.json`` in a snapshot: the build-inputs hash
     of the kernel images this runtime was packaged with (read by
-    ``aotriton_rocm.images.packaged_inputs_hash``)."""
+    ``aotriton_rocm.common.images.packaged_inputs_hash``)."""
     if not build_inputs_hash:
         return None
     path = Path(tree) / "src" / "aotriton_rocm" / PACKAGED_RECORD

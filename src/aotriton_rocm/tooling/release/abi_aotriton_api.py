@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ...elf_dynamic import read_dynamic
+from ...common.elf_dynamic import read_dynamic
 from .c_header import NativeAbiError
 
 LIB_PREFIX = "libaotriton_v2.so."

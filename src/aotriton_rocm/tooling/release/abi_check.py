@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ...errors import CommandError, UsageError
-from ...archive import ArchiveError
+from ...common.errors import CommandError, UsageError
+from ...common.archive import ArchiveError
 from . import abi_aotriton_api as AA
 from . import abi_native as NA
 from .release_contents import AbiCheckError, ArchAbi, Release, load_release, version_key

@@ -46,8 +46,8 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, List, Tuple
 
-from ...errors import CommandError, UsageError
-from ...files import describe_os_error, parent_file_problem
+from ...common.errors import CommandError, UsageError
+from ...common.files import describe_os_error, parent_file_problem
 from ..common.source_tree import find_source_root
 from ..package.naming import local_label, read_release_version
 from .gates import (Context, GateFailed, GateSkipped, gate_abi_check, gate_build, gate_changelog,

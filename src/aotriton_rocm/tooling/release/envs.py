@@ -142,8 +142,8 @@ def python_for_conda_prefix(prefix: os.PathLike, *, host_python: Optional[os.Pat
 
 def run_smoke(python: os.PathLike, env: Optional[Dict[str, str]] = None,
               args: Sequence[str] = (), *, timeout: float = 900) -> subprocess.CompletedProcess:
-    """``python -m aotriton_rocm.smoke [args]`` in ``env``; output captured
+    """``python -m aotriton_rocm smoke [args]`` in ``env``; output captured
     (stdout and stderr together, text). The caller checks ``returncode``."""
-    return subprocess.run([str(python), "-m", "aotriton_rocm.smoke", *args],
+    return subprocess.run([str(python), "-m", "aotriton_rocm", "smoke", *args],
                           env=clean_env() if env is None else env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)

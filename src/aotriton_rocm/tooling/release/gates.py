@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from ...errors import CommandError
-from ...files import file_sha256
+from ...common.errors import CommandError
+from ...common.files import file_sha256
 from ..package.dist_dir import read_sha256sums
 from ..package.naming import local_label
 from .credentials import Credentials
@@ -102,7 +102,7 @@ def gate_build(ctx: Context, profile: str) -> str:
                 note = (f"; not among them: {', '.join(absent)} (no image of those on this "
                         f"target's index)") if absent else ""
                 return f"reused {len(have)} archive(s) in {cand}{note}"
-    from ..build.command import build
+    from ..builder.command import build
 
     run_quiet("build", lambda: build(profile, release_archs(a), build_dir, source_root=ctx.root,
                                   progress=False),

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import CommandError
+from ...common.errors import CommandError
 
 from ..package.conda import install_conda
 from .envs import install_wheels_in_fresh_venv, python_for_conda_prefix, run_smoke

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ...errors import UsageError
+from ...common.errors import UsageError
 from ..package.naming import local_label
 
 __all__ = ["DEFAULT_TARGET", "RELEASE_ARCHS", "Target", "ReleaseOptions", "matrix_profiles",

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ... import images, torch_compat
-from ...errors import CommandError
+from ...common import images
+from ...core import torch_compat
+from ...common.errors import CommandError
 
 __all__ = ["PinError", "PinOptions", "pin_lines", "update_readme", "add_pin_arguments", "run_pin"]
 

@@ -37,7 +37,7 @@ def _describe_callable(fn: Any) -> Dict[str, Any]:
 
 def _smoke_cli() -> Dict[str, Any]:
     """The ``smoke`` command's options, from the table its parser is built from."""
-    from ...smoke import SMOKE_FLAGS
+    from ...commands.smoke import SMOKE_FLAGS
 
     options = {f.name: {"takes_value": f.takes_value,
                         "choices": sorted(map(str, f.choices)) if f.choices else None}
@@ -49,8 +49,8 @@ def public_api() -> Dict[str, Any]:
     """The ABI description of the running package (the content of ``abi.json``)."""
     import aotriton_rocm as pkg
 
-    from ... import torch_compat
-    from ...archive import FORMAT_VERSION
+    from ...core import torch_compat
+    from ...common.archive import FORMAT_VERSION
 
     functions: Dict[str, Any] = {}
     constants: Dict[str, Any] = {}

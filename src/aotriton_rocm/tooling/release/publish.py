@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import List, Tuple
 
-from ...files import atomic_copy
+from ...common.files import atomic_copy
 from .credentials import Credentials, find_credentials
 from .gates import Context, GateFailed, GateSkipped
 from .matrix import Target

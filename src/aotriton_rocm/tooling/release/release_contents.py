@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..._version import abi_line, public_version
-from ...kernel_abi import functional_key, kernel_abi_entries
-from ...archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError
+from ...common.kernel_abi import functional_key, kernel_abi_entries
+from ...common.archive import ARCHIVE_SUFFIX, MANIFEST_SUFFIX, Archive, ArchiveError
 from . import abi_aotriton_api as AA
 from . import abi_native as NA
 from .public_api import ABI_JSON

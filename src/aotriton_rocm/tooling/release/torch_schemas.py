@@ -3,7 +3,7 @@
 ``python -m aotriton_rocm.tooling.release.torch_schemas`` (in an environment
 with the torch to record, a real build of it) stores, under its major.minor,
 the schema of every aten op aotriton-rocm binds and the parameters of every
-torch function it calls (:func:`aotriton_rocm.torch_compat.torch_interface`).
+torch function it calls (:func:`aotriton_rocm.core.torch_compat.torch_interface`).
 ``enable()`` lets a torch newer than the compatibility table run only where
 its interface equals one recorded here. ``--check`` compares instead of
 writing: exit status 1 and the differences where the stored entry is missing
@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from ... import torch_compat
-from ...errors import CommandError, UsageError
-from ...files import atomic_write_json
+from ...core import torch_compat
+from ...common.errors import CommandError, UsageError
+from ...common.files import atomic_write_json
 
 COMMENT = ("Per tested torch (major.minor): the schemas of the aten ops aotriton-rocm binds and "
            "the parameters of the torch functions it calls, from a real torch build. Generated: "

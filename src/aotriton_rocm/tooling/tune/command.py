@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
-from ...errors import UsageError
-from ...files import atomic_write_text
-from ...kernel_spec import Variant, load_variants
-from ..build.tuning import SEQLEN_BUCKETS, dump_measured
+from ...common.errors import UsageError
+from ...common.files import atomic_write_text
+from ...core.kernel_spec import Variant, load_variants
+from ..builder.tuning import SEQLEN_BUCKETS, dump_measured
 from .measure import Launchers, tune_point
 from .tuning_file import PointResult, PreviousFile, bucket_of, file_header, merged_file
 
@@ -120,9 +120,9 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
     (the points that did are still written)."""
     import torch
 
-    from ...backends import functional_key
-    from ...device import arch_of
-    from ..build.plan import Sources, Subset
+    from ...core.backends import functional_key
+    from ...core.device import arch_of
+    from ..builder.plan import Sources, Subset
     from ..common.targets import load_targets
     from .space import load_space
     from .workloads import NOT_TUNED, workload_for

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
-from ...backends import Backend, FunctionalKey, KernelHandle, functional_key, pick
-from ...kernel_spec import Variant, interpreted_function
+from ...core.backends import Backend, FunctionalKey, KernelHandle, functional_key, pick
+from ...core.kernel_spec import Variant, interpreted_function
 
 __all__ = ["Launcher", "compiled_launcher", "interpreted_launcher", "Launch", "TuneBackend",
            "time_launch_us"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
-from ...errors import CommandError
-from ...kernel_spec import Variant
+from ...common.errors import CommandError
+from ...core.kernel_spec import Variant
 from .tuning_file import PointResult, bucket_of
 
 __all__ = ["Launchers", "tune_point"]
@@ -33,11 +33,11 @@ class Launchers:
             self._compile(variants, arch, sources, options, stream)
 
     def _compile(self, variants, arch, sources, options, stream) -> None:
-        from ..build.compile import Executor, compile_plan
-        from ..build.plan import plan_variants
-        from ..build.cache import CompileCache
-        from ..build.validate import validate_plan
-        from ..build.triton_compile import worker_init
+        from ..builder.compile import Executor, compile_plan
+        from ..builder.plan import plan_variants
+        from ..builder.cache import CompileCache
+        from ..builder.validate import validate_plan
+        from ..builder.triton_compile import worker_init
 
         plan = plan_variants(variants, arch, self.spec, sources, self.params_of)
         self._tasks = {v.key: task for v, task in plan.items[arch.name]}
@@ -66,7 +66,7 @@ class Launchers:
             from .launch import compiled_launcher, interpreted_launcher
             v = self.variants[key]
             if self.device.type == "cuda":
-                from ..build.triton_compile import compile_task
+                from ..builder.triton_compile import compile_task
                 self._made[key] = compiled_launcher(v, compile_task(self._tasks[key]),
                                                     self.params_of[v.kernel])
             else:
@@ -81,7 +81,7 @@ def _scalars(args: Dict[str, Any], torch) -> Dict[str, Any]:
 def tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launchers: Launchers,
                workload, sizes: Sequence[Optional[int]], budget_ms: float, torch,
                device, say) -> PointResult:
-    from ...backends import using
+    from ...core.backends import using
     from .launch import Launch, TuneBackend, time_launch_us
 
     result = PointResult(cands[0].kernel, dict(cands[0].functional))

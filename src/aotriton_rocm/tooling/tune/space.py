@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from ...kernel_spec import ConfigSpec, VariantSpec, VariantSpecError, parse_config
+from ...core.kernel_spec import ConfigSpec, VariantSpec, VariantSpecError, parse_config
 
 try:
     import tomllib

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ...errors import UsageError
-from ..build.tuning import SEQLEN_BUCKETS, load_measured_text
+from ...common.errors import UsageError
+from ..builder.tuning import SEQLEN_BUCKETS, load_measured_text
 
 __all__ = ["PointResult", "bucket_of", "file_header", "PreviousFile", "merged_file"]
 

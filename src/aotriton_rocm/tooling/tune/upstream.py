@@ -56,8 +56,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ...cli import plain_text
-from ..build.tuning import SEQLEN_BUCKETS, dump_measured
+from ...commands.cli import plain_text
+from ..builder.tuning import SEQLEN_BUCKETS, dump_measured
 from .upstream_drops import check_spills, drops_by_key, dropped_key, load_drops, merge_drops, point_key
 
 __all__ = ["SOURCE", "KERNELS", "ARCHS", "HEAD_DIMS", "convert", "entries_for", "admitted_point",
@@ -264,7 +264,7 @@ def admitted_configs(rows: Sequence[Mapping[str, Any]], kernel: str, arch: str,
 
 def our_candidates(kernels_dir: Path, targets_path: Path, arch: str) -> Dict[str, List[Dict[str, Any]]]:
     """Per (kernel, point) key the configs variants.toml compiles for ``arch``."""
-    from ...kernel_spec import load_variants
+    from ...core.kernel_spec import load_variants
     from ..common.targets import load_targets
     from ..common.targets import TargetError
     targets = load_targets(Path(targets_path))

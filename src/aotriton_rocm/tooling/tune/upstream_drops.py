@@ -53,7 +53,7 @@ def merge_drops(earlier: Sequence[Dict[str, Any]], found: Sequence[Dict[str, Any
 
 
 def _in_subset(drop: Mapping[str, Any], only: Sequence[str]) -> bool:
-    from ..build.plan import Subset
+    from ..builder.plan import Subset
     point = {k: v[0] for k, v in drop["functional"].items()}
     return Subset.parse(only).accepts_point(drop["kernel"], point)
 
@@ -73,10 +73,10 @@ def check_spills(archs: Sequence[str], *, kernels_dir: Path, targets_path: Path,
     returns the ones with an unwaived validator finding (a spill, scratch,
     LDS), in the drops file's form; ``only``: ``build --only``'s subset.
     Build-time: needs the pinned triton."""
-    from ..build.cache import CompileCache
-    from ..build.compile import Executor, compile_plan
-    from ..build.plan import Sources, Subset, plan_build
-    from ..build.validate import validate_plan
+    from ..builder.cache import CompileCache
+    from ..builder.compile import Executor, compile_plan
+    from ..builder.plan import Sources, Subset, plan_build
+    from ..builder.validate import validate_plan
     from ..common.targets import TargetError, load_targets
     sources = Sources.find(kernels_dir=kernels_dir, targets_path=targets_path)
     targets = load_targets(Path(targets_path))

@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from ... import attention, kvcache
-from ...dropout_masks import fill_dropout_uniform
-from ...smoke import tolerance
+from ...core import attention, kvcache
+from ...core.dropout_masks import fill_dropout_uniform
+from ...commands.smoke import tolerance
 
 __all__ = ["Workload", "workload_for", "DROPOUT_P", "KVCACHE_HEADS", "KVCACHE_SEQLENS", "NOT_TUNED"]
 

@@ -1,0 +1,540 @@
+"""Where kernels run: the AOT archive on a GPU, Triton's interpreter on the CPU.
+
+Both backends serve the same kernels (names, argument lists and functional
+values from kernels/variants.toml) to :mod:`aotriton_rocm.core.attention`, and count
+every launch, so a caller can prove that our kernels ran rather than torch's.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+from typing import Iterable, NamedTuple
+
+import torch
+
+from .device import arch_of
+from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, NEED_DQ_ACCUM,
+                     OK as NATIVE_OK, UNSUPPORTED as NATIVE_UNSUPPORTED, BwdParams, DropoutUniformParams,
+                     FwdParams, KvcacheParams, NativeError, Problem as NativeProblem,
+                     Runtime as NativeRuntime, check as check_status, error as native_error,
+                     make_problem, tensor_view)
+from .torch_native import launch_count as torch_native_launch_count
+from .._version import ABI_VERSION
+
+KERNELS = ("attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq")
+# The fused backward (sm_90): dK, dV and the fp32 sum of dQ in one pass, then
+# dQ from the sum; it replaces attn_bwd_dkdv + attn_bwd_dq where it runs.
+FUSED_BACKWARD_KERNELS = ("attn_bwd_fused", "attn_bwd_dq_convert")
+# The KV-cache forward (flash_attn_with_kvcache) and its split-KV combine.
+KVCACHE_KERNELS = ("attn_fwd_kvcache", "attn_fwd_kvcache_combine")
+
+
+def kvcache_workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen_q: int,
+                             head_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the KV-cache kernels' fp32 split workspace (contiguous):
+    partial outputs and partial logsumexps."""
+    return ((batch * heads, num_splits, max_seqlen_q, head_dim),
+            (batch * heads, num_splits, max_seqlen_q))
+
+
+# The attention kernels' dropout draws (torch's mask regeneration); not part
+# of an attention call's coverage.
+DROPOUT_UNIFORM = "dropout_uniform"
+_COUNTED = KERNELS + FUSED_BACKWARD_KERNELS + (DROPOUT_UNIFORM,)
+# (backend name, kernel name) -> launches since import (or the last reset).
+_LAUNCHES: collections.Counter = collections.Counter()
+# The interpreter executes every block op in numpy: keep CPU work bounded.
+INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
+
+
+def _native_totals() -> collections.Counter:
+    """GPU launches per kernel counted by libaotriton_rocm: the Python route's
+    runtime and the torch extension's (the C++ route)."""
+    totals: collections.Counter = collections.Counter()
+    for kernel in _COUNTED + KVCACHE_KERNELS:
+        if _native_names:
+            totals[kernel] += _native_runtime().launch_count(kernel)
+        totals[kernel] += torch_native_launch_count(kernel)
+    return totals
+
+
+def _native_name() -> str:
+    archs = set(_native_names.values())
+    if not archs and torch.cuda.is_available():
+        archs = {f"aot:{arch_of(torch.cuda.current_device())}"}
+    return "+".join(sorted(archs)) or "aot"
+
+
+def launch_counts() -> dict[tuple[str, str], int]:
+    """Launches per (backend, kernel) since import or the last reset: the
+    interpreter's counted here, the GPU's by libaotriton_rocm."""
+    counts = dict(_LAUNCHES)
+    totals = _native_totals()
+    if totals:
+        name = _native_name()
+        for kernel, n in totals.items():
+            if n > _native_baseline[kernel]:
+                counts[(name, kernel)] = n - _native_baseline[kernel]
+    return counts
+
+
+def reset_launch_counts() -> None:
+    _LAUNCHES.clear()
+    _native_baseline.clear()
+    _native_baseline.update(_native_totals())
+
+
+def block_d(head_dim: int) -> int:
+    """The padded tile width the kernels use for a head dim: a power of two >= 16."""
+    return max(16, 1 << (int(head_dim) - 1).bit_length())
+
+
+class FunctionalKey(NamedTuple):
+    """Which compiled variant family serves a call. The preprocess, KV-cache
+    and dropout-draw kernels always mask the head dim and have neither a bias
+    nor dropout: None on those axes."""
+    kernel: str
+    dtype: str
+    head_dim: int          # the padded tile width (block_d)
+    pad_head: bool | None  # masked head dim (the general variant)
+    has_bias: bool | None
+    enable_dropout: bool | None
+
+
+def functional_key(kernel: str, functional: dict) -> FunctionalKey:
+    """The key of a variant's functional values."""
+    def flag(name):
+        return None if name not in functional else bool(functional[name])
+    return FunctionalKey(kernel, functional["dtype"], int(functional["head_dim"]),
+                         flag("pad_head"), flag("has_bias"), flag("enable_dropout"))
+
+
+def variant_table(variants: Iterable) -> dict:
+    """VARIANTS by functional key, the first of each key kept (a point's
+    first config is its default): the table ``pick`` chooses from."""
+    table: dict = {}
+    for v in variants:
+        table.setdefault(functional_key(v.kernel, v.functional), v)
+    return table
+
+
+def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout: bool,
+                    score_mods: bool = False) -> tuple:
+    """Functional keys that can run `head_dim`, best first: the unmasked fast
+    path where head_dim is the tile width, else the masked variant (the only
+    one with softcap and ALiBi: ``score_mods``)."""
+    b = block_d(head_dim)
+    if kernel in ("attn_bwd_preprocess", DROPOUT_UNIFORM) or kernel in KVCACHE_KERNELS:
+        return (FunctionalKey(kernel, dtype, b, None, None, None),)
+    masked = FunctionalKey(kernel, dtype, b, True, bias, dropout)
+    if b == head_dim and not score_mods:
+        return (FunctionalKey(kernel, dtype, b, False, bias, dropout), masked)
+    return (masked,)
+
+
+def pick(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool = False,
+          dropout: bool = False, score_mods: bool = False):
+    return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim, bias, dropout,
+                                                   score_mods) if k in table), None)
+
+
+def _missing(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool,
+             dropout: bool) -> str | None:
+    """The first kernel a forward (+ backward) needs that `table` lacks, or None."""
+    needed = (kernel,) if kernel != "attn_fwd" else KERNELS
+    for name in needed:
+        if pick(table, name, dtype, head_dim, bias, dropout) is None:
+            return (f"no {name} kernel for dtype={dtype}, head_dim={head_dim}"
+                    + (", with a bias" if bias else "") + (", with dropout" if dropout else ""))
+    return None
+
+
+def _memo_missing(memo: dict, table: dict, *key) -> str | None:
+    """:func:`_missing`, remembered per call key (it runs on every call)."""
+    try:
+        return memo[key]
+    except KeyError:
+        missing = memo[key] = _missing(table, *key)
+        return missing
+
+
+class KernelHandle:
+    """One selected variant, ready to launch with its arguments by name (the
+    kernel's argument list in variants.toml: a missing or unknown name fails
+    the launch)."""
+
+    __slots__ = ("config", "_launch")
+
+    def __init__(self, config: dict, launch):
+        self.config = config
+        self._launch = launch
+
+    def launch(self, grid: tuple[int, int, int], device: torch.device, args: dict) -> None:
+        self._launch(grid, device, args)
+
+
+class Backend:
+    name = "?"
+    # True: forward/backward run in libaotriton_rocm (AOTBackend.forward/backward);
+    # False: attention.py launches kernel() handles itself (the interpreter).
+    native = False
+
+    def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
+                           dropout: bool = False, work: int = 0) -> str | None:
+        raise NotImplementedError
+
+    def kernel(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
+               dropout: bool = False, seqlen_q: int = 0, seqlen_k: int = 0,
+               score_mods: bool = False) -> KernelHandle:
+        """The variant for a real head dim (the padded tile width and the
+        masked/unmasked choice are the backend's business; softcap and
+        ALiBi, ``score_mods``, need the masked one)."""
+        raise NotImplementedError
+
+
+@functools.lru_cache(maxsize=1)
+def _native_runtime():
+    """The process's libaotriton_rocm runtime (one for every device)."""
+    return NativeRuntime()
+
+
+def _raw_stream(index: int) -> int:
+    """The current stream's handle (torch's private fast path when it has one)."""
+    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fast is not None:
+        return fast(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+_added_archives: set = set()
+_native_baseline: collections.Counter = collections.Counter()
+_native_names: dict[int, str] = {}
+
+
+class AOTBackend(Backend):
+    """Precompiled code objects from the installed archive for one GPU, run
+    by libaotriton_rocm: coverage, kernel and config selection, grids,
+    argument packing and launches all happen in the C library."""
+
+    native = True
+
+    def __init__(self, device_index: int):
+        from ..common.archive import Archive, ArchiveError
+        from ..common.archive_identity import identity_problems
+        from ..common.images import find_archives
+
+        self.device_index = device_index
+        self.arch = arch_of(device_index)
+        self.name = f"aot:{self.arch}"
+        self.problem: str | None = None
+        self._reasons: dict[tuple, str | None] = {}
+        path = find_archives().get(self.arch)
+        if path is None:
+            self.problem = (f"no kernel image is installed for {self.arch}: "
+                            f"pip install 'aotriton-rocm[{self.arch.replace('_', '')}]'")
+            return
+        try:
+            archive = Archive.open(path)
+        except ArchiveError as e:
+            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
+            return
+        # The archive must be what its name says, for this device and this
+        # runtime's ABI line: never hand another arch's code to the GPU (the
+        # library checks this too, the sidecar is checked here only).
+        problems = identity_problems(archive, path, expected_arch=self.arch,
+                                     expected_abi=ABI_VERSION)
+        if problems:
+            self.problem = (f"the kernel image for {self.arch} is refused: "
+                            + " | ".join(problems))
+            return
+        try:
+            self.runtime = _native_runtime()
+            if str(path) not in _added_archives:
+                self.runtime.add_archive(path)
+                _added_archives.add(str(path))
+        except (OSError, NativeError) as e:
+            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
+            return
+        _native_names[device_index] = self.name
+
+    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
+        if self.problem:
+            return self.problem
+        if kernel in KVCACHE_KERNELS:
+            key = ("kvcache", dtype, head_dim)
+            if key not in self._reasons:
+                self._reasons[key] = self._probe_kvcache(dtype, head_dim)
+            return self._reasons[key]
+        key = (dtype, head_dim, bias, dropout)
+        try:
+            return self._reasons[key]
+        except KeyError:
+            reason = self._reasons[key] = self._probe(*key)
+            return reason
+
+    def _probe(self, dtype: str, head_dim: int, bias: bool, dropout: bool) -> str | None:
+        """Whether the archive has every kernel of a forward and backward at
+        this functional point (a shape-only problem: nothing is read)."""
+        code = NATIVE_DTYPES[{"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype]]
+        p = NativeProblem()
+        for view in (p.q, p.k, p.v):
+            view.data, view.dtype, view.rank = 16, code, 4
+            view.sizes[:] = (1, 1, 1, head_dim)
+            view.strides[:] = (head_dim, head_dim, head_dim, 1)
+        if bias:
+            p.bias.data, p.bias.dtype, p.bias.rank = 16, code, 4
+            p.bias.sizes[:] = (1, 1, 1, 1)
+            p.bias.strides[:] = (0, 0, 0, 1)
+        p.scale, p.dropout_p = 1.0, 0.5 if dropout else 0.0
+        p.window_left = p.window_right = -1
+        needs = NEED_BACKWARD | (NEED_DEBUG_MASK if dropout else 0)
+        status = self.runtime.supported(self.device_index, p, needs)
+        return None if status == NATIVE_OK else native_error(status).message
+
+    def _probe_kvcache(self, dtype: str, head_dim: int) -> str | None:
+        """Whether the archive has the KV-cache kernels for this dtype and
+        head dim (a shape-only request to the library: nothing is read)."""
+        code = NATIVE_DTYPES[{"fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")]
+        row = -(-head_dim // 16) * 16
+        p = KvcacheParams()
+        for name, sizes in (("q", (1, 1, 1, head_dim)), ("out", (1, 1, 1, head_dim)),
+                            ("k_cache", (1, 16, 1, head_dim)), ("v_cache", (1, 16, 1, head_dim))):
+            view = getattr(p, name)
+            view.data, view.dtype, view.rank = 16, code, 4
+            view.sizes[:] = sizes
+            view.strides[:] = (16 * row, row, row, 1)
+        p.lse.data, p.lse.dtype, p.lse.rank = 16, NATIVE_DTYPES["float32"], 3
+        p.lse.sizes[:3], p.lse.strides[:3] = (1, 1, 1), (1, 1, 1)
+        p.k_end.data, p.k_end.dtype, p.k_end.rank = 16, NATIVE_DTYPES["int32"], 1
+        p.k_end.sizes[0], p.k_end.strides[0] = 1, 1
+        p.scale, p.num_splits = 1.0, 1
+        p.window_left = p.window_right = -1
+        try:
+            self.runtime.kvcache_splits(p)
+        except NativeError as e:
+            return e.message or str(e)
+        return None
+
+    def _stream(self) -> int:
+        return _raw_stream(self.device_index)
+
+    def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, bottom_right,
+                window, scale, dropout_p, softcap=0.0, alibi_slopes=None) -> None:
+        """Launch the forward on tensors the kernels can read in place: q/k/v/out
+        (B, H, S, D), or packed (total, H, D) with ``varlen``."""
+        params = FwdParams()
+        params.device = self.device_index
+        params.stream = self._stream()
+        params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
+                                         scale, dropout_p)
+        params.out, params.lse = tensor_view(out), tensor_view(lse)
+        if debug_mask is not None:
+            params.debug_mask = tensor_view(debug_mask)
+        params.alibi_slopes = tensor_view(alibi_slopes)
+        params.softcap = softcap
+        check_status(self.runtime.fwd(params))
+
+    def forward_kvcache(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
+                        block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
+                        softcap, num_splits):
+        """The KV-cache forward in libaotriton_rocm (see kvcache.forward):
+        the split count from the library, the workspace allocated here.
+        Returns (out, lse, splits)."""
+        p = KvcacheParams()
+        p.device = self.device_index
+        p.stream = self._stream()
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
+                        ("lse", lse), ("k_end", k_end), ("k_start", k_start),
+                        ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
+                        ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q)):
+            if t is not None:
+                setattr(p, name, tensor_view(t))
+        p.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
+        p.scale, p.softcap = scale, softcap
+        p.window_left, p.window_right = window
+        p.num_splits = num_splits
+        splits = self.runtime.kvcache_splits(p)
+        if splits > 1:
+            heads, d = q.shape[-2], q.shape[-1]
+            batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.numel() - 1
+            o_shape, l_shape = kvcache_workspace_shapes(batch, heads, splits, max_seqlen_q, d)
+            o_part = torch.empty(o_shape, dtype=torch.float32, device=q.device)
+            l_part = torch.empty(l_shape, dtype=torch.float32, device=q.device)
+            p.out_partial, p.lse_partial = tensor_view(o_part), tensor_view(l_part)
+            p.num_splits = splits
+        check_status(self.runtime.fwd_kvcache(p))
+        return out, lse, splits
+
+    def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
+                 varlen, bottom_right, window, scale, dropout_p, softcap=0.0,
+                 alibi_slopes=None, deterministic=False) -> None:
+        params = BwdParams()
+        params.device = self.device_index
+        params.stream = self._stream()
+        params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
+                                         scale, dropout_p)
+        for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out), ("delta", delta),
+                        ("grad_q", grads[0]), ("grad_k", grads[1]), ("grad_v", grads[2]),
+                        ("grad_bias", bias_grad), ("alibi_slopes", alibi_slopes)):
+            if t is not None:
+                setattr(params, name, tensor_view(t))
+        params.softcap = softcap
+        # The fused backward where the image has it for the problem (its head
+        # dim is then a tile width, so a dense accumulator meets the layout
+        # rules): faster, but dQ is summed with atomics, so not where the
+        # caller asks for a deterministic backward. Later allocations on this
+        # stream queue behind the launches, so the accumulator may be freed
+        # on return.
+        if not (deterministic or softcap or alibi_slopes is not None) and self.runtime.supported(
+                self.device_index, params.problem, NEED_BACKWARD | NEED_DQ_ACCUM) == NATIVE_OK:
+            dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+            params.grad_q_accum = tensor_view(dq_accum)
+        check_status(self.runtime.bwd(params))
+
+
+    def dropout_uniform(self, out, seed, offset, *, dropout_p, encode_keep) -> None:
+        """The attention kernels' dropout draws into ``out`` (see
+        :func:`aotriton_rocm.core.dropout_masks.fill_dropout_uniform`)."""
+        if self.problem:
+            raise NativeError(NATIVE_UNSUPPORTED, "AOTR_UNSUPPORTED", self.problem)
+        params = DropoutUniformParams()
+        params.device = self.device_index
+        params.stream = self._stream()
+        params.out = tensor_view(out)
+        params.philox_seed = tensor_view(seed, NATIVE_DTYPES["int64"])
+        params.philox_offset = tensor_view(offset, NATIVE_DTYPES["int64"])
+        params.dropout_p = float(dropout_p)
+        params.encode_keep = int(bool(encode_keep))
+        if not hasattr(self.runtime._lib, "aotr_dropout_uniform"):
+            raise NativeError(NATIVE_UNSUPPORTED, "AOTR_UNSUPPORTED",
+                                     "this libaotriton_rocm has no aotr_dropout_uniform")
+        check_status(self.runtime.dropout_uniform(params))
+
+
+def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dropout_p):
+    if varlen is not None and varlen.word != 1:
+        raise ValueError("libaotriton_rocm takes a packed batch's cu_seqlens (Varlen.word 1); "
+                         "it places sequences from seq_starts_q/k and seqlens_k itself")
+    return make_problem(
+        q, k, v, scale=scale, bottom_right=bottom_right, window=window, bias=bias,
+        dropout_p=dropout_p, rng=rng,
+        cu_seqlens=None if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k),
+        max_seqlens=(0, 0) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k))
+
+
+class InterpreterBackend(Backend):
+    """The kernel sources, run on CPU tensors by Triton's interpreter.
+
+    It serves the variants of the NVIDIA test target (same functional coverage
+    as the archives), with UPCAST_DOT on: the interpreter stores bf16 as raw
+    uint16 and cannot do arithmetic on it.
+    """
+
+    name = "interpreter:cpu"
+
+    def __init__(self):
+        # the spec reader (tomllib, ast, dataclasses: tens of ms to import)
+        # serves this backend only, not the GPU route
+        from .interpreter_compat import fix_scalar_index
+        from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
+
+        fix_scalar_index()
+        spec = load_variants(kernels_dir())
+        self._variants = variant_table(spec.variants_for(INTERPRETER_ARCH))
+        self._reasons: dict[tuple, str | None] = {}
+        # the kernels it has variants of (not the sm_90-only fused backward)
+        served = {v.kernel for v in self._variants.values()}
+        self._functions = {name: interpreted_function(ks)
+                           for name, ks in spec.kernels.items() if name in served}
+        self._arg_names = {name: frozenset(n for n, _ in ks.args)
+                           for name, ks in spec.kernels.items() if name in served}
+
+    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
+        missing = _memo_missing(self._reasons, self._variants, kernel, dtype, head_dim, bias,
+                                dropout)
+        if missing:
+            return f"the kernel sources have {missing}"
+        if work > INTERPRETER_MAX_WORK:
+            return "too large for the CPU interpreter backend"
+        return None
+
+    def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
+               seqlen_k=0, score_mods=False):
+        variant = pick(self._variants, kernel, dtype, head_dim, bias, dropout, score_mods)
+        constexprs = dict(variant.constexprs)
+        if "UPCAST_DOT" in constexprs:
+            constexprs["UPCAST_DOT"] = True
+        fn = self._functions[kernel]
+        names = self._arg_names[kernel]
+        counter_key = (self.name, kernel)
+
+        def launch(grid, device, args):
+            if args.keys() != names:
+                # (Triton would take an unknown name for a launch option)
+                raise TypeError(f"{kernel}: arguments missing {sorted(names - args.keys())}, "
+                                f"unknown {sorted(args.keys() - names)} (kernels/variants.toml "
+                                "lists the kernel's arguments)")
+            fn[grid](**args, **constexprs)
+            _LAUNCHES[counter_key] += 1
+
+        return KernelHandle(variant.config, launch)
+
+
+@functools.lru_cache(maxsize=None)
+def _aot_backend(index: int) -> AOTBackend:
+    return AOTBackend(index)
+
+
+class UnavailableBackend(Backend):
+    """Stands in for a backend that cannot run here, and says why."""
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
+        return self.reason
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_backend() -> Backend:
+    try:
+        return InterpreterBackend()
+    except ImportError as exc:
+        return UnavailableBackend(
+            "interpreter:cpu", f"the CPU backend needs triton and numpy ({exc}): "
+                               "pip install 'aotriton-rocm[cpu]'")
+
+
+_OVERRIDE: list[Backend] = []
+
+
+@contextlib.contextmanager
+def using(backend: Backend):
+    """Within the block, every op's kernels run on ``backend``, whatever the
+    tensors' device (``aotriton-rocm tune`` times candidate configs this
+    way); not thread-safe, not for production calls."""
+    _OVERRIDE.append(backend)
+    try:
+        yield backend
+    finally:
+        _OVERRIDE.remove(backend)
+
+
+def backend_for(t: torch.Tensor) -> Backend | None:
+    """The backend that runs kernels on the tensor's device."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    if t.is_cuda:
+        return _aot_backend(t.get_device())
+    if t.device.type == "cpu":
+        return _interpreter_backend()
+    return None
+
+
+def clear_backend_caches(backends: Iterable = (_aot_backend, _interpreter_backend)) -> None:
+    for b in backends:
+        b.cache_clear()
+    if _aot_backend in tuple(backends):
+        _native_names.clear()
