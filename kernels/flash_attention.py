@@ -134,7 +134,7 @@ and which is exactly what ``tl.max``/``tl.sum`` lower to for fp32 inputs. Our
 own helpers (``score_mod``) are fine: the interpreter backend imports this
 package's modules with ``triton.knobs.runtime.interpret`` set, which makes
 every ``@triton.jit`` function in them callable as a nested call (see
-``aotriton_rocm.core.kernel_spec.interpreted_function``): ``philox`` and
+``aotriton_rocm.kernel_spec.interpreted_function``): ``philox`` and
 ``score_mod`` hold the device functions the kernels share. Integer divisions are only applied to
 non-negative values (compiled code truncates, the interpreter floors).
 """

@@ -58,7 +58,7 @@ one variant per padded width is enough.
 The CPU interpreter runs the nested ``@triton.jit`` helpers (the one below
 and the prologue helpers of ``flash_attention``) as nested calls: the
 interpreter backend imports these sources with the interpreter on (see
-``aotriton_rocm.core.kernel_spec.interpreted_function``).
+``aotriton_rocm.kernel_spec.interpreted_function``).
 """
 
 import triton

@@ -9,7 +9,7 @@ sizes (torch's flash ops advance it by only 32 per batch and head).
 
 A ``@triton.jit`` device function: the compiled kernels inline it, and the
 CPU interpreter calls it as a nested function (see
-``aotriton_rocm.core.kernel_spec.interpreted_function``).
+``aotriton_rocm.kernel_spec.interpreted_function``).
 """
 
 import triton

@@ -18,7 +18,7 @@ broadcast against each other.
 These are ``@triton.jit`` device functions: the compiled kernels inline them,
 and the CPU interpreter runs them as nested calls because the interpreter
 backend imports the kernel sources with ``triton.knobs.runtime.interpret``
-set (see ``aotriton_rocm.core.kernel_spec.interpreted_function``).
+set (see ``aotriton_rocm.kernel_spec.interpreted_function``).
 """
 
 import triton
