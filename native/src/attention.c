@@ -148,7 +148,7 @@ static void zhm(const aotr_tensor *t, int varlen, int64_t out[3])
 }
 
 void aotr_attn_window(int64_t left, int64_t right, int32_t causal, int64_t seqlen_k,
-                      int32_t out[2])
+                      int32_t *out)
 {
     const int64_t side[2] = {left, right};
     for (int i = 0; i < 2; i++)

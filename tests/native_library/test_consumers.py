@@ -387,7 +387,7 @@ def test_consumers_against_a_conda_prefix(native_build, packages, conda_prefix, 
         "library": prefix / "lib" / SONAME}
 
 
-AOTRITON_API = ROOT / "tests" / "native" / "aotriton_api"
+AOTRITON_API = ROOT / "tests" / "native_library" / "aotriton_api"
 
 
 @pytest.mark.slow

@@ -280,7 +280,7 @@ AOTR_API aotr_status aotr_attn_check(const aotr_attn_problem *problem);
  * (the keys: max_seqlen_k for packed batches, the cache's capacity for a
  * KV cache) is unbounded, -1; causal then sets the right side to 0. */
 AOTR_API void aotr_attn_window(int64_t window_left, int64_t window_right, int32_t causal,
-                               int64_t seqlen_k, int32_t out[2]);
+                               int64_t seqlen_k, int32_t *out /* [2]: left, right */);
 
 enum {
     AOTR_NEED_BACKWARD = 1,   /* the backward kernels must be there too */

@@ -248,7 +248,7 @@ hipError_t AOTRITON_API attn_bwd(const attn_bwd_params &params, int32_t params_v
 
 /* Layouts measured by compiling upstream's headers (0.11.2b; 0.12b and
  * 0.13b agree; 0.14: the 0.14.0 flash.h over 0.13b's other headers, see
- * docs/ABI.md); tests/native/test_aotriton_api.py checks them again. */
+ * docs/ABI.md); tests/native_library/test_aotriton_api.py checks them again. */
 #define AOTRITON_ROCM_AT(T, f, off) static_assert(offsetof(T, f) == (off), #T "::" #f " offset")
 AOTRITON_ROCM_AT(attn_options, force_backend_index, 0);
 #if AOTRITON_ROCM_API_LINE >= 14
