@@ -21,7 +21,7 @@ from support.dmask_reference import (check_like_torch, normalise_like_flash_attn
                              softmax_reference)
 from support import philox_reference
 from aotriton_rocm.core import attention, dropout_masks
-from aotriton_rocm.integrations import torch_integration as ti
+from aotriton_rocm.integrations import aten_ops, torch_integration as ti
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 
@@ -199,10 +199,10 @@ def test_fill_mem_eff_dropout_mask_leaves_torchs_own_draws_to_torch(monkeypatch)
     # A (seed, offset) that torch's efficient kernel returned (our override
     # fell back to it) is torch's to regenerate; on the CPU, where torch has
     # no kernel of its own, that is an error naming the reason.
-    monkeypatch.setattr(ti, "_TORCH_PHILOX", type(ti._TORCH_PHILOX)())
-    ti._note_torch_philox(torch.tensor(42), torch.tensor(1024))
-    ti._note_torch_philox(torch.tensor(1, device="meta"), torch.tensor(2, device="meta"))
-    assert list(ti._TORCH_PHILOX) == [(42, 1024)]  # device scalars are not read
+    monkeypatch.setattr(aten_ops, "_TORCH_PHILOX", type(aten_ops._TORCH_PHILOX)())
+    aten_ops._note_torch_philox(torch.tensor(42), torch.tensor(1024))
+    aten_ops._note_torch_philox(torch.tensor(1, device="meta"), torch.tensor(2, device="meta"))
+    assert list(aten_ops._TORCH_PHILOX) == [(42, 1024)]  # device scalars are not read
     mask = torch.empty(1, 1, 4, 8)
     aotriton_rocm.enable(cpu_interpreter=True)
     try:
