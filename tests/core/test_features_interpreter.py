@@ -13,7 +13,7 @@ from support import philox_reference
 import pytest
 import torch
 
-from aotriton_rocm.core import attention, backends
+from aotriton_rocm.core import attention, backends, interpreter_launch
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 
@@ -237,7 +237,7 @@ def test_batch_times_heads_beyond_the_grid_row_limit(monkeypatch):
     # The y grid dimension holds at most MAX_GRID_Y (batch, head) pairs; the
     # rest continue along z. A small limit exercises that path here (the GPU
     # test runs a real batch * heads > 65535).
-    monkeypatch.setattr(attention, "MAX_GRID_Y", 3)
+    monkeypatch.setattr(interpreter_launch, "MAX_GRID_Y", 3)
     q, k, v, do, _ = _inputs(F16, 7, 1, 1, 9, 11, 16, seed=1)
     got = _run(q, k, v, do, causal=True)
     golden = attn_reference.attention(q, k, v, do, causal=True)

@@ -18,13 +18,13 @@ the same kernels).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
 from .backends import Backend, backend_for
+from .interpreter_launch import interpreter_backward, interpreter_forward
 from .native import OK as NATIVE_OK, attn_window, dtype_code, error as native_error
 from .native import library as native_library, make_problem
 from .philox_state import next_state
@@ -39,9 +39,6 @@ MAX_HEAD_DIM = 512
 CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-# The y grid dimension is limited to 65535 on CUDA and HIP; batch * heads
-# beyond it continues along z.
-MAX_GRID_Y = 65535
 INT32_MAX = 2**31 - 1
 # The largest BLOCK_M / BLOCK_N any config uses.
 MAX_BLOCK = 256
@@ -66,15 +63,6 @@ class Varlen:
     def batch(self) -> int:
         n = self.cu_seqlens_q.numel()
         return (n if self.word == 1 else n // 2) - 1
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def launch_grid(blocks: int, programs: int) -> tuple[int, int, int]:
-    y = max(1, min(programs, MAX_GRID_Y))
-    return blocks, y, _cdiv(programs, y)
 
 
 def problem_dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None):
@@ -186,18 +174,6 @@ def score_mod_reason(softcap, alibi_slopes, q: torch.Tensor, batch: int,
     return None
 
 
-def alibi_args(alibi_slopes: torch.Tensor | None, spare: torch.Tensor
-               ) -> tuple[torch.Tensor, int, int, int]:
-    """The kernels' ``(ALIBI, stride_az, stride_ah, has_alibi)`` for (H,) or
-    (B, H) slopes (``stride_az = 0`` for (H,)); ``spare`` (fp32) stands in
-    when there are none (never read)."""
-    if alibi_slopes is None:
-        return spare, 0, 0, 0
-    if alibi_slopes.dim() == 1:
-        return alibi_slopes, 0, alibi_slopes.stride(0), 1
-    return alibi_slopes, alibi_slopes.stride(0), alibi_slopes.stride(1), 1
-
-
 def _varlen_reason(varlen: Varlen, q: torch.Tensor, k: torch.Tensor) -> str | None:
     for name, cu, total in (("cu_seqlens_q", varlen.cu_seqlens_q, q.shape[0]),
                             ("cu_seqlens_k", varlen.cu_seqlens_k, k.shape[0])):
@@ -282,12 +258,6 @@ def _bias_prepared(mask: torch.Tensor, shape: tuple[int, int, int, int],
     return fresh_like(compact).copy_(compact).expand(shape)
 
 
-def _strides(t: torch.Tensor, varlen: Varlen | None = None) -> tuple[int, int, int]:
-    """(z, h, row) strides of a (B, H, S, D) view; a packed batch has no z stride."""
-    s = t.stride()
-    return (0 if varlen is not None else s[0]), s[1], s[2]
-
-
 def _view4(t: torch.Tensor, varlen: Varlen | None) -> torch.Tensor:
     """(B, H, S, D) tensors as they are; packed (total, H, D) ones as (1, H, total, D)."""
     return t if varlen is None else t.unsqueeze(0).transpose(1, 2)
@@ -296,16 +266,6 @@ def _view4(t: torch.Tensor, varlen: Varlen | None) -> torch.Tensor:
 def _unview4(t: torch.Tensor, varlen: Varlen | None) -> torch.Tensor:
     """The inverse of :func:`_view4`."""
     return t if varlen is None else t[0].transpose(0, 1)
-
-
-@functools.lru_cache(maxsize=None)
-def placeholders(device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Arguments for pointers a launch never dereferences (a feature it does
-    not use), with the element type the kernel declares."""
-    return {"values": torch.zeros(16, dtype=dtype, device=device),
-            "cu": torch.zeros(16, dtype=torch.int32, device=device),
-            "rng": torch.zeros(16, dtype=torch.int64, device=device),
-            "f32": torch.zeros(16, dtype=torch.float32, device=device)}
 
 
 def new_rng_state(device: torch.device, dims: tuple[int, int, int, int] = (1, 1, 1, 4)
@@ -345,17 +305,6 @@ def flash_attn_window(window_size_left, window_size_right, seqlen_k: int) -> tup
     """flash-attn's window as the kernels run it (:func:`native.attn_window`
     without causal): None, a negative size or one >= seqlen_k is unbounded."""
     return attn_window(window_size_left, window_size_right, False, seqlen_k)
-
-
-def _rng_args(rng, spare: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return (spare["rng"], spare["rng"]) if rng is None else rng
-
-
-def _lse_args(lse: torch.Tensor, varlen: Varlen | None) -> tuple[int, int]:
-    """(z, h) strides of the logsumexp: (B, H, >= Sq) dense, (H, total) packed."""
-    if varlen is not None:
-        return 0, lse.stride(0)
-    return lse.stride(0), lse.stride(1)
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
@@ -428,109 +377,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
                         dropout_p=float(dropout_p), softcap=float(softcap),
                         alibi_slopes=alibi_slopes)
     else:
-        _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen,
-                             (b, h, hk, sq, sk, d), (bottom_right, left, right), sm_scale,
-                             dropout_p, (float(softcap), alibi_slopes))
+        interpreter_forward(backend, DTYPE_NAMES[q.dtype], q4, k4, v4, o, lse, bias4, debug_mask,
+                            rng, varlen, (b, h, hk, sq, sk, d), (bottom_right, left, right),
+                            sm_scale, dropout_p, (float(softcap), alibi_slopes))
     if o is not o4:
         o4.copy_(o)
     return out, lse
-
-
-def _has_score_mods(score_mod) -> bool:
-    """(softcap, alibi_slopes): does the call modify the scores?"""
-    return bool(score_mod[0]) or score_mod[1] is not None
-
-
-def _named_strides(prefix: str, t: torch.Tensor, varlen: Varlen | None = None,
-                   row: str = "m") -> dict[str, int]:
-    """``stride_<prefix>z/h/<row>`` of a (B, H, S, D) view (see :func:`_strides`)."""
-    return dict(zip((f"stride_{prefix}z", f"stride_{prefix}h", f"stride_{prefix}{row}"),
-                    _strides(t, varlen)))
-
-
-def _score_mod_args(score_mod, spare: dict[str, torch.Tensor]) -> dict:
-    softcap, alibi_slopes = score_mod
-    slopes, stride_az, stride_ah, has_alibi = alibi_args(alibi_slopes, spare["f32"])
-    return dict(ALIBI=slopes, stride_az=stride_az, stride_ah=stride_ah, has_alibi=has_alibi,
-                softcap=float(softcap))
-
-
-def _interpreter_forward(backend, q4, k4, v4, o, lse, bias4, debug_mask, rng, varlen, dims,
-                         mask, sm_scale, dropout_p, score_mod=(0.0, None)) -> None:
-    """The forward's launch on a backend that runs the kernel sources (the CPU
-    interpreter), its arguments bound by name."""
-    b, h, hk, sq, sk, d = dims
-    bottom_right, left, right = mask
-    spare = placeholders(q4.device, q4.dtype)
-    dropout = bool(dropout_p) or debug_mask is not None
-    seed, offset = _rng_args(rng, spare)
-    cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
-                  else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
-    lse_z, lse_h = _lse_args(lse, varlen)
-    kernel = backend.kernel("attn_fwd", dtype=DTYPE_NAMES[q4.dtype], head_dim=d,
-                            bias=bias4 is not None, dropout=dropout, seqlen_q=sq, seqlen_k=sk,
-                            score_mods=_has_score_mods(score_mod))
-    args = dict(
-        Q=q4, K=k4, V=v4, BIAS=spare["values"] if bias4 is None else bias4, O=o, LSE=lse,
-        DMASK=spare["values"] if debug_mask is None else debug_mask, CU_Q=cu_q, CU_K=cu_k,
-        RNG_SEED=seed, RNG_OFFSET=offset,
-        **_named_strides("q", q4, varlen), **_named_strides("k", k4, varlen, "n"),
-        **_named_strides("v", v4, varlen, "n"),
-        **(dict(stride_bz=0, stride_bh=0, stride_bm=0) if bias4 is None
-           else _named_strides("b", bias4)),
-        **_named_strides("o", o, varlen), stride_lz=lse_z, stride_lh=lse_h,
-        batch=b, num_heads=h, gqa_group=h // hk, max_seqlen_q=sq, max_seqlen_k=sk,
-        varlen=0 if varlen is None else varlen.word, head_dim=d, bottom_right=bottom_right,
-        window_left=left, window_right=right, sm_scale=sm_scale, dropout_p=float(dropout_p),
-        store_dmask=int(debug_mask is not None), **_score_mod_args(score_mod, spare))
-    kernel.launch(launch_grid(_cdiv(sq, kernel.config["BLOCK_M"]), b * h), q4.device, args)
-
-
-def _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, grads, bias4, bias_grad, rng,
-                          varlen, dims, mask, sm_scale, dropout_p, score_mod=(0.0, None)) -> None:
-    """The backward's three launches on a backend that runs the kernel
-    sources (the CPU interpreter), their arguments bound by name."""
-    b, h, hk, sq, sk, d = dims
-    bottom_right, left, right = mask
-    dq, dk, dv = grads
-    has_bias = bias4 is not None
-    spare = placeholders(q4.device, q4.dtype)
-    seed, offset = _rng_args(rng, spare)
-    cu_q, cu_k = ((spare["cu"], spare["cu"]) if varlen is None
-                  else (varlen.cu_seqlens_q, varlen.cu_seqlens_k))
-    lse_z, lse_h = _lse_args(lse, varlen)
-    dtype = DTYPE_NAMES[q4.dtype]
-    features = dict(dtype=dtype, head_dim=d, bias=has_bias, dropout=bool(dropout_p),
-                    seqlen_q=sq, seqlen_k=sk, score_mods=_has_score_mods(score_mod))
-    sizes = dict(batch=b, num_heads=h, max_seqlen_q=sq, varlen=0 if varlen is None else varlen.word,
-                 head_dim=d, stride_lz=lse_z, stride_lh=lse_h)
-
-    pre = backend.kernel("attn_bwd_preprocess", dtype=dtype, head_dim=d, seqlen_q=sq, seqlen_k=sk)
-    pre.launch(launch_grid(_cdiv(sq, pre.config["BLOCK_M"]), b * h), q4.device, dict(
-        O=o4, DO=do4, Delta=delta, CU_Q=cu_q, **_named_strides("o", o4, varlen),
-        **_named_strides("do", do4, varlen), **sizes))
-
-    common = dict(
-        Q=q4, K=k4, V=v4, BIAS=bias4 if has_bias else spare["values"], DO=do4, LSE=lse,
-        Delta=delta, CU_Q=cu_q, CU_K=cu_k, RNG_SEED=seed, RNG_OFFSET=offset,
-        **_named_strides("q", q4, varlen), **_named_strides("k", k4, varlen, "n"),
-        **_named_strides("v", v4, varlen, "n"),
-        **(_named_strides("b", bias4) if has_bias
-           else dict(stride_bz=0, stride_bh=0, stride_bm=0)),
-        **_named_strides("do", do4, varlen), **sizes, gqa_group=h // hk, max_seqlen_k=sk,
-        bottom_right=bottom_right, window_left=left, window_right=right, sm_scale=sm_scale,
-        dropout_p=float(dropout_p), **_score_mod_args(score_mod, spare))
-    dkdv = backend.kernel("attn_bwd_dkdv", **features)
-    dkdv.launch(launch_grid(_cdiv(sk, dkdv.config["BLOCK_N"]), b * hk), q4.device, dict(
-        common, DK=dk, DV=dv, **_named_strides("dk", dk, varlen, "n"),
-        **_named_strides("dv", dv, varlen, "n")))
-    dqk = backend.kernel("attn_bwd_dq", **features)
-    dqk.launch(launch_grid(_cdiv(sq, dqk.config["BLOCK_M"]), b * h), q4.device, dict(
-        common, DQ=dq, DBIAS=spare["values"] if bias_grad is None else bias_grad,
-        **_named_strides("dq", dq, varlen),
-        **(dict(stride_dbz=0, stride_dbh=0, stride_dbm=0) if bias_grad is None
-           else _named_strides("db", bias_grad)),
-        store_dbias=int(bias_grad is not None)))
 
 
 def new_bias_grad(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -605,10 +457,10 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
                          alibi_slopes=alibi_slopes,
                          deterministic=deterministic or torch.are_deterministic_algorithms_enabled())
     else:
-        _interpreter_backward(backend, do4, q4, k4, v4, o4, lse, delta, (dq, dk, dv), bias4,
-                              bias_grad, rng, varlen, (b, h, hk, sq, sk, d),
-                              (bottom_right, left, right), sm_scale, dropout_p,
-                              (float(softcap), alibi_slopes))
+        interpreter_backward(backend, DTYPE_NAMES[q.dtype], do4, q4, k4, v4, o4, lse, delta,
+                             (dq, dk, dv), bias4, bias_grad, rng, varlen, (b, h, hk, sq, sk, d),
+                             (bottom_right, left, right), sm_scale, dropout_p,
+                             (float(softcap), alibi_slopes))
 
     for written, wanted in zip((dq, dk, dv), g4):
         if written is not wanted:

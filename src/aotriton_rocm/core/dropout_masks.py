@@ -37,7 +37,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .attention import Varlen, launch_grid
+from .attention import Varlen
+from .interpreter_launch import launch_grid
 from .backends import DROPOUT_UNIFORM, backend_for
 
 __all__ = ["S_DMASK_ALIGN", "s_dmask_block_n", "flash_attn_s_dmask", "fill_dropout_uniform",

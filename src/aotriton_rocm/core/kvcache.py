@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import (INT32_MAX, default_scale, fresh_like, kernel_head_dim, launch_grid,
-                        meets_assumptions, placeholders, prepared, zero_padded)
+from .attention import (INT32_MAX, default_scale, fresh_like, kernel_head_dim, meets_assumptions,
+                        prepared, zero_padded)
+from .interpreter_launch import launch_grid, placeholders
 from .backends import KVCACHE_KERNELS, backend_for, kvcache_workspace_shapes as workspace_shapes
 from .native import attn_window
 
