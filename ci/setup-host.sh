@@ -13,6 +13,8 @@ fi
 command -v ccache >/dev/null || missing+=(ccache)
 # abi-check compares the C library with libabigail too (docs/ABI.md, "C library")
 command -v abidiff >/dev/null || missing+=(abigail-tools)
+# tests/test_native_format.py checks the native sources against .clang-format
+command -v clang-format >/dev/null || missing+=(clang-format)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi

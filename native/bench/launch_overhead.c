@@ -80,8 +80,8 @@ int main(int argc, char **argv)
     const int64_t qshape[4] = {1, 1, 128, 64}, lshape[3] = {1, 1, 128};
     unsigned long long q, k, v, o, lse;
     size_t bytes = 128 * 64 * 2;
-    if (cu_alloc(&q, bytes) || cu_alloc(&k, bytes) || cu_alloc(&v, bytes) ||
-        cu_alloc(&o, bytes) || cu_alloc(&lse, 128 * 4)) {
+    if (cu_alloc(&q, bytes) || cu_alloc(&k, bytes) || cu_alloc(&v, bytes) || cu_alloc(&o, bytes) ||
+        cu_alloc(&lse, 128 * 4)) {
         fprintf(stderr, "launch_overhead: cuMemAlloc failed\n");
         return 2;
     }
@@ -122,7 +122,8 @@ int main(int argc, char **argv)
     aotr_attn_check(&p.problem);
     double check = now() - t0;
     printf("{\"calls\": %d, \"host_us_per_call_best\": %.3f, \"host_us_per_call_mean\": %.3f, "
-           "\"launches\": %llu, \"check_us_once\": %.3f}\n", calls, best * 1e6, total / 5 * 1e6,
+           "\"launches\": %llu, \"check_us_once\": %.3f}\n",
+           calls, best * 1e6, total / 5 * 1e6,
            (unsigned long long)aotr_runtime_launch_count(rt, NULL), check * 1e6);
     aotr_runtime_destroy(rt);
     return 0;

@@ -21,14 +21,14 @@
 static const uint8_t MAGIC[8] = {'A', 'O', 'T', 'R', 'K', 'A', '\r', '\n'};
 
 static const char *const MANIFEST_KEYS[] = {
-    "format_version", "package_version", "abi_version", "rocm_profile",
-    "arch",           "backend",         "warp_size",   "compiler",
-    "compiler_version", "build_inputs_hash", "blob_sha256",
+    "format_version", "package_version", "abi_version", "rocm_profile",     "arch",
+    "backend",        "warp_size",       "compiler",    "compiler_version", "build_inputs_hash",
+    "blob_sha256",
 };
 
 struct aotr_archive {
     char *path;
-    char *file_arch;   /* the file name without ".aotr" (for messages) */
+    char *file_arch; /* the file name without ".aotr" (for messages) */
     int fd;
     uint32_t format_version;
     uint64_t file_size, blob_offset, blob_size;
@@ -36,11 +36,11 @@ struct aotr_archive {
     const aotr_json *manifest;
     size_t count;
     aotr_kernel_record *records;
-    aotr_kernel_arg *args;       /* storage for every record's args */
-    const char **divisible;      /* storage for every record's divisible_16 */
+    aotr_kernel_arg *args;  /* storage for every record's args */
+    const char **divisible; /* storage for every record's divisible_16 */
     pthread_mutex_t lock;
     int lock_ready;
-    uint8_t **code;              /* per record: the checked code object, or NULL */
+    uint8_t **code; /* per record: the checked code object, or NULL */
 };
 
 /* ------------------------------------------------------------ messages */
@@ -533,8 +533,8 @@ static aotr_status open_archive(aotr_archive *a)
         double t2 = aotr_now_ms();
         aotr_trace("archive_index_read", t1 - t0, "%s (%llu bytes: open, read)", a->path,
                    (unsigned long long)size);
-        aotr_trace("archive_index_parse", t2 - t1, "%s (json; sha256 %.3f ms%s)", a->path,
-                   job.ms, threaded ? " on a second thread, alongside" : "");
+        aotr_trace("archive_index_parse", t2 - t1, "%s (json; sha256 %.3f ms%s)", a->path, job.ms,
+                   threaded ? " on a second thread, alongside" : "");
     }
     if (memcmp(job.digest, want, 32) != 0) {
         aotr_json_free(a->index);
@@ -586,8 +586,8 @@ aotr_status aotr_archive_open(const char *path, aotr_archive **out)
     a->path = strdup(path);
     const char *base = base_name(path);
     size_t blen = strlen(base);
-    a->file_arch = blen > 5 && strcmp(base + blen - 5, ".aotr") == 0 ? strndup(base, blen - 5)
-                                                                    : strdup(base);
+    a->file_arch =
+        blen > 5 && strcmp(base + blen - 5, ".aotr") == 0 ? strndup(base, blen - 5) : strdup(base);
     if (a->path == NULL || a->file_arch == NULL) {
         aotr_archive_close(a);
         return aotr_fail(AOTR_OUT_OF_MEMORY, "%s: out of memory", path);
@@ -771,8 +771,7 @@ aotr_status aotr_archive_verify(aotr_archive *a)
             free(code);
     }
     if (count > 0)
-        return invalid(a, "verify found %zu problem%s: %s", count, count > 1 ? "s" : "",
-                       problems);
+        return invalid(a, "verify found %zu problem%s: %s", count, count > 1 ? "s" : "", problems);
     aotr_clear_error();
     return AOTR_OK;
 }

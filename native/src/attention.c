@@ -10,7 +10,7 @@
 
 #define INT32_LIMIT 2147483647LL
 #define MAX_HEAD_DIM 512
-#define MAX_BLOCK 256   /* the largest BLOCK_M / BLOCK_N of any config */
+#define MAX_BLOCK 256 /* the largest BLOCK_M / BLOCK_N of any config */
 #define MAX_GRID_Y 65535
 
 /* -- tensors and problems --------------------------------------------------- */
@@ -102,16 +102,15 @@ static aotr_status problem_dims(const aotr_attn_problem *p, dims *d)
     if (d->varlen) {
         if (!aotr_present(&p->cu_seqlens_q) || !aotr_present(&p->cu_seqlens_k))
             return aotr_fail(AOTR_UNSUPPORTED, "cu_seqlens_q and cu_seqlens_k must be "
-                             "given together");
+                                               "given together");
         const aotr_tensor *cu[2] = {&p->cu_seqlens_q, &p->cu_seqlens_k};
         for (int i = 0; i < 2; i++)
             if (cu[i]->dtype != AOTR_INT32 || cu[i]->rank != 1)
                 return aotr_fail(AOTR_UNSUPPORTED, "%s must be a 1-D int32 tensor",
                                  i ? "cu_seqlens_k" : "cu_seqlens_q");
-        if (p->cu_seqlens_q.sizes[0] != p->cu_seqlens_k.sizes[0] ||
-            p->cu_seqlens_q.sizes[0] < 1)
+        if (p->cu_seqlens_q.sizes[0] != p->cu_seqlens_k.sizes[0] || p->cu_seqlens_q.sizes[0] < 1)
             return aotr_fail(AOTR_UNSUPPORTED, "cu_seqlens_q and cu_seqlens_k must have the "
-                             "same length (batch + 1)");
+                                               "same length (batch + 1)");
         if (p->max_seqlen_q < 0 || p->max_seqlen_k < 0)
             return aotr_fail(AOTR_INVALID_ARGUMENT, "max_seqlen_q/k must be >= 0");
         d->b = p->cu_seqlens_q.sizes[0] - 1;
@@ -147,8 +146,7 @@ static void zhm(const aotr_tensor *t, int varlen, int64_t out[3])
     }
 }
 
-void aotr_attn_window(int64_t left, int64_t right, int32_t causal, int64_t seqlen_k,
-                      int32_t *out)
+void aotr_attn_window(int64_t left, int64_t right, int32_t causal, int64_t seqlen_k, int32_t *out)
 {
     const int64_t side[2] = {left, right};
     for (int i = 0; i < 2; i++)
@@ -173,21 +171,24 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
                          dtype_text(dtype));
     if (!same_rows(&p->k, &p->v) || p->q.sizes[p->q.rank - 1] != p->k.sizes[p->k.rank - 1])
         return aotr_fail(AOTR_UNSUPPORTED, "key and value must have one shape but for the "
-                         "head_dim, and query the key's head_dim");
+                                           "head_dim, and query the key's head_dim");
     if (!d.varlen && p->k.sizes[0] != d.b)
         return aotr_fail(AOTR_UNSUPPORTED, "query and key/value batch sizes differ");
     if ((d.hk == 0 && d.h > 0) || (d.hk && d.h % d.hk))
-        return aotr_fail(AOTR_UNSUPPORTED, "query heads (%lld) must be a multiple of "
-                         "key/value heads (%lld) (GQA/MQA)", (long long)d.h, (long long)d.hk);
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "query heads (%lld) must be a multiple of "
+                         "key/value heads (%lld) (GQA/MQA)",
+                         (long long)d.h, (long long)d.hk);
     if (d.d < 1 || d.d > MAX_HEAD_DIM)
         return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld is not covered (1 to %d are)",
                          (long long)d.d, MAX_HEAD_DIM);
     if (d.dv < 1 || d.dv > MAX_HEAD_DIM)
-        return aotr_fail(AOTR_UNSUPPORTED, "the value's head_dim %lld is not covered (1 to %d "
-                         "are)", (long long)d.dv, MAX_HEAD_DIM);
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "the value's head_dim %lld is not covered (1 to %d "
+                         "are)",
+                         (long long)d.dv, MAX_HEAD_DIM);
     if (!(p->dropout_p >= 0.0f && p->dropout_p < 1.0f))
-        return aotr_fail(AOTR_UNSUPPORTED, "dropout_p=%g is outside [0, 1)",
-                         (double)p->dropout_p);
+        return aotr_fail(AOTR_UNSUPPORTED, "dropout_p=%g is outside [0, 1)", (double)p->dropout_p);
     if (p->dropout_p > 0.0f && MAX_BLOCK * d.sk > INT32_LIMIT)
         return aotr_fail(AOTR_UNSUPPORTED, "dropout with seqlen_k > 2**23 is not covered");
     if (!isfinite(p->scale))
@@ -196,7 +197,8 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "causal must be 0 or 1, not %d", p->causal);
     if (p->causal_alignment != AOTR_CAUSAL_BOTTOM_RIGHT &&
         p->causal_alignment != AOTR_CAUSAL_TOP_LEFT)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "causal_alignment must be "
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "causal_alignment must be "
                          "AOTR_CAUSAL_BOTTOM_RIGHT or AOTR_CAUSAL_TOP_LEFT, not %d",
                          p->causal_alignment);
     if (d.varlen) {
@@ -204,20 +206,23 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
             return aotr_fail(AOTR_UNSUPPORTED, "more than 2**31 packed rows");
         if (aotr_present(&p->bias))
             return aotr_fail(AOTR_UNSUPPORTED, "an attn_mask with a variable-length batch "
-                             "is not covered");
+                                               "is not covered");
     }
     if (aotr_present(&p->bias)) {
         if ((st = check_tensor(&p->bias, "bias")) != AOTR_OK)
             return st;
         if (p->bias.dtype != dtype)
-            return aotr_fail(AOTR_UNSUPPORTED, "the bias must have the query's dtype (%s), "
-                             "not %s", dtype_text(dtype), dtype_text(p->bias.dtype));
+            return aotr_fail(AOTR_UNSUPPORTED,
+                             "the bias must have the query's dtype (%s), "
+                             "not %s",
+                             dtype_text(dtype), dtype_text(p->bias.dtype));
         if (p->bias.rank != 4 || p->bias.sizes[0] != d.b || p->bias.sizes[1] != d.h ||
             p->bias.sizes[2] != d.sq || p->bias.sizes[3] != d.sk)
-            return aotr_fail(AOTR_UNSUPPORTED, "the bias must be a (batch, heads, seqlen_q, "
+            return aotr_fail(AOTR_UNSUPPORTED,
+                             "the bias must be a (batch, heads, seqlen_q, "
                              "seqlen_k) = (%lld, %lld, %lld, %lld) view (stride 0 where it "
-                             "broadcasts)", (long long)d.b, (long long)d.h, (long long)d.sq,
-                             (long long)d.sk);
+                             "broadcasts)",
+                             (long long)d.b, (long long)d.h, (long long)d.sq, (long long)d.sk);
     }
     if (d.sk == 0 && d.sq > 0 && d.b * d.h > 0)
         return aotr_fail(AOTR_UNSUPPORTED, "seqlen_k = 0 (no keys)");
@@ -235,7 +240,7 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
          * to MAX_BLOCK rows are 32-bit too (blocks are offset in 64-bit). */
         if (largest > INT32_LIMIT || s[2] > INT32_LIMIT / MAX_BLOCK)
             return aotr_fail(AOTR_UNSUPPORTED, "strides too large for the kernels' 32-bit "
-                             "stride arguments");
+                                               "stride arguments");
     }
     return AOTR_OK;
 }
@@ -286,9 +291,10 @@ aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_att
     problem_dims(p, &d);
     int dropout = p->dropout_p > 0.0f || (needs & AOTR_NEED_DEBUG_MASK);
     if ((d.d % 8 || d.dv != d.d) && (needs & AOTR_NEED_DQ_ACCUM))
-        return aotr_fail(AOTR_UNSUPPORTED, "head_dim %lld (value %lld): the fused backward (a dQ "
-                         "accumulator) serves one head dim, a multiple of 8", (long long)d.d,
-                         (long long)d.dv);
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "head_dim %lld (value %lld): the fused backward (a dQ "
+                         "accumulator) serves one head dim, a multiple of 8",
+                         (long long)d.d, (long long)d.dv);
     int kernels[AOTR_KERNEL_COUNT];
     uint32_t n = kernels_needed(needs, kernels);
     for (uint32_t i = 0; i < n; i++)
@@ -305,9 +311,11 @@ aotr_status aotr_need_layout(const aotr_tensor *t, const char *name)
 {
     if (aotr_layout_ok(t))
         return AOTR_OK;
-    return aotr_fail(AOTR_NEEDS_LAYOUT, "%s does not meet the kernels' layout assumptions "
+    return aotr_fail(AOTR_NEEDS_LAYOUT,
+                     "%s does not meet the kernels' layout assumptions "
                      "(unit last stride, 16-byte aligned base, other strides multiples of 16): "
-                     "pass a copy that does", name);
+                     "pass a copy that does",
+                     name);
 }
 
 static aotr_status like(const aotr_tensor *t, const aotr_tensor *model, const char *name,
@@ -317,16 +325,18 @@ static aotr_status like(const aotr_tensor *t, const aotr_tensor *model, const ch
     if (st != AOTR_OK)
         return st;
     if (!aotr_present(t) || !same_shape(t, model) || t->dtype != model->dtype)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be given, shaped and typed like %s",
-                         name, model_name);
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be given, shaped and typed like %s", name,
+                         model_name);
     return aotr_need_layout(t, name);
 }
 
 static aotr_status set_i32(aotr_arg_value *v, int slot, int64_t x)
 {
     if (x > INT32_LIMIT || x < -INT32_LIMIT - 1)
-        return aotr_fail(AOTR_UNSUPPORTED, "%s = %lld does not fit the kernels' 32-bit "
-                         "argument", aotr_arg_slot_name(slot), (long long)x);
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "%s = %lld does not fit the kernels' 32-bit "
+                         "argument",
+                         aotr_arg_slot_name(slot), (long long)x);
     v[slot].i32 = (int32_t)x;
     return AOTR_OK;
 }
@@ -348,9 +358,11 @@ static aotr_status set_zhm(aotr_arg_value *v, int first, const aotr_tensor *t, i
 
 /* set_zhm and set_strides fill consecutive slots: each tensor's strides are
  * listed together in variants.toml, whose order numbers the slots. */
-#define CONSECUTIVE(a, b) _Static_assert(b == a + 1, \
-    "variants.toml: " #b " must follow " #a " (set_zhm, set_strides)")
-#define ZHM(z, h, m) CONSECUTIVE(z, h); CONSECUTIVE(h, m)
+#define CONSECUTIVE(a, b)                                                                          \
+    _Static_assert(b == a + 1, "variants.toml: " #b " must follow " #a " (set_zhm, set_strides)")
+#define ZHM(z, h, m)                                                                               \
+    CONSECUTIVE(z, h);                                                                             \
+    CONSECUTIVE(h, m)
 ZHM(AOTR_SLOT_stride_qz, AOTR_SLOT_stride_qh, AOTR_SLOT_stride_qm);
 ZHM(AOTR_SLOT_stride_kz, AOTR_SLOT_stride_kh, AOTR_SLOT_stride_kn);
 ZHM(AOTR_SLOT_stride_vz, AOTR_SLOT_stride_vh, AOTR_SLOT_stride_vn);
@@ -382,8 +394,10 @@ static aotr_status check_lse(const aotr_tensor *lse, const dims *d, const char *
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be an fp32 %s tensor", name,
                          d->varlen ? "(heads, total_q)" : "(batch, heads, >= seqlen_q)");
     if (lse->strides[lse->rank - 1] != 1 || ((uintptr_t)lse->data & 15u))
-        return aotr_fail(AOTR_NEEDS_LAYOUT, "%s needs a unit last stride and a 16-byte "
-                         "aligned base: pass a contiguous copy", name);
+        return aotr_fail(AOTR_NEEDS_LAYOUT,
+                         "%s needs a unit last stride and a 16-byte "
+                         "aligned base: pass a contiguous copy",
+                         name);
     out[0] = d->varlen ? 0 : lse->strides[0];
     out[1] = d->varlen ? lse->strides[0] : lse->strides[1];
     return AOTR_OK;
@@ -410,7 +424,8 @@ static aotr_status common_values(const aotr_attn_problem *p, const dims *d, int 
         for (int i = 0; i < 2; i++)
             if (!aotr_present(r[i]) || r[i]->dtype != AOTR_INT64 || numel(r[i]) < 1 ||
                 ((uintptr_t)r[i]->data & 7u))
-                return aotr_fail(AOTR_INVALID_ARGUMENT, "dropout needs philox_%s: an "
+                return aotr_fail(AOTR_INVALID_ARGUMENT,
+                                 "dropout needs philox_%s: an "
                                  "8-byte aligned int64 device scalar",
                                  i ? "offset" : "seed");
     }
@@ -470,12 +485,13 @@ aotr_status aotr_alibi_strides(const aotr_tensor *a, int64_t batch, int64_t head
     int per_head = a->rank == 1 && a->sizes[0] == heads;
     int per_batch = a->rank == 2 && a->sizes[0] == batch && a->sizes[1] == heads;
     if (!per_head && !per_batch)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes must be (heads,) = (%lld,) or "
-                         "(batch, heads) = (%lld, %lld)", (long long)heads, (long long)batch,
-                         (long long)heads);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "alibi_slopes must be (heads,) = (%lld,) or "
+                         "(batch, heads) = (%lld, %lld)",
+                         (long long)heads, (long long)batch, (long long)heads);
     if ((uintptr_t)a->data & 3u)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "alibi_slopes: the address is not 4-byte "
-                         "aligned");
+                                                "aligned");
     strides[0] = per_head ? 0 : a->strides[0];
     strides[1] = a->strides[a->rank - 1];
     return AOTR_OK;
@@ -510,10 +526,10 @@ static aotr_status score_mod_declared(const aotr_launchable *k, const aotr_arg_v
 {
     if (v[AOTR_SLOT_has_alibi].i32 && !aotr_launchable_declares(k, AOTR_SLOT_ALIBI))
         return aotr_fail(AOTR_UNSUPPORTED, "the installed kernel image predates ALiBi: "
-                         "install matching aotriton-rocm kernel images");
+                                           "install matching aotriton-rocm kernel images");
     if (v[AOTR_SLOT_softcap].f32 > 0.0f && !aotr_launchable_declares(k, AOTR_SLOT_softcap))
         return aotr_fail(AOTR_UNSUPPORTED, "the installed kernel image predates softcap: "
-                         "install matching aotriton-rocm kernel images");
+                                           "install matching aotriton-rocm kernel images");
     return AOTR_OK;
 }
 
@@ -535,8 +551,7 @@ aotr_status aotr_launch_grid(uint64_t blocks, int64_t programs, uint32_t grid[3]
 }
 
 static aotr_status launch(aotr_runtime *rt, aotr_device *dev, const aotr_launchable *k,
-                          uint64_t blocks, int64_t programs, void *stream,
-                          const aotr_arg_value *v)
+                          uint64_t blocks, int64_t programs, void *stream, const aotr_arg_value *v)
 {
     uint32_t grid[3];
     aotr_status st = aotr_launch_grid(blocks, programs, grid);
@@ -557,14 +572,16 @@ static aotr_status check_call(const aotr_runtime *rt, const void *params, uint32
     if (!rt)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `runtime` is NULL", what);
     if (struct_size < minimum)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: params->struct_size is %u, at least %zu "
-                         "(set it to sizeof the params struct)", what, struct_size, minimum);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "%s: params->struct_size is %u, at least %zu "
+                         "(set it to sizeof the params struct)",
+                         what, struct_size, minimum);
     return AOTR_OK;
 }
 
 /* check_call, then the problem; fills `d`. */
-static aotr_status begin(aotr_runtime *rt, const void *params, uint32_t struct_size,
-                         size_t minimum, const aotr_attn_problem *p, dims *d, const char *what)
+static aotr_status begin(aotr_runtime *rt, const void *params, uint32_t struct_size, size_t minimum,
+                         const aotr_attn_problem *p, dims *d, const char *what)
 {
     aotr_status st = check_call(rt, params, struct_size, minimum, what);
     if (st == AOTR_OK)
@@ -598,8 +615,10 @@ static aotr_status shaped_like_out(const aotr_tensor *t, const aotr_attn_problem
     aotr_status st = check_tensor(t, name);
     if (st == AOTR_OK && (!aotr_present(t) || !same_rows(t, &p->q) || t->dtype != p->q.dtype ||
                           t->sizes[t->rank - 1] != p->v.sizes[p->v.rank - 1]))
-        st = aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be given, shaped like q with the value's "
-                       "head_dim, typed like q", name);
+        st = aotr_fail(AOTR_INVALID_ARGUMENT,
+                       "%s must be given, shaped like q with the value's "
+                       "head_dim, typed like q",
+                       name);
     return st;
 }
 
@@ -611,8 +630,7 @@ static int64_t staged_width(const dims *d)
 
 /* A head dim that is not a multiple of 8: the same call on zero-padded
  * copies (stage.c) at the next multiple of 8. */
-static aotr_status staged_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params,
-                              const dims *d)
+static aotr_status staged_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params, const dims *d)
 {
     aotr_status st = shaped_like_out(&params->out, &params->problem, "out");
     aotr_device *dev = NULL;
@@ -642,12 +660,11 @@ static const aotr_tensor *appended(uint32_t struct_size, size_t at, const aotr_t
 }
 
 /* The kernels' CU_Q, CU_K and varlen for the call (see aotr_placement). */
-static aotr_status place(aotr_runtime *rt, int32_t device, void *stream,
-                         const aotr_attn_problem *p, const aotr_tensor *const fields[3],
-                         aotr_placement *pl, aotr_arg_value *v)
+static aotr_status place(aotr_runtime *rt, int32_t device, void *stream, const aotr_attn_problem *p,
+                         const aotr_tensor *const fields[3], aotr_placement *pl, aotr_arg_value *v)
 {
-    aotr_status st = aotr_placement_begin(rt, device, stream, p, fields[0], fields[1], fields[2],
-                                          pl);
+    aotr_status st =
+        aotr_placement_begin(rt, device, stream, p, fields[0], fields[1], fields[2], pl);
     if (st != AOTR_OK)
         return aotr_placement_end(pl, st);
     if (pl->word) {
@@ -701,7 +718,8 @@ static aotr_status attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params
                  dm->strides[3] == 1 && dm->strides[2] == d.sk && dm->strides[1] == d.sq * d.sk &&
                  dm->strides[0] == d.h * d.sq * d.sk;
         if (!ok)
-            return aotr_fail(AOTR_INVALID_ARGUMENT, "debug_mask must be a contiguous (batch, "
+            return aotr_fail(AOTR_INVALID_ARGUMENT,
+                             "debug_mask must be a contiguous (batch, "
                              "heads, seqlen_q, seqlen_k) tensor of the query's dtype");
     }
     int dropout = p->dropout_p > 0.0f || store_dmask;
@@ -751,23 +769,22 @@ static aotr_status fused_backward(aotr_runtime *rt, aotr_device *dev, const aotr
     aotr_status st;
     v[AOTR_SLOT_DQ_ACC].p = acc->data;
     if ((st = set_zhm(v, AOTR_SLOT_stride_dqaz, acc, d->varlen)) ||
-        (st = aotr_launchable_check(pre, v)) ||
-        (st = aotr_launchable_check(fused, v)) || (st = aotr_launchable_check(conv, v)))
+        (st = aotr_launchable_check(pre, v)) || (st = aotr_launchable_check(fused, v)) ||
+        (st = aotr_launchable_check(conv, v)))
         return st;
-    if ((st = launch(rt, dev, pre, cdiv(d->sq, aotr_launchable_block_m(pre)), d->b * d->h,
-                     stream, v)) != AOTR_OK)
+    if ((st = launch(rt, dev, pre, cdiv(d->sq, aotr_launchable_block_m(pre)), d->b * d->h, stream,
+                     v)) != AOTR_OK)
         return st;
     if ((st = launch(rt, dev, fused, cdiv(d->sk, aotr_launchable_block_n(fused)), d->b * d->hk,
                      stream, v)) != AOTR_OK)
         return st;
-    return launch(rt, dev, conv, cdiv(d->sq, aotr_launchable_block_m(conv)), d->b * d->h,
-                  stream, v);
+    return launch(rt, dev, conv, cdiv(d->sq, aotr_launchable_block_m(conv)), d->b * d->h, stream,
+                  v);
 }
 
 /* See staged_fwd; the split backward (a dQ accumulator shaped like the
  * caller's q would not fit the copies). */
-static aotr_status staged_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params,
-                              const dims *d)
+static aotr_status staged_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params, const dims *d)
 {
     const aotr_attn_problem *q = &params->problem;
     aotr_status st;
@@ -820,22 +837,23 @@ static aotr_status bwd_launches(aotr_runtime *rt, aotr_device *dev, const aotr_a
                                 void *stream, aotr_arg_value *v)
 {
     aotr_dtype dtype = (aotr_dtype)p->q.dtype;
-    const aotr_launchable *pre = aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d->d,
-                                                  0, d->sq, d->sk);
+    const aotr_launchable *pre =
+        aotr_device_pick(dev, AOTR_KERNEL_BWD_PRE, dtype, (int32_t)d->d, 0, d->sq, d->sk);
     if (!pre)
         return AOTR_UNSUPPORTED;
     if (acc) {
         const aotr_launchable *fused = aotr_device_pick(dev, AOTR_KERNEL_BWD_FUSED, dtype,
                                                         (int32_t)d->d, features, d->sq, d->sk);
-        const aotr_launchable *conv = fused ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ_CONVERT,
-                                                               dtype, (int32_t)d->d, 0, d->sq, d->sk)
-                                            : NULL;
+        const aotr_launchable *conv = fused
+                                          ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ_CONVERT, dtype,
+                                                             (int32_t)d->d, 0, d->sq, d->sk)
+                                          : NULL;
         if (conv)
             return fused_backward(rt, dev, pre, fused, conv, acc, d, stream, v);
         aotr_clear_error(); /* no fused kernels for this problem: the split ones below */
     }
-    const aotr_launchable *dkdv = aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype,
-                                                   (int32_t)d->d, features, d->sq, d->sk);
+    const aotr_launchable *dkdv =
+        aotr_device_pick(dev, AOTR_KERNEL_BWD_DKDV, dtype, (int32_t)d->d, features, d->sq, d->sk);
     const aotr_launchable *dq = dkdv ? aotr_device_pick(dev, AOTR_KERNEL_BWD_DQ, dtype,
                                                         (int32_t)d->d, features, d->sq, d->sk)
                                      : NULL;
@@ -847,8 +865,8 @@ static aotr_status bwd_launches(aotr_runtime *rt, aotr_device *dev, const aotr_a
         (st = aotr_launchable_check(dq, v)) || (st = score_mod_declared(dkdv, v)) ||
         (st = score_mod_declared(dq, v)))
         return st;
-    if ((st = launch(rt, dev, pre, cdiv(d->sq, aotr_launchable_block_m(pre)), d->b * d->h,
-                     stream, v)) != AOTR_OK)
+    if ((st = launch(rt, dev, pre, cdiv(d->sq, aotr_launchable_block_m(pre)), d->b * d->h, stream,
+                     v)) != AOTR_OK)
         return st;
     if ((st = launch(rt, dev, dkdv, cdiv(d->sk, aotr_launchable_block_n(dkdv)), d->b * d->hk,
                      stream, v)) != AOTR_OK)
@@ -882,7 +900,8 @@ static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params
     if (numel(&p->q) == 0 || numel(&p->k) == 0) {
         if (numel(&params->grad_k) == 0 && numel(&params->grad_q) == 0)
             return AOTR_OK;
-        return aotr_fail(AOTR_UNSUPPORTED, "an empty query or key/value: the gradients are "
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "an empty query or key/value: the gradients are "
                          "zeros, which this library does not write (it allocates and clears "
                          "no device memory)");
     }
@@ -891,7 +910,7 @@ static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params
     if (store_dbias) {
         if (!aotr_present(&p->bias) || !same_shape(db, &p->bias) || db->dtype != p->bias.dtype)
             return aotr_fail(AOTR_INVALID_ARGUMENT, "grad_bias needs a bias, and must be "
-                             "shaped and typed like it");
+                                                    "shaped and typed like it");
         if ((st = aotr_need_layout(db, "grad_bias")) != AOTR_OK)
             return st;
     }
@@ -931,7 +950,7 @@ static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params
             return st;
         if (acc->dtype != AOTR_FP32 || !same_shape(acc, &p->q))
             return aotr_fail(AOTR_INVALID_ARGUMENT, "grad_q_accum must be an fp32 tensor shaped "
-                             "like q");
+                                                    "like q");
         if ((st = aotr_need_layout(acc, "grad_q_accum")) != AOTR_OK)
             return st;
     }
@@ -959,8 +978,10 @@ static aotr_status check_philox(const aotr_tensor *t, const char *name)
     if (st != AOTR_OK)
         return st;
     if (!aotr_present(t) || t->dtype != AOTR_INT64 || numel(t) < 1 || ((uintptr_t)t->data & 7u))
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be an 8-byte aligned int64 device "
-                         "scalar (the forward's)", name);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "%s must be an 8-byte aligned int64 device "
+                         "scalar (the forward's)",
+                         name);
     return AOTR_OK;
 }
 
@@ -972,14 +993,14 @@ static aotr_status check_draws_out(const aotr_tensor *t)
         return st;
     if ((!aotr_present(t) && numel(t) > 0) || t->rank != 4 || t->dtype != AOTR_FP32)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "out must be an fp32 (batch, heads, seqlen_q, "
-                         "seqlen_k) tensor");
+                                                "seqlen_k) tensor");
     const int64_t *n = t->sizes;
     if (numel(t) == 0)
         return AOTR_OK; /* nothing is written: any strides, any address */
     if (t->strides[3] != 1 || t->strides[2] != n[3] || t->strides[1] != n[2] * n[3] ||
         t->strides[0] != n[1] * n[2] * n[3])
         return aotr_fail(AOTR_NEEDS_LAYOUT, "out must be contiguous: pass a contiguous tensor "
-                         "and copy from it");
+                                            "and copy from it");
     if (n[0] * n[1] > INT32_LIMIT || n[2] > INT32_LIMIT || n[3] > INT32_LIMIT)
         return aotr_fail(AOTR_UNSUPPORTED, "sizes beyond 32 bits are not covered");
     return AOTR_OK;
@@ -1017,12 +1038,12 @@ aotr_status aotr_dropout_uniform(aotr_runtime *rt, const aotr_dropout_uniform_pa
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
-    const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_DROPOUT_UNIFORM, AOTR_FP32, 16,
-                                                0, n[2], n[3]);
+    const aotr_launchable *k =
+        aotr_device_pick(dev, AOTR_KERNEL_DROPOUT_UNIFORM, AOTR_FP32, 16, 0, n[2], n[3]);
     if (!k)
         return AOTR_UNSUPPORTED;
-    return launch(rt, dev, k, cdiv(n[2], aotr_launchable_block_m(k)), n[0] * n[1],
-                  params->stream, v);
+    return launch(rt, dev, k, cdiv(n[2], aotr_launchable_block_m(k)), n[0] * n[1], params->stream,
+                  v);
 }
 
 aotr_status aotr_philox_state(aotr_runtime *rt, const aotr_philox_state_params *params)
@@ -1045,8 +1066,8 @@ aotr_status aotr_philox_state(aotr_runtime *rt, const aotr_philox_state_params *
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
-    const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_PHILOX_STATE, AOTR_FP32, 16,
-                                                0, 1, 1);
+    const aotr_launchable *k =
+        aotr_device_pick(dev, AOTR_KERNEL_PHILOX_STATE, AOTR_FP32, 16, 0, 1, 1);
     if (!k)
         return AOTR_UNSUPPORTED;
     return launch(rt, dev, k, 1, 1, params->stream, v);

@@ -47,12 +47,12 @@ aotr_status aotr_copy_2d(aotr_runtime *rt, int32_t device, void *stream, void *d
         return AOTR_OK;
     if (!dst || !src || width > dst_pitch || width > src_pitch)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_copy_2d: null address, or a row wider "
-                         "than its pitch");
+                                                "than its pitch");
     aotr_status st = driver_of(rt, "aotr_copy_2d", &d);
-    return st != AOTR_OK ? st
-                         : aotr_driver_copy_2d(d, device, (uint64_t)(uintptr_t)dst, dst_pitch,
-                                               (uint64_t)(uintptr_t)src, src_pitch, width, rows,
-                                               stream);
+    return st != AOTR_OK
+               ? st
+               : aotr_driver_copy_2d(d, device, (uint64_t)(uintptr_t)dst, dst_pitch,
+                                     (uint64_t)(uintptr_t)src, src_pitch, width, rows, stream);
 }
 
 aotr_status aotr_fill(aotr_runtime *rt, int32_t device, void *stream, void *dst, int value,
@@ -64,9 +64,9 @@ aotr_status aotr_fill(aotr_runtime *rt, int32_t device, void *stream, void *dst,
     if (!dst)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_fill: `dst` is NULL");
     aotr_status st = driver_of(rt, "aotr_fill", &d);
-    return st != AOTR_OK ? st
-                         : aotr_driver_memset(d, device, (uint64_t)(uintptr_t)dst, value, bytes,
-                                              stream);
+    return st != AOTR_OK
+               ? st
+               : aotr_driver_memset(d, device, (uint64_t)(uintptr_t)dst, value, bytes, stream);
 }
 
 aotr_status aotr_alloc_async(aotr_runtime *rt, int32_t device, void *stream, size_t bytes,

@@ -168,9 +168,8 @@ struct hip_api {
     drv_result (*ModuleLoadData)(drv_handle *, const void *);
     drv_result (*ModuleUnload)(drv_handle);
     drv_result (*ModuleGetFunction)(drv_handle *, drv_handle, const char *);
-    drv_result (*ModuleLaunchKernel)(drv_handle, unsigned, unsigned, unsigned, unsigned,
-                                     unsigned, unsigned, unsigned, drv_handle, void **,
-                                     void **);
+    drv_result (*ModuleLaunchKernel)(drv_handle, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                     unsigned, unsigned, drv_handle, void **, void **);
     /* Optional: at most one is used (see HIP_PROPS_*). */
     drv_result (*GetDevicePropertiesR0600)(void *, int);
     drv_result (*GetDeviceProperties)(void *, int);
@@ -192,8 +191,14 @@ struct symbol {
     int optional;
 };
 
-#define CU(field, name) {name, offsetof(struct cuda_api, field), 0}
-#define CU_OPTIONAL(field, name) {name, offsetof(struct cuda_api, field), 1}
+#define CU(field, name)                                                                            \
+    {                                                                                              \
+        name, offsetof(struct cuda_api, field), 0                                                  \
+    }
+#define CU_OPTIONAL(field, name)                                                                   \
+    {                                                                                              \
+        name, offsetof(struct cuda_api, field), 1                                                  \
+    }
 static const struct symbol cuda_symbols[] = {
     CU(Init, "cuInit"),
     CU(GetErrorName, "cuGetErrorName"),
@@ -226,7 +231,10 @@ static const struct symbol cuda_symbols[] = {
 #undef CU
 #undef CU_OPTIONAL
 
-#define HIP(field, name, optional) {name, offsetof(struct hip_api, field), optional}
+#define HIP(field, name, optional)                                                                 \
+    {                                                                                              \
+        name, offsetof(struct hip_api, field), optional                                            \
+    }
 static const struct symbol hip_symbols[] = {
     HIP(Init, "hipInit", 0),
     HIP(GetErrorName, "hipGetErrorName", 0),
@@ -304,8 +312,7 @@ static const char *cuda_hint(const char *function, drv_result code)
                    "restart the process. Please report it with the shapes, dtypes and strides";
         case CUDA_ERROR_LAUNCH_FAILED:
             return "a kernel failed; the CUDA context is now unusable, restart the process";
-        default:
-            return NULL;
+        default: return NULL;
         }
     }
     switch (code) {
@@ -317,16 +324,11 @@ static const char *cuda_hint(const char *function, drv_result code)
                "damaged or built for another backend; reinstall it";
     case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
         return "the code object needs a newer NVIDIA driver: update the driver";
-    case CUDA_ERROR_NOT_FOUND:
-        return not_in_image_hint;
-    case CUDA_ERROR_INVALID_DEVICE:
-        return "no such device index (check CUDA_VISIBLE_DEVICES)";
-    case CUDA_ERROR_NO_DEVICE:
-        return cuda_no_driver_hint;
-    case CUDA_ERROR_INSUFFICIENT_DRIVER:
-        return "the installed NVIDIA driver is too old: update it";
-    default:
-        return strcmp(function, "cuInit") == 0 ? cuda_no_driver_hint : NULL;
+    case CUDA_ERROR_NOT_FOUND: return not_in_image_hint;
+    case CUDA_ERROR_INVALID_DEVICE: return "no such device index (check CUDA_VISIBLE_DEVICES)";
+    case CUDA_ERROR_NO_DEVICE: return cuda_no_driver_hint;
+    case CUDA_ERROR_INSUFFICIENT_DRIVER: return "the installed NVIDIA driver is too old: update it";
+    default: return strcmp(function, "cuInit") == 0 ? cuda_no_driver_hint : NULL;
     }
 }
 
@@ -349,10 +351,8 @@ static const char *hip_hint(const char *function, drv_result code)
         case hipErrorIllegalAddress:
             return "a kernel accessed invalid memory; the HIP context is now unusable, "
                    "restart the process. Please report it with the shapes, dtypes and strides";
-        case hipErrorLaunchFailure:
-            return "a kernel failed; restart the process";
-        default:
-            return NULL;
+        case hipErrorLaunchFailure: return "a kernel failed; restart the process";
+        default: return NULL;
         }
     }
     switch (code) {
@@ -365,16 +365,12 @@ static const char *hip_hint(const char *function, drv_result code)
     case hipErrorSharedObjectInitFailed:
         return "the runtime could not load the code object: it may target another arch or "
                "need a newer ROCm";
-    case hipErrorNotFound:
-        return not_in_image_hint;
-    case hipErrorInvalidDevice:
-        return "no such device index (check HIP_VISIBLE_DEVICES)";
-    case hipErrorNoDevice:
-        return hip_no_runtime_hint;
+    case hipErrorNotFound: return not_in_image_hint;
+    case hipErrorInvalidDevice: return "no such device index (check HIP_VISIBLE_DEVICES)";
+    case hipErrorNoDevice: return hip_no_runtime_hint;
     case hipErrorInsufficientDriver:
         return "the amdgpu kernel driver is too old for this ROCm runtime";
-    default:
-        return strcmp(function, "hipInit") == 0 ? hip_no_runtime_hint : NULL;
+    default: return strcmp(function, "hipInit") == 0 ? hip_no_runtime_hint : NULL;
     }
 }
 
@@ -408,8 +404,8 @@ static aotr_status driver_error(const aotr_driver *d, aotr_status status, const 
     const char *name, *text;
     error_name_string(d, code, &name, &text);
     if (!hint)
-        hint = d->backend == AOTR_BACKEND_CUDA ? cuda_hint(function, code)
-                                               : hip_hint(function, code);
+        hint =
+            d->backend == AOTR_BACKEND_CUDA ? cuda_hint(function, code) : hip_hint(function, code);
     return aotr_fail(status, "%s failed: %s: %s (code %d%s%s)%s%s%s", function, name, text,
                      (int)code, hint ? "; " : "", hint ? hint : "", context ? " [" : "",
                      context ? context : "", context ? "]" : "");
@@ -437,8 +433,8 @@ static int find_loaded_cb(struct dl_phdr_info *info, size_t size, void *data)
     return 1;
 }
 
-static void *open_loaded(const char *const *sonames, size_t n, const char *prefix,
-                         char *opened, size_t opened_size)
+static void *open_loaded(const char *const *sonames, size_t n, const char *prefix, char *opened,
+                         size_t opened_size)
 {
     struct find_loaded f;
     void *lib;
@@ -525,9 +521,8 @@ static aotr_status resolve(aotr_driver *d)
         p = dlsym(d->lib, table[i].name);
         if (!p && !table[i].optional)
             return aotr_fail(AOTR_DRIVER_UNAVAILABLE,
-                             "%s has no function %s: it is not %s or it is too old; %s",
-                             d->library, table[i].name,
-                             cuda ? "the CUDA driver" : "the HIP runtime",
+                             "%s has no function %s: it is not %s or it is too old; %s", d->library,
+                             table[i].name, cuda ? "the CUDA driver" : "the HIP runtime",
                              cuda ? "update the NVIDIA driver" : "update ROCm");
         memcpy(base + table[i].offset, &p, sizeof p);
     }
@@ -612,8 +607,7 @@ static aotr_status cuda_primary_context(aotr_driver *d, int32_t device, drv_hand
         } else {
             rc = d->cu.DevicePrimaryCtxRetain(ctx, dev);
             if (rc != CUDA_SUCCESS)
-                st = driver_error(d, AOTR_DRIVER_ERROR, "cuDevicePrimaryCtxRetain", rc, NULL,
-                                  NULL);
+                st = driver_error(d, AOTR_DRIVER_ERROR, "cuDevicePrimaryCtxRetain", rc, NULL, NULL);
             else
                 d->contexts[device] = *ctx;
         }
@@ -659,8 +653,7 @@ static void cuda_leave(aotr_driver *d, int pushed)
 
 /* ------------------------------------------------------------------ arch */
 
-aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch,
-                                    size_t capacity)
+aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch, size_t capacity)
 {
     char name[HIP_GCN_ARCH_NAME_SIZE];
     int w;
@@ -673,18 +666,16 @@ aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch,
         drv_result rc = d->cu.DeviceGet(&dev, device);
         if (rc != CUDA_SUCCESS)
             return aotr_fail_prefix(
-                driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGet", rc, NULL, NULL),
-                "device %d", (int)device);
-        rc = d->cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                      dev);
+                driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGet", rc, NULL, NULL), "device %d",
+                (int)device);
+        rc = d->cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
         if (rc == CUDA_SUCCESS)
-            rc = d->cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                                          dev);
+            rc =
+                d->cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
         if (rc != CUDA_SUCCESS)
-            return aotr_fail_prefix(
-                driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute", rc, NULL,
-                             "compute capability"),
-                "device %d", (int)device);
+            return aotr_fail_prefix(driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute", rc,
+                                                 NULL, "compute capability"),
+                                    "device %d", (int)device);
         w = snprintf(name, sizeof name, "sm_%d%d", major, minor);
     } else {
         const char *fn = d->hip.GetDevicePropertiesR0600 ? "hipGetDevicePropertiesR0600"
@@ -931,10 +922,10 @@ aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
         return AOTR_OK; /* an empty problem: nothing to run */
     if (d->backend == AOTR_BACKEND_CUDA) {
-        void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args, CU_LAUNCH_PARAM_BUFFER_SIZE,
-                         &size, CU_LAUNCH_PARAM_END};
-        rc = d->cu.LaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1, shared,
-                                stream, NULL, extra);
+        void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, args, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         CU_LAUNCH_PARAM_END};
+        rc = d->cu.LaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1, shared, stream,
+                                NULL, extra);
         if (rc == CUDA_SUCCESS)
             return AOTR_OK;
         if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device)) {
@@ -948,14 +939,14 @@ aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
                              args_size);
     }
     {
-        void *extra[] = {HIP_LAUNCH_PARAM_BUFFER_POINTER, args, HIP_LAUNCH_PARAM_BUFFER_SIZE,
-                         &size, HIP_LAUNCH_PARAM_END};
-        rc = d->hip.ModuleLaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1,
-                                       shared, stream, NULL, extra);
+        void *extra[] = {HIP_LAUNCH_PARAM_BUFFER_POINTER, args, HIP_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                         HIP_LAUNCH_PARAM_END};
+        rc = d->hip.ModuleLaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1, shared,
+                                       stream, NULL, extra);
         if (rc == hipSuccess)
             return AOTR_OK;
-        return launch_failed(d, device, "hipModuleLaunchKernel", rc, grid, block_x, shared,
-                             stream, args_size);
+        return launch_failed(d, device, "hipModuleLaunchKernel", rc, grid, block_x, shared, stream,
+                             args_size);
     }
 }
 
@@ -1012,8 +1003,8 @@ static drv_result scratch_alloc_from(aotr_driver *d, drv_handle pool, uint64_t *
                 : d->cu.MemAllocAsync(ptr, bytes, stream);
 }
 
-aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes,
-                                      void *stream, uint64_t *ptr)
+aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes, void *stream,
+                                      uint64_t *ptr)
 {
     drv_result rc;
     *ptr = 0;
@@ -1057,8 +1048,8 @@ void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream)
 
 static aotr_status missing(const aotr_driver *d, const char *function)
 {
-    return aotr_fail(AOTR_DRIVER_UNAVAILABLE, "%s has no %s: update the %s", d->library,
-                     function, d->backend == AOTR_BACKEND_CUDA ? "NVIDIA driver" : "ROCm runtime");
+    return aotr_fail(AOTR_DRIVER_UNAVAILABLE, "%s has no %s: update the %s", d->library, function,
+                     d->backend == AOTR_BACKEND_CUDA ? "NVIDIA driver" : "ROCm runtime");
 }
 
 /* CUDA_ERROR_OUT_OF_MEMORY and hipErrorOutOfMemory are both 2. */
@@ -1153,8 +1144,8 @@ aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst, si
 {
     int pushed;
     if (d->backend == AOTR_BACKEND_CUDA ? !d->cu.Memcpy2DAsync : !d->hip.Memcpy2DAsync)
-        return missing(d, d->backend == AOTR_BACKEND_CUDA ? "cuMemcpy2DAsync_v2"
-                                                          : "hipMemcpy2DAsync");
+        return missing(d,
+                       d->backend == AOTR_BACKEND_CUDA ? "cuMemcpy2DAsync_v2" : "hipMemcpy2DAsync");
     aotr_status st = enter(d, device, &pushed);
     if (st != AOTR_OK)
         return st;
@@ -1241,8 +1232,7 @@ void aotr_driver_close(aotr_driver *d)
         next = m->next;
         if (d->backend == AOTR_BACKEND_CUDA) {
             int pushed = 0;
-            drv_handle ctx = (size_t)m->device < d->num_contexts ? d->contexts[m->device]
-                                                                 : NULL;
+            drv_handle ctx = (size_t)m->device < d->num_contexts ? d->contexts[m->device] : NULL;
             /* cuModuleUnload works on the module's context: push it. */
             if (ctx && d->cu.CtxPushCurrent(ctx) == CUDA_SUCCESS)
                 pushed = 1;

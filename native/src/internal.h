@@ -32,8 +32,13 @@ AOTR_HIDDEN void aotr_trace(const char *phase, double ms, const char *fmt, ...)
  * are NUL-terminated UTF-8 (escapes decoded; a \u0000 is refused). Numbers
  * keep their double value and, when integral and in range, int64. */
 typedef enum aotr_json_type {
-    AOTR_JSON_NULL, AOTR_JSON_FALSE, AOTR_JSON_TRUE, AOTR_JSON_NUMBER,
-    AOTR_JSON_STRING, AOTR_JSON_ARRAY, AOTR_JSON_OBJECT
+    AOTR_JSON_NULL,
+    AOTR_JSON_FALSE,
+    AOTR_JSON_TRUE,
+    AOTR_JSON_NUMBER,
+    AOTR_JSON_STRING,
+    AOTR_JSON_ARRAY,
+    AOTR_JSON_OBJECT
 } aotr_json_type;
 
 typedef struct aotr_json aotr_json;
@@ -41,14 +46,14 @@ typedef struct aotr_json aotr_json;
  * for every page of the document (read the union's member of `type` only). */
 struct aotr_json {
     aotr_json_type type;
-    int is_int;          /* NUMBER: the value is integral and fits int64 */
-    size_t n;            /* ARRAY/OBJECT: number of items; STRING: byte length */
+    int is_int; /* NUMBER: the value is integral and fits int64 */
+    size_t n;   /* ARRAY/OBJECT: number of items; STRING: byte length */
     union {
         struct {
-            int64_t i;   /* NUMBER */
+            int64_t i; /* NUMBER */
             double d;
         };
-        const char *s;   /* STRING: value */
+        const char *s; /* STRING: value */
         struct {
             aotr_json *items;  /* ARRAY: n values; OBJECT: n values, keys[i] names items[i] */
             const char **keys; /* OBJECT */
@@ -105,26 +110,26 @@ typedef enum aotr_arg_kind {
 } aotr_arg_kind;
 
 typedef struct aotr_kernel_arg {
-    const char *name;     /* "Q", "stride_qz", ..., "global_scratch" */
-    const char *type;     /* as recorded */
+    const char *name; /* "Q", "stride_qz", ..., "global_scratch" */
+    const char *type; /* as recorded */
     aotr_arg_kind kind;
 } aotr_kernel_arg;
 
 typedef struct aotr_kernel_record {
-    const char *key;      /* unique in the archive */
-    const char *kernel;   /* "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq" */
+    const char *key;    /* unique in the archive */
+    const char *kernel; /* "attn_fwd", "attn_bwd_preprocess", "attn_bwd_dkdv", "attn_bwd_dq" */
     const char *symbol;
     /* functional values; -1 where the record has no such axis */
-    aotr_dtype dtype;     /* from "dtype": "fp16"/"bf16"/"fp32" */
-    int32_t head_dim;     /* padded tile width BLOCK_D */
+    aotr_dtype dtype; /* from "dtype": "fp16"/"bf16"/"fp32" */
+    int32_t head_dim; /* padded tile width BLOCK_D */
     int32_t pad_head, has_bias, enable_dropout;
     /* config: BLOCK_M / BLOCK_N (0 when absent) */
     int32_t block_m, block_n;
-    int32_t min_seqlen;   /* config MIN_SEQLEN: shorter sequences take another route (0: none) */
+    int32_t min_seqlen; /* config MIN_SEQLEN: shorter sequences take another route (0: none) */
     int32_t num_warps, num_stages, warp_size;
     uint32_t shared;
     uint32_t global_scratch_size; /* bytes per program, allocated per launch */
-    size_t num_args;      /* includes the trailing global/profile scratch pointers */
+    size_t num_args;              /* includes the trailing global/profile scratch pointers */
     const aotr_kernel_arg *args;
     size_t num_divisible;
     const char *const *divisible_16; /* argument names compiled as divisible by 16 */
@@ -132,7 +137,6 @@ typedef struct aotr_kernel_record {
     uint8_t sha256[32];
     const aotr_json *json; /* the record itself (functional, config, ...) */
 } aotr_kernel_record;
-
 
 /* The records (archive order) and the manifest object of an open archive. */
 AOTR_HIDDEN size_t aotr_archive_records(const aotr_archive *a, const aotr_kernel_record **records);
@@ -187,20 +191,19 @@ AOTR_HIDDEN aotr_status aotr_driver_mem_alloc(aotr_driver *d, int32_t device, si
                                               void *stream, uint64_t *ptr);
 AOTR_HIDDEN aotr_status aotr_driver_mem_free(aotr_driver *d, int32_t device, uint64_t ptr,
                                              void *stream);
-AOTR_HIDDEN aotr_status aotr_driver_memset(aotr_driver *d, int32_t device, uint64_t ptr,
-                                           int value, size_t bytes, void *stream);
+AOTR_HIDDEN aotr_status aotr_driver_memset(aotr_driver *d, int32_t device, uint64_t ptr, int value,
+                                           size_t bytes, void *stream);
 AOTR_HIDDEN aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst,
                                             size_t dst_pitch, uint64_t src, size_t src_pitch,
                                             size_t width, size_t height, void *stream);
 /* The calling thread's current device (CUDA: its context's; 0 with none). */
 AOTR_HIDDEN aotr_status aotr_driver_current_device(aotr_driver *d, int32_t *device);
-AOTR_HIDDEN aotr_status aotr_driver_stream_capturing(aotr_driver *d, int32_t device,
-                                                     void *stream, int *capturing);
+AOTR_HIDDEN aotr_status aotr_driver_stream_capturing(aotr_driver *d, int32_t device, void *stream,
+                                                     int *capturing);
 AOTR_HIDDEN aotr_status aotr_driver_stream_synchronize(aotr_driver *d, int32_t device,
                                                        void *stream);
 /* The runtime's driver (opened on first use, as for a device). */
 AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out);
-
 
 /* ---------------------------------------------- runtime.c / attention.c */
 /* The value of every kernel argument name (slots.h numbers the names, the
@@ -243,8 +246,8 @@ typedef struct aotr_placement {
 AOTR_HIDDEN aotr_status aotr_placement_begin(aotr_runtime *rt, int32_t device, void *stream,
                                              const aotr_attn_problem *p,
                                              const aotr_tensor *starts_q,
-                                             const aotr_tensor *starts_k,
-                                             const aotr_tensor *lens_k, aotr_placement *pl);
+                                             const aotr_tensor *starts_k, const aotr_tensor *lens_k,
+                                             aotr_placement *pl);
 AOTR_HIDDEN aotr_status aotr_placement_end(aotr_placement *pl, aotr_status st);
 /* -- request helpers shared by the entry points (attention.c) ------------ */
 
@@ -257,8 +260,8 @@ AOTR_HIDDEN aotr_status aotr_need_layout(const aotr_tensor *t, const char *name)
 AOTR_HIDDEN aotr_status aotr_launch_grid(uint64_t blocks, int64_t programs, uint32_t grid[3]);
 /* ALiBi slopes: fp32 (heads,) or (batch, heads), 4-byte aligned; their (z, h)
  * strides (z = 0 for per-head slopes). */
-AOTR_HIDDEN aotr_status aotr_alibi_strides(const aotr_tensor *slopes, int64_t batch,
-                                           int64_t heads, int64_t strides[2]);
+AOTR_HIDDEN aotr_status aotr_alibi_strides(const aotr_tensor *slopes, int64_t batch, int64_t heads,
+                                           int64_t strides[2]);
 
 /* What a call needs of a kernel variant beyond dtype and head dim. */
 enum {

@@ -334,9 +334,7 @@ static const char *parse_string(parser *ps, size_t *out_len)
             i += 6;
             continue;
         }
-        default:
-            fail_at(ps, i, "bad escape");
-            return NULL;
+        default: fail_at(ps, i, "bad escape"); return NULL;
         }
         i += 2;
     }
@@ -549,27 +547,17 @@ static int parse_value(parser *ps, aotr_json *v, int depth)
 {
     memset(v, 0, sizeof *v);
     switch (peek(ps)) {
-    case -1:
-        fail_at(ps, ps->pos, "unexpected end of input");
-        return 0;
+    case -1: fail_at(ps, ps->pos, "unexpected end of input"); return 0;
     case '{':
-    case '[':
-        return parse_container(ps, v, depth);
+    case '[': return parse_container(ps, v, depth);
     case '"':
         v->type = AOTR_JSON_STRING;
         v->s = parse_string(ps, &v->n);
         return v->s != NULL;
-    case 't':
-        v->type = AOTR_JSON_TRUE;
-        return literal(ps, "true");
-    case 'f':
-        v->type = AOTR_JSON_FALSE;
-        return literal(ps, "false");
-    case 'n':
-        v->type = AOTR_JSON_NULL;
-        return literal(ps, "null");
-    default:
-        return parse_number(ps, v);
+    case 't': v->type = AOTR_JSON_TRUE; return literal(ps, "true");
+    case 'f': v->type = AOTR_JSON_FALSE; return literal(ps, "false");
+    case 'n': v->type = AOTR_JSON_NULL; return literal(ps, "null");
+    default: return parse_number(ps, v);
     }
 }
 

@@ -16,11 +16,17 @@
 
 /* The names only these kernels have (slots.h). */
 enum {
-    K_O_PART = AOTR_SLOT_O_PART, K_LSE_PART = AOTR_SLOT_LSE_PART, K_K_START = AOTR_SLOT_K_START,
-    K_K_END = AOTR_SLOT_K_END, K_CACHE_BATCH_IDX = AOTR_SLOT_CACHE_BATCH_IDX,
-    K_BLOCK_TABLE = AOTR_SLOT_BLOCK_TABLE, K_STRIDE_BTZ = AOTR_SLOT_stride_btz,
-    K_PAGED = AOTR_SLOT_paged, K_PAGE_SIZE = AOTR_SLOT_page_size,
-    K_HAS_BATCH_IDX = AOTR_SLOT_has_batch_idx, K_HAS_K_START = AOTR_SLOT_has_k_start,
+    K_O_PART = AOTR_SLOT_O_PART,
+    K_LSE_PART = AOTR_SLOT_LSE_PART,
+    K_K_START = AOTR_SLOT_K_START,
+    K_K_END = AOTR_SLOT_K_END,
+    K_CACHE_BATCH_IDX = AOTR_SLOT_CACHE_BATCH_IDX,
+    K_BLOCK_TABLE = AOTR_SLOT_BLOCK_TABLE,
+    K_STRIDE_BTZ = AOTR_SLOT_stride_btz,
+    K_PAGED = AOTR_SLOT_paged,
+    K_PAGE_SIZE = AOTR_SLOT_page_size,
+    K_HAS_BATCH_IDX = AOTR_SLOT_has_batch_idx,
+    K_HAS_K_START = AOTR_SLOT_has_k_start,
     K_NUM_SPLITS = AOTR_SLOT_num_splits
 };
 
@@ -31,15 +37,29 @@ static const struct {
     int batch, num_heads, gqa_group, max_seqlen_q, varlen, head_dim, window_left, window_right,
         sm_scale, alibi, stride_az, has_alibi, softcap;
 } S = {
-    AOTR_SLOT_Q, AOTR_SLOT_K, AOTR_SLOT_V, AOTR_SLOT_O, AOTR_SLOT_LSE, AOTR_SLOT_CU_Q,
+    AOTR_SLOT_Q,
+    AOTR_SLOT_K,
+    AOTR_SLOT_V,
+    AOTR_SLOT_O,
+    AOTR_SLOT_LSE,
+    AOTR_SLOT_CU_Q,
     {AOTR_SLOT_stride_qz, AOTR_SLOT_stride_qh, AOTR_SLOT_stride_qm},
     {AOTR_SLOT_stride_kz, AOTR_SLOT_stride_kh, AOTR_SLOT_stride_kn},
     {AOTR_SLOT_stride_vz, AOTR_SLOT_stride_vh, AOTR_SLOT_stride_vn},
     {AOTR_SLOT_stride_oz, AOTR_SLOT_stride_oh, AOTR_SLOT_stride_om},
     {AOTR_SLOT_stride_lz, AOTR_SLOT_stride_lh},
-    AOTR_SLOT_batch, AOTR_SLOT_num_heads, AOTR_SLOT_gqa_group, AOTR_SLOT_max_seqlen_q,
-    AOTR_SLOT_varlen, AOTR_SLOT_head_dim, AOTR_SLOT_window_left, AOTR_SLOT_window_right,
-    AOTR_SLOT_sm_scale, AOTR_SLOT_ALIBI, AOTR_SLOT_stride_az, AOTR_SLOT_has_alibi,
+    AOTR_SLOT_batch,
+    AOTR_SLOT_num_heads,
+    AOTR_SLOT_gqa_group,
+    AOTR_SLOT_max_seqlen_q,
+    AOTR_SLOT_varlen,
+    AOTR_SLOT_head_dim,
+    AOTR_SLOT_window_left,
+    AOTR_SLOT_window_right,
+    AOTR_SLOT_sm_scale,
+    AOTR_SLOT_ALIBI,
+    AOTR_SLOT_stride_az,
+    AOTR_SLOT_has_alibi,
     AOTR_SLOT_softcap,
 };
 
@@ -70,8 +90,10 @@ static aotr_status check_vector(const aotr_tensor *t, int64_t b, const char *nam
 {
     if (!rank_ok(t) || t->dtype != AOTR_INT32 || t->rank != 1 || t->sizes[0] != b ||
         (b > 1 && t->strides[0] != 1) || ((uintptr_t)t->data & 3u))
-        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: %s must be a contiguous "
-                         "int32 (batch,) = (%lld,) device vector", name, (long long)b);
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "aotr_attn_fwd_kvcache: %s must be a contiguous "
+                         "int32 (batch,) = (%lld,) device vector",
+                         name, (long long)b);
     return AOTR_OK;
 }
 
@@ -81,8 +103,10 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
     if (!rank_ok(q) || !rank_ok(kc) || !rank_ok(vc) || !rank_ok(&p->cu_seqlens_q) ||
         !rank_ok(&p->block_table) || !rank_ok(&p->alibi_slopes) || !rank_ok(&p->out) ||
         !rank_ok(&p->lse))
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: a tensor has a rank "
-                         "outside 0..%d or a negative size", AOTR_MAX_RANK);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_attn_fwd_kvcache: a tensor has a rank "
+                         "outside 0..%d or a negative size",
+                         AOTR_MAX_RANK);
     d->varlen = aotr_present(&p->cu_seqlens_q);
     if (q->rank != (d->varlen ? 3 : 4))
         return bad(d->varlen ? "q must be packed (total_q, heads, head_dim) with cu_seqlens_q"
@@ -116,11 +140,15 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
     if (kc->sizes[3] != d->d)
         return bad("the caches' head_dim differs from q's");
     if (d->d < 1 || d->d > KV_MAX_HEAD_DIM)
-        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: head_dim %lld is not covered "
-                         "(1 to %d are)", (long long)d->d, KV_MAX_HEAD_DIM);
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "aotr_attn_fwd_kvcache: head_dim %lld is not covered "
+                         "(1 to %d are)",
+                         (long long)d->d, KV_MAX_HEAD_DIM);
     if (d->hk == 0 || d->h % d->hk)
-        return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: query heads (%lld) must be a "
-                         "multiple of key/value heads (%lld)", (long long)d->h, (long long)d->hk);
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "aotr_attn_fwd_kvcache: query heads (%lld) must be a "
+                         "multiple of key/value heads (%lld)",
+                         (long long)d->h, (long long)d->hk);
     d->paged = aotr_present(&p->block_table);
     d->page = kc->sizes[1];
     d->capacity = d->page;
@@ -133,7 +161,8 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
             return bad("block_table must be an int32 (batch, max_blocks) tensor with a unit "
                        "stride along its blocks");
         if (d->page <= 0 || d->page % KV_PAGE_MULTIPLE)
-            return aotr_fail(AOTR_UNSUPPORTED, "aotr_attn_fwd_kvcache: the page size "
+            return aotr_fail(AOTR_UNSUPPORTED,
+                             "aotr_attn_fwd_kvcache: the page size "
                              "(k_cache.sizes[1] = %lld) must be a positive multiple of %d",
                              (long long)d->page, KV_PAGE_MULTIPLE);
         d->capacity = bt->sizes[1] * d->page;
@@ -161,8 +190,10 @@ static aotr_status check_shapes(const aotr_attn_kvcache_params *p, kv_dims *d)
     if (p->causal != 0 && p->causal != 1)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: causal must be 0 or 1");
     if (p->num_splits < 0 || p->num_splits > AOTR_MAX_SPLITS)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: num_splits = %d is "
-                         "outside 0..%d", p->num_splits, AOTR_MAX_SPLITS);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_attn_fwd_kvcache: num_splits = %d is "
+                         "outside 0..%d",
+                         p->num_splits, AOTR_MAX_SPLITS);
     const aotr_tensor *t3[4] = {q, kc, vc, &p->out};
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < t3[i]->rank; j++)
@@ -183,26 +214,27 @@ static aotr_status check_outputs(const aotr_attn_kvcache_params *p, const kv_dim
         same = o->sizes[i] == p->q.sizes[i];
     if (!same)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: out must be given, "
-                         "shaped and typed like q");
+                                                "shaped and typed like q");
     int ok = aotr_present(l) && l->dtype == AOTR_FP32;
     if (ok && d->varlen)
         ok = l->rank == 2 && l->sizes[0] == d->h && l->sizes[1] >= p->q.sizes[0];
     else if (ok)
         ok = l->rank == 3 && l->sizes[0] == d->b && l->sizes[1] == d->h && l->sizes[2] >= d->sq;
     if (!ok)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: lse must be an fp32 %s "
-                         "tensor", d->varlen ? "(heads, total_q)" : "(batch, heads, >= seqlen_q)");
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_attn_fwd_kvcache: lse must be an fp32 %s "
+                         "tensor",
+                         d->varlen ? "(heads, total_q)" : "(batch, heads, >= seqlen_q)");
     if (l->strides[l->rank - 1] != 1 || ((uintptr_t)l->data & 15u))
         return aotr_fail(AOTR_NEEDS_LAYOUT, "aotr_attn_fwd_kvcache: lse needs a unit last "
-                         "stride and a 16-byte aligned base");
+                                            "stride and a 16-byte aligned base");
     lse_strides[0] = d->varlen ? 0 : l->strides[0];
     lse_strides[1] = d->varlen ? l->strides[0] : l->strides[1];
     if (d->d % 8)
         return AOTR_OK; /* zero-padded copies take their place (staged) */
     aotr_status st;
     if ((st = aotr_need_layout(&p->q, "q")) || (st = aotr_need_layout(&p->k_cache, "k_cache")) ||
-        (st = aotr_need_layout(&p->v_cache, "v_cache")) ||
-        (st = aotr_need_layout(o, "out")))
+        (st = aotr_need_layout(&p->v_cache, "v_cache")) || (st = aotr_need_layout(o, "out")))
         return st;
     return AOTR_OK;
 }
@@ -219,11 +251,13 @@ static aotr_status check_workspace(const aotr_tensor *t, const int64_t *sizes, i
         stride *= sizes[i];
     }
     if (!ok)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_fwd_kvcache: with %lld splits %s "
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_attn_fwd_kvcache: with %lld splits %s "
                          "must be a contiguous, 16-byte aligned fp32 tensor (batch * heads, "
-                         "splits, seqlen_q%s) = (%lld, %lld, %lld%s)", (long long)sizes[1], name,
-                         rank == 4 ? ", head_dim" : "", (long long)sizes[0], (long long)sizes[1],
-                         (long long)sizes[2], rank == 4 ? ", head_dim" : "");
+                         "splits, seqlen_q%s) = (%lld, %lld, %lld%s)",
+                         (long long)sizes[1], name, rank == 4 ? ", head_dim" : "",
+                         (long long)sizes[0], (long long)sizes[1], (long long)sizes[2],
+                         rank == 4 ? ", head_dim" : "");
     return AOTR_OK;
 }
 
@@ -260,9 +294,10 @@ static aotr_status prepare(aotr_runtime *rt, const aotr_attn_kvcache_params *p, 
     if (!rt)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: `runtime` is NULL", what);
     if (p->struct_size < sizeof *p)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: params->struct_size is %u, at least %zu "
-                         "(set it to sizeof(aotr_attn_kvcache_params))", what, p->struct_size,
-                         sizeof *p);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "%s: params->struct_size is %u, at least %zu "
+                         "(set it to sizeof(aotr_attn_kvcache_params))",
+                         what, p->struct_size, sizeof *p);
     memset(c, 0, sizeof *c);
     aotr_status st;
     if ((st = check_shapes(p, &c->d)) || (st = check_outputs(p, &c->d, c->lse_strides)))
@@ -271,19 +306,18 @@ static aotr_status prepare(aotr_runtime *rt, const aotr_attn_kvcache_params *p, 
         return st;
     aotr_dtype dtype = (aotr_dtype)p->q.dtype;
     int32_t kd = (int32_t)aotr_kernel_head_dim(c->d.d);
-    c->main = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE, dtype, kd, 0, c->d.sq,
-                               c->d.capacity);
+    c->main = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE, dtype, kd, 0, c->d.sq, c->d.capacity);
     if (!c->main)
         return AOTR_UNSUPPORTED;
-    c->combine = aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE_COMBINE, dtype, kd, 0, c->d.sq,
-                                  c->d.capacity);
+    c->combine =
+        aotr_device_pick(c->dev, AOTR_KERNEL_KVCACHE_COMBINE, dtype, kd, 0, c->d.sq, c->d.capacity);
     if (!c->combine)
         return AOTR_UNSUPPORTED;
     c->splits = p->num_splits;
     if (c->splits == 0)
-        c->splits = auto_splits(&c->d, aotr_launchable_block_m(c->main),
-                                aotr_launchable_block_n(c->main),
-                                aotr_device_compute_units(c->dev));
+        c->splits =
+            auto_splits(&c->d, aotr_launchable_block_m(c->main), aotr_launchable_block_n(c->main),
+                        aotr_device_compute_units(c->dev));
     return AOTR_OK;
 }
 
@@ -341,7 +375,8 @@ static void fill_values(const aotr_attn_kvcache_params *p, const kv_call *c, aot
     v[S.sl[1]].i32 = (int32_t)c->lse_strides[1];
     v[K_STRIDE_BTZ].i32 = d->paged ? (int32_t)p->block_table.strides[0] : 0;
     v[S.stride_az].i32 = aotr_present(&p->alibi_slopes) && p->alibi_slopes.rank == 2
-                             ? (int32_t)p->alibi_slopes.strides[0] : 0;
+                             ? (int32_t)p->alibi_slopes.strides[0]
+                             : 0;
     v[S.batch].i32 = (int32_t)d->b;
     v[S.num_heads].i32 = (int32_t)d->h;
     v[S.gqa_group].i32 = (int32_t)(d->h / d->hk);

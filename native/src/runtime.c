@@ -22,7 +22,7 @@
 
 struct aotr_launchable {
     const aotr_kernel_record *record;
-    size_t index;                 /* in the archive */
+    size_t index;                   /* in the archive */
     int16_t slots[MAX_KERNEL_ARGS]; /* value slot per parameter; -1: scratch (NULL) */
     uint16_t offsets[MAX_KERNEL_ARGS];
     uint8_t sizes[MAX_KERNEL_ARGS];
@@ -30,16 +30,16 @@ struct aotr_launchable {
     uint32_t args_size;
     int16_t divisible[MAX_KERNEL_ARGS];
     size_t num_divisible;
-    char *bind_error;             /* why this kernel cannot be launched, or NULL */
-    _Atomic(void *) function;     /* loaded on first launch */
+    char *bind_error;         /* why this kernel cannot be launched, or NULL */
+    _Atomic(void *) function; /* loaded on first launch */
 };
 
 typedef struct group {
     size_t num_runs;
-    int64_t bounds[MAX_RUNS];     /* runs[i] serves seqlens <= bounds[i]; the last the rest */
+    int64_t bounds[MAX_RUNS]; /* runs[i] serves seqlens <= bounds[i]; the last the rest */
     aotr_launchable *runs[MAX_RUNS];
-    int on_k;                     /* bucket by seqlen_k (else seqlen_q) */
-    aotr_launchable *decode;      /* before the runs where seqlen_q <= decode_rows, or NULL */
+    int on_k;                /* bucket by seqlen_k (else seqlen_q) */
+    aotr_launchable *decode; /* before the runs where seqlen_q <= decode_rows, or NULL */
     int64_t decode_rows;
 } group;
 
@@ -63,7 +63,7 @@ struct aotr_runtime {
     aotr_backend backend;
     aotr_archive **added;
     size_t num_added;
-    aotr_driver *drivers[3];       /* by aotr_backend */
+    aotr_driver *drivers[3]; /* by aotr_backend */
     _Atomic(aotr_device *) devices[MAX_DEVICES];
     aotr_status device_status[MAX_DEVICES];
     char *device_error[MAX_DEVICES];
@@ -82,12 +82,15 @@ aotr_status aotr_runtime_create(const aotr_runtime_options *options, aotr_runtim
         if (options->struct_size < sizeof(uint32_t) || options->struct_size > 4096)
             return aotr_fail(AOTR_INVALID_ARGUMENT,
                              "aotr_runtime_create: options->struct_size is %u; set it to "
-                             "sizeof(aotr_runtime_options)", options->struct_size);
+                             "sizeof(aotr_runtime_options)",
+                             options->struct_size);
         memcpy(&o, options, options->struct_size < sizeof o ? options->struct_size : sizeof o);
     }
     if (o.backend < AOTR_BACKEND_AUTO || o.backend > AOTR_BACKEND_CUDA)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_runtime_create: unknown backend %d "
-                         "(AOTR_BACKEND_AUTO, _HIP or _CUDA)", o.backend);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_runtime_create: unknown backend %d "
+                         "(AOTR_BACKEND_AUTO, _HIP or _CUDA)",
+                         o.backend);
     aotr_runtime *rt = calloc(1, sizeof *rt);
     if (!rt)
         return aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_runtime_create: out of memory");
@@ -163,8 +166,10 @@ aotr_status aotr_runtime_add_archive(aotr_runtime *rt, const char *path)
         return st;
     if (backend_of_archive(a) == AOTR_BACKEND_AUTO) {
         aotr_archive_close(a);
-        return aotr_fail(AOTR_ARCHIVE_INVALID, "%s: the manifest names no known backend "
-                         "(\"hip\" or \"cuda\"); rebuild it with `aotriton-rocm build`", path);
+        return aotr_fail(AOTR_ARCHIVE_INVALID,
+                         "%s: the manifest names no known backend "
+                         "(\"hip\" or \"cuda\"); rebuild it with `aotriton-rocm build`",
+                         path);
     }
     pthread_mutex_lock(&rt->lock);
     aotr_archive **grown = realloc(rt->added, (rt->num_added + 1) * sizeof *grown);
@@ -206,8 +211,8 @@ static int library_loaded(const char *const *names)
 
 static aotr_backend auto_backend(const aotr_runtime *rt)
 {
-    static const char *const hip[] = {"libamdhip64.so.7", "libamdhip64.so.6",
-                                      "libamdhip64.so.5", "libamdhip64.so", NULL};
+    static const char *const hip[] = {"libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5",
+                                      "libamdhip64.so", NULL};
     static const char *const cuda[] = {"libcuda.so.1", "libcuda.so", NULL};
     if (rt->backend != AOTR_BACKEND_AUTO)
         return rt->backend;
@@ -270,8 +275,8 @@ static int head_dim_step(int32_t head_dim)
 }
 
 /* -1 when the functional key cannot be indexed (unknown kernel, dtype or head dim). */
-static int group_slot(int kernel_id, aotr_dtype dtype, int32_t head_dim, int32_t pad,
-                      int32_t bias, int32_t dropout)
+static int group_slot(int kernel_id, aotr_dtype dtype, int32_t head_dim, int32_t pad, int32_t bias,
+                      int32_t dropout)
 {
     int step = head_dim_step(head_dim);
     if (kernel_id < 0 || dtype < AOTR_FP16 || dtype > AOTR_FP32 || step < 0)
@@ -286,8 +291,7 @@ static aotr_status bind_arguments(aotr_launchable *k, int kernel_id)
     char why[512] = "";
     unsigned offset = 0;
     if (r->num_args > MAX_KERNEL_ARGS || r->num_args < 2) {
-        snprintf(why, sizeof why, "%zu arguments (expected 2 to %d)", r->num_args,
-                 MAX_KERNEL_ARGS);
+        snprintf(why, sizeof why, "%zu arguments (expected 2 to %d)", r->num_args, MAX_KERNEL_ARGS);
     }
     int seen[AOTR_ARG_SLOTS] = {0};
     for (size_t i = 0; !why[0] && i < r->num_args; i++) {
@@ -303,8 +307,10 @@ static aotr_status bind_arguments(aotr_launchable *k, int kernel_id)
             if (slot < 0)
                 snprintf(why, sizeof why, "argument %s is unknown to this library", a->name);
             else if (aotr_arg_slot_kind(slot) != a->kind)
-                snprintf(why, sizeof why, "argument %s has type %s, this library passes "
-                         "another kind", a->name, a->type);
+                snprintf(why, sizeof why,
+                         "argument %s has type %s, this library passes "
+                         "another kind",
+                         a->name, a->type);
             else if (seen[slot]++)
                 snprintf(why, sizeof why, "argument %s is declared twice", a->name);
         }
@@ -335,9 +341,11 @@ static aotr_status bind_arguments(aotr_launchable *k, int kernel_id)
         k->bind_error = malloc(n);
         if (!k->bind_error)
             return aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory");
-        snprintf(k->bind_error, n, "kernel %s: %s; the archive and this library disagree on "
+        snprintf(k->bind_error, n,
+                 "kernel %s: %s; the archive and this library disagree on "
                  "the kernel ABI: install matching versions of aotriton-rocm and its kernel "
-                 "images", r->key, why);
+                 "images",
+                 r->key, why);
     }
     return AOTR_OK;
 }
@@ -487,8 +495,8 @@ static aotr_status build_tables(aotr_device *dev)
         k->record = r;
         k->index = i;
         int kid = kernel_id_of(r->kernel);
-        slot_of[i] = group_slot(kid, r->dtype, r->head_dim, r->pad_head, r->has_bias,
-                                r->enable_dropout);
+        slot_of[i] =
+            group_slot(kid, r->dtype, r->head_dim, r->pad_head, r->has_bias, r->enable_dropout);
         if (slot_of[i] < 0)
             continue;
         /* records sharing their argument lists (archive.c) bind alike */
@@ -567,15 +575,18 @@ static aotr_status device_init(aotr_runtime *rt, int32_t index, aotr_device **ou
     }
     const char *arch = aotr_archive_manifest_string(dev->archive, "arch");
     if (!arch || strcmp(arch, dev->arch) != 0) {
-        st = aotr_fail(AOTR_IDENTITY_MISMATCH, "%s: the archive is for %s, device %d is %s: "
+        st = aotr_fail(AOTR_IDENTITY_MISMATCH,
+                       "%s: the archive is for %s, device %d is %s: "
                        "install the kernel image for %s (pip install 'aotriton-rocm[%s]')",
-                       aotr_archive_path(dev->archive), arch ? arch : "(none)", index,
-                       dev->arch, dev->arch, dev->arch);
+                       aotr_archive_path(dev->archive), arch ? arch : "(none)", index, dev->arch,
+                       dev->arch, dev->arch);
         goto fail;
     }
     if (backend_of_archive(dev->archive) != aotr_driver_backend(driver)) {
-        st = aotr_fail(AOTR_IDENTITY_MISMATCH, "%s: the archive's kernels are for the %s "
-                       "backend, device %d runs on %s", aotr_archive_path(dev->archive),
+        st = aotr_fail(AOTR_IDENTITY_MISMATCH,
+                       "%s: the archive's kernels are for the %s "
+                       "backend, device %d runs on %s",
+                       aotr_archive_path(dev->archive),
                        backend_name(backend_of_archive(dev->archive)), index,
                        backend_name(aotr_driver_backend(driver)));
         goto fail;
@@ -588,8 +599,8 @@ static aotr_status device_init(aotr_runtime *rt, int32_t index, aotr_device **ou
         double t3 = aotr_now_ms();
         aotr_trace("driver_open", t1 - t0, "(device %d)", index);
         aotr_trace("device_archive", t2 - t1, "device %d %s: %s%s", index, dev->arch,
-                   aotr_archive_path(dev->archive), dev->owns_archive ? " (found and opened)"
-                                                                      : " (added)");
+                   aotr_archive_path(dev->archive),
+                   dev->owns_archive ? " (found and opened)" : " (added)");
         aotr_trace("kernel_tables", t3 - t2, "device %d (%zu kernels)", index,
                    dev->num_launchables);
     }
@@ -631,8 +642,7 @@ aotr_status aotr_runtime_device(aotr_runtime *rt, int32_t index, aotr_device **o
     return st;
 }
 
-aotr_status aotr_runtime_device_arch(aotr_runtime *rt, int32_t device, char *arch,
-                                     size_t capacity)
+aotr_status aotr_runtime_device_arch(aotr_runtime *rt, int32_t device, char *arch, size_t capacity)
 {
     if (!rt || !arch || capacity == 0)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_runtime_device_arch: NULL argument");
@@ -671,7 +681,8 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
         /* One variant, dtype fp32 and head_dim 16 fixed labels (variants.toml). */
         slots[n++] = group_slot(kernel_id, AOTR_FP32, 16, -1, -1, -1);
     } else if (kernel_id == AOTR_KERNEL_BWD_PRE || kernel_id == AOTR_KERNEL_KVCACHE ||
-               kernel_id == AOTR_KERNEL_KVCACHE_COMBINE || kernel_id == AOTR_KERNEL_BWD_DQ_CONVERT) {
+               kernel_id == AOTR_KERNEL_KVCACHE_COMBINE ||
+               kernel_id == AOTR_KERNEL_BWD_DQ_CONVERT) {
         /* always masked along the head dim; no bias or dropout axis */
         slots[n++] = group_slot(kernel_id, dtype, block_d, -1, -1, -1);
     } else {
@@ -693,8 +704,10 @@ const aotr_launchable *aotr_device_pick(aotr_device *dev, int kernel_id, aotr_dt
         }
         int32_t min_seqlen = run->record->min_seqlen;
         if (seqlen_q < min_seqlen || seqlen_k < min_seqlen) {
-            aotr_fail(AOTR_UNSUPPORTED, "the %s image's %s kernel serves sequences of %d and "
-                      "more", dev->arch, aotr_kernel_names[kernel_id], (int)min_seqlen);
+            aotr_fail(AOTR_UNSUPPORTED,
+                      "the %s image's %s kernel serves sequences of %d and "
+                      "more",
+                      dev->arch, aotr_kernel_names[kernel_id], (int)min_seqlen);
             return NULL;
         }
         return run;
@@ -739,10 +752,11 @@ aotr_status aotr_launchable_check(const aotr_launchable *k, const aotr_arg_value
                          ? (uint64_t)(uintptr_t)values[slot].p
                          : (uint64_t)(int64_t)values[slot].i32;
         if (v & 15u)
-            return aotr_fail(AOTR_NEEDS_LAYOUT, "%s: argument %s = %lld breaks the "
+            return aotr_fail(AOTR_NEEDS_LAYOUT,
+                             "%s: argument %s = %lld breaks the "
                              "divisible-by-16 assumption it was compiled with: pass a copy "
-                             "that meets aotr_layout_ok()", k->record->kernel,
-                             aotr_arg_slot_name(slot), (long long)v);
+                             "that meets aotr_layout_ok()",
+                             k->record->kernel, aotr_arg_slot_name(slot), (long long)v);
     }
     return AOTR_OK;
 }
@@ -784,11 +798,9 @@ aotr_driver *aotr_device_driver(aotr_device *dev, int32_t *index)
 }
 
 aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_launchable *k,
-                               const uint32_t grid[3], void *stream,
-                               const aotr_arg_value *values)
+                               const uint32_t grid[3], void *stream, const aotr_arg_value *values)
 {
-    void *function = atomic_load_explicit(&((aotr_launchable *)k)->function,
-                                          memory_order_acquire);
+    void *function = atomic_load_explicit(&((aotr_launchable *)k)->function, memory_order_acquire);
     /* a kernel's first launch (its module just loaded) is timed when tracing */
     double traced = -1.0;
     if (!function) {
@@ -816,27 +828,29 @@ aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_la
         /* per program, the kernel indexes it by its linear program id */
         uint64_t programs = (uint64_t)grid[0] * grid[1] * grid[2];
         if (programs > SIZE_MAX / r->global_scratch_size)
-            return aotr_fail(AOTR_INVALID_ARGUMENT, "%s (%s): %llu programs of %u bytes of "
-                             "global scratch overflow size_t", r->kernel, r->key,
-                             (unsigned long long)programs, (unsigned)r->global_scratch_size);
+            return aotr_fail(AOTR_INVALID_ARGUMENT,
+                             "%s (%s): %llu programs of %u bytes of "
+                             "global scratch overflow size_t",
+                             r->kernel, r->key, (unsigned long long)programs,
+                             (unsigned)r->global_scratch_size);
         st = aotr_driver_scratch_alloc(dev->driver, dev->index,
-                                       (size_t)programs * r->global_scratch_size, stream,
-                                       &scratch);
+                                       (size_t)programs * r->global_scratch_size, stream, &scratch);
         if (st != AOTR_OK)
             return aotr_fail_prefix(st, "%s (%s)", r->kernel, r->key);
         memcpy(buffer + k->offsets[k->num_args - 2], &scratch, sizeof scratch);
     }
     double launched = traced >= 0.0 ? aotr_now_ms() : 0.0;
-    st = aotr_driver_launch(dev->driver, dev->index, function, grid, block_x, r->shared,
-                            stream, buffer, k->args_size);
+    st = aotr_driver_launch(dev->driver, dev->index, function, grid, block_x, r->shared, stream,
+                            buffer, k->args_size);
     aotr_driver_scratch_free(dev->driver, scratch, stream);
     if (traced >= 0.0) {
         double done = aotr_now_ms();
         aotr_trace("scratch_alloc", launched - traced, "%s (%llu bytes)", r->kernel,
                    (unsigned long long)(scratch ? (uint64_t)grid[0] * grid[1] * grid[2] *
-                                                      r->global_scratch_size : 0));
-        aotr_trace("first_launch", done - launched, "%s %s (enqueue and scratch free)",
-                   r->kernel, r->key);
+                                                      r->global_scratch_size
+                                                : 0));
+        aotr_trace("first_launch", done - launched, "%s %s (enqueue and scratch free)", r->kernel,
+                   r->key);
     }
     if (st != AOTR_OK)
         return aotr_fail_prefix(st, "%s (%s)", r->kernel, r->key);

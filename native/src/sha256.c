@@ -38,7 +38,8 @@ static void compress(uint32_t h[8], const uint8_t *p)
     }
     uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
     for (int t = 0; t < 64; t++) {
-        uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[t] + w[t];
+        uint32_t t1 =
+            k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[t] + w[t];
         uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
         k = g;
         g = f;
@@ -63,8 +64,8 @@ static void compress(uint32_t h[8], const uint8_t *p)
 /* The SHA extensions keep the state as (a, b, e, f) and (c, d, g, h) and
  * run two rounds per sha256rnds2; sha256msg1/msg2 extend the schedule four
  * words at a time (Intel SHA Extensions, 2013). */
-__attribute__((target("sha,sse4.1,ssse3")))
-static void compress_blocks_x86(uint32_t h[8], const uint8_t *p, size_t blocks)
+__attribute__((target("sha,sse4.1,ssse3"))) static void
+compress_blocks_x86(uint32_t h[8], const uint8_t *p, size_t blocks)
 {
     const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
     __m128i dcba = _mm_loadu_si128((const __m128i *)(const void *)&h[0]);

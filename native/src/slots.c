@@ -41,10 +41,7 @@ const char *aotr_arg_slot_name(int slot)
     return slot >= 0 && slot < AOTR_ARG_SLOTS ? slot_names[slot] : "?";
 }
 
-aotr_arg_kind aotr_arg_slot_kind(int slot)
-{
-    return slot_kinds[slot];
-}
+aotr_arg_kind aotr_arg_slot_kind(int slot) { return slot_kinds[slot]; }
 
 const int *aotr_kernel_required_slots(int kernel_id)
 {

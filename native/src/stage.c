@@ -11,17 +11,14 @@
 
 #include "internal.h"
 
-#define ROW_ALIGN 16   /* elements: every copy's row stride is a multiple */
+#define ROW_ALIGN 16    /* elements: every copy's row stride is a multiple */
 #define BLOCK_ALIGN 256 /* bytes between the copies in the block */
 
 typedef struct row_dim {
     int64_t size, stride, staged;
 } row_dim;
 
-static size_t element_size(int32_t dtype)
-{
-    return dtype == AOTR_FP32 ? 4u : 2u;
-}
+static size_t element_size(int32_t dtype) { return dtype == AOTR_FP32 ? 4u : 2u; }
 
 void aotr_stage_init(aotr_stage *s, aotr_device *dev, void *stream)
 {
@@ -60,8 +57,10 @@ aotr_status aotr_stage_add(aotr_stage *s, aotr_tensor *slot, const char *name, i
         if (t->sizes[i] < 0 || (t->strides[i] < 0 && t->sizes[i] > 1))
             return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: negative sizes or strides", name);
     if (d > 1 && t->strides[t->rank - 1] != 1)
-        return aotr_fail(AOTR_NEEDS_LAYOUT, "%s needs a unit last stride: pass a copy that has "
-                         "one", name);
+        return aotr_fail(AOTR_NEEDS_LAYOUT,
+                         "%s needs a unit last stride: pass a copy that has "
+                         "one",
+                         name);
     if (width < d)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: padded width %lld < %lld", name,
                          (long long)width, (long long)d);
@@ -136,9 +135,10 @@ static aotr_status copy_rows(aotr_stage *s, const aotr_tensor *orig, const aotr_
         size_t up = (size_t)inner.stride * es, cp = (size_t)inner.staged * es;
         if (inner.size == 1)
             up = cp = width;
-        aotr_status st = to_copy
-            ? aotr_driver_copy_2d(drv, device, c, cp, u, up, width, (size_t)inner.size, s->stream)
-            : aotr_driver_copy_2d(drv, device, u, up, c, cp, width, (size_t)inner.size, s->stream);
+        aotr_status st = to_copy ? aotr_driver_copy_2d(drv, device, c, cp, u, up, width,
+                                                       (size_t)inner.size, s->stream)
+                                 : aotr_driver_copy_2d(drv, device, u, up, c, cp, width,
+                                                       (size_t)inner.size, s->stream);
         if (st != AOTR_OK)
             return st;
         int j = m - 1;

@@ -26,15 +26,15 @@ static int has(uint32_t struct_size, size_t end, const aotr_tensor *t)
 int aotr_varlen_fwd_places(const aotr_attn_fwd_params *p)
 {
     const size_t end = offsetof(aotr_attn_fwd_params, seqlens_k) + sizeof(aotr_tensor);
-    return has(p->struct_size, end, &p->seq_starts_q) || has(p->struct_size, end, &p->seq_starts_k) ||
-           has(p->struct_size, end, &p->seqlens_k);
+    return has(p->struct_size, end, &p->seq_starts_q) ||
+           has(p->struct_size, end, &p->seq_starts_k) || has(p->struct_size, end, &p->seqlens_k);
 }
 
 int aotr_varlen_bwd_places(const aotr_attn_bwd_params *p)
 {
     const size_t end = offsetof(aotr_attn_bwd_params, seqlens_k) + sizeof(aotr_tensor);
-    return has(p->struct_size, end, &p->seq_starts_q) || has(p->struct_size, end, &p->seq_starts_k) ||
-           has(p->struct_size, end, &p->seqlens_k);
+    return has(p->struct_size, end, &p->seq_starts_q) ||
+           has(p->struct_size, end, &p->seq_starts_k) || has(p->struct_size, end, &p->seqlens_k);
 }
 
 void aotr_placed_problem(aotr_attn_problem *p, const aotr_tensor *starts_k,
@@ -51,16 +51,18 @@ void aotr_placed_problem(aotr_attn_problem *p, const aotr_tensor *starts_k,
 static aotr_status check_vector(const aotr_tensor *t, const char *name, int64_t n)
 {
     if (t->dtype != AOTR_INT32 || t->rank != 1 || t->sizes[0] < n || t->strides[0] < 1)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be a 1-D int32 tensor of at least %lld "
-                         "entries", name, (long long)n);
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "%s must be a 1-D int32 tensor of at least %lld "
+                         "entries",
+                         name, (long long)n);
     return AOTR_OK;
 }
 
 /* Queue the copy of `n` entries of `t` to `dst`. */
 static aotr_status put(const aotr_placement *pl, int32_t *dst, const aotr_tensor *t, int64_t n)
 {
-    return aotr_copy_2d(pl->rt, pl->device, pl->stream, dst, 4, t->data,
-                        (size_t)t->strides[0] * 4, 4, (size_t)n);
+    return aotr_copy_2d(pl->rt, pl->device, pl->stream, dst, 4, t->data, (size_t)t->strides[0] * 4,
+                        4, (size_t)n);
 }
 
 aotr_status aotr_placement_begin(aotr_runtime *rt, int32_t device, void *stream,
@@ -77,11 +79,13 @@ aotr_status aotr_placement_begin(aotr_runtime *rt, int32_t device, void *stream,
     pl->cu_q = p->cu_seqlens_q.data;
     pl->cu_k = p->cu_seqlens_k.data;
     const int q_placed = starts_q && aotr_present(starts_q);
-    const int k_starts = starts_k && aotr_present(starts_k), k_lens = lens_k && aotr_present(lens_k);
+    const int k_starts = starts_k && aotr_present(starts_k),
+              k_lens = lens_k && aotr_present(lens_k);
     if (!q_placed && !k_starts && !k_lens)
         return AOTR_OK;
     if (!varlen)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "seq_starts_q/k and seqlens_k place the sequences "
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "seq_starts_q/k and seqlens_k place the sequences "
                          "of a variable-length batch: give cu_seqlens_q too");
     const int64_t b = p->cu_seqlens_q.sizes[0] - 1, n = b + 1;
     aotr_status st;

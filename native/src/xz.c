@@ -70,7 +70,6 @@ aotr_status aotr_xz_decode(const uint8_t *in, size_t in_size, uint8_t *out, size
                          in_size - in_pos);
     if (out_pos != out_size)
         return aotr_fail(AOTR_ARCHIVE_INVALID,
-                         "xz: decompressed to %zu bytes, the index records %zu", out_pos,
-                         out_size);
+                         "xz: decompressed to %zu bytes, the index records %zu", out_pos, out_size);
     return AOTR_OK;
 }

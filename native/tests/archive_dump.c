@@ -104,8 +104,8 @@ int main(int argc, char **argv)
                "\"enable_dropout\": %d, \"block_m\": %d, \"block_n\": %d, \"num_warps\": %d, "
                "\"num_stages\": %d, \"warp_size\": %d, \"shared\": %u, \"offset\": %llu, "
                "\"compressed_size\": %llu, \"size\": %llu, \"code_size\": %zu, \"args\": [",
-               (int)r->dtype, r->head_dim, r->pad_head, r->has_bias, r->enable_dropout,
-               r->block_m, r->block_n, r->num_warps, r->num_stages, r->warp_size, r->shared,
+               (int)r->dtype, r->head_dim, r->pad_head, r->has_bias, r->enable_dropout, r->block_m,
+               r->block_n, r->num_warps, r->num_stages, r->warp_size, r->shared,
                (unsigned long long)r->offset, (unsigned long long)r->compressed_size,
                (unsigned long long)r->size, jobs[0].size[i]);
         for (size_t k = 0; k < r->num_args; k++) {

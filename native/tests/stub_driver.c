@@ -65,9 +65,9 @@ STUB_API stub_result cuModuleLoadData(void **module, const void *image);
 STUB_API stub_result cuModuleUnload(void *module);
 STUB_API stub_result cuModuleGetFunction(void **function, void *module, const char *name);
 STUB_API stub_result cuFuncSetAttribute(void *function, int attribute, int value);
-STUB_API stub_result cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
-                                    unsigned bx, unsigned by, unsigned bz, unsigned shared,
-                                    void *stream, void **kernel_params, void **extra);
+STUB_API stub_result cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                    unsigned by, unsigned bz, unsigned shared, void *stream,
+                                    void **kernel_params, void **extra);
 STUB_API stub_result cuMemAllocAsync(unsigned long long *ptr, size_t bytes, void *stream);
 STUB_API stub_result cuMemFreeAsync(unsigned long long ptr, void *stream);
 STUB_API stub_result cuMemPoolCreate(void **pool, const void *props);
@@ -95,9 +95,8 @@ STUB_API stub_result hipModuleLoadData(void **module, const void *image);
 STUB_API stub_result hipModuleUnload(void *module);
 STUB_API stub_result hipModuleGetFunction(void **function, void *module, const char *name);
 STUB_API stub_result hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz,
-                                           unsigned bx, unsigned by, unsigned bz,
-                                           unsigned shared, void *stream,
-                                           void **kernel_params, void **extra);
+                                           unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                           void *stream, void **kernel_params, void **extra);
 
 STUB_API int aotr_stub_launch_count(void);
 STUB_API int aotr_stub_scratch(size_t *last_bytes, void **last_stream);
@@ -108,8 +107,8 @@ STUB_API int aotr_stub_launch_info(int i, char *symbol, size_t cap, unsigned gri
 STUB_API size_t aotr_stub_launch_args(int i, void *buf, size_t cap);
 STUB_API int aotr_stub_launch_where(int i, int *device, unsigned block[3]);
 STUB_API int aotr_stub_load_count(void);
-STUB_API int aotr_stub_load_info(int i, int *device, size_t *size, uint64_t *checksum,
-                                 char *symbol, size_t cap, unsigned *shared);
+STUB_API int aotr_stub_load_info(int i, int *device, size_t *size, uint64_t *checksum, char *symbol,
+                                 size_t cap, unsigned *shared);
 STUB_API int aotr_stub_live_modules(void);
 STUB_API int aotr_stub_calls(const char *function);
 STUB_API void aotr_stub_reset(void);
@@ -302,8 +301,8 @@ static int grow(void **array, size_t *capacity, size_t needed, size_t item)
     return 1;
 }
 
-static stub_result load_module(enum backend backend, void **out, const void *image,
-                               int device, struct stub_context *context)
+static stub_result load_module(enum backend backend, void **out, const void *image, int device,
+                               struct stub_context *context)
 {
     size_t size;
     struct stub_module *m;
@@ -384,8 +383,7 @@ static stub_result unload_module(void *handle, enum backend backend)
     return 0;
 }
 
-static stub_result get_function(void **out, void *handle, const char *name,
-                                enum backend backend)
+static stub_result get_function(void **out, void *handle, const char *name, enum backend backend)
 {
     struct stub_module *m;
     struct stub_function *f;
@@ -437,18 +435,17 @@ static stub_result decode_extra(void **kernel_params, void **extra, void *end, v
     return 1; /* no end marker among the first pairs */
 }
 
-static stub_result record_launch(enum backend backend, void *function, unsigned gx,
-                                 unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                 unsigned bz, unsigned shared, void *stream,
-                                 void **kernel_params, void **extra)
+static stub_result record_launch(enum backend backend, void *function, unsigned gx, unsigned gy,
+                                 unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                 unsigned shared, void *stream, void **kernel_params, void **extra)
 {
     void *args = NULL;
     size_t size = 0;
     unsigned char *copy = NULL;
     struct stub_function *f;
     struct launch_record *r;
-    stub_result rc = decode_extra(kernel_params, extra, backend == CUDA ? (void *)0 : (void *)3,
-                                  &args, &size);
+    stub_result rc =
+        decode_extra(kernel_params, extra, backend == CUDA ? (void *)0 : (void *)3, &args, &size);
     if (rc)
         return rc;
     if (size && !args)
@@ -471,8 +468,7 @@ static stub_result record_launch(enum backend backend, void *function, unsigned 
         rc = 400; /* a function of another context */
     } else if (backend == CUDA && shared > 49152 && shared > f->shared_optin) {
         rc = 1;
-    } else if (!grow((void **)&launches, &launches_capacity, num_launches + 1,
-                     sizeof *launches)) {
+    } else if (!grow((void **)&launches, &launches_capacity, num_launches + 1, sizeof *launches)) {
         rc = 2;
     }
     if (rc) {
@@ -512,8 +508,9 @@ static const struct {
     {101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {200, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {201, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-    {209, "CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image is available for execution on the "
-                                          "device"},
+    {209, "CUDA_ERROR_NO_BINARY_FOR_GPU",
+     "no kernel image is available for execution on the "
+     "device"},
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
@@ -736,15 +733,14 @@ stub_result cuFuncSetAttribute(void *function, int attribute, int value)
     return f ? 0 : 400;
 }
 
-stub_result cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                           unsigned by, unsigned bz, unsigned shared, void *stream,
-                           void **kernel_params, void **extra)
+stub_result cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                           unsigned bz, unsigned shared, void *stream, void **kernel_params,
+                           void **extra)
 {
     stub_result rc = cuda_enter("cuLaunchKernel");
     if (rc)
         return rc;
-    return record_launch(CUDA, f, gx, gy, gz, bx, by, bz, shared, stream, kernel_params,
-                         extra);
+    return record_launch(CUDA, f, gx, gy, gz, bx, by, bz, shared, stream, kernel_params, extra);
 }
 
 /* Stream-ordered allocations (cuMemAllocAsync): host memory here, counted
@@ -796,8 +792,8 @@ stub_result cuMemFreeAsync(unsigned long long ptr, void *stream)
 
 /* 2D copies: rows of `width` bytes, `pitch` bytes apart (pitch >= width, as
  * both real APIs require). */
-static stub_result copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch,
-                           size_t width, size_t height)
+static stub_result copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                           size_t height)
 {
     if (!dst || !src || dpitch < width || spitch < width)
         return 1;
@@ -850,8 +846,7 @@ stub_result cuMemcpy2DAsync_v2(const void *copy, void *stream)
     if (!c || !known_memory_type(c->src_type) || !known_memory_type(c->dst_type) || c->src_x ||
         c->src_y || c->dst_x || c->dst_y)
         return 1; /* host, device or unified addresses, no offsets */
-    return copy_2d(c->dst_type == 1 ? c->dst_host : (void *)(uintptr_t)c->dst_device,
-                   c->dst_pitch,
+    return copy_2d(c->dst_type == 1 ? c->dst_host : (void *)(uintptr_t)c->dst_device, c->dst_pitch,
                    c->src_type == 1 ? c->src_host : (const void *)(uintptr_t)c->src_device,
                    c->src_pitch, c->width, c->height);
 }
@@ -957,8 +952,9 @@ static const struct {
     {100, "hipErrorNoDevice", "no ROCm-capable device is detected"},
     {101, "hipErrorInvalidDevice", "invalid device ordinal"},
     {200, "hipErrorInvalidImage", "device kernel image is invalid"},
-    {209, "hipErrorNoBinaryForGpu", "no kernel image is available for execution on the "
-                                    "device"},
+    {209, "hipErrorNoBinaryForGpu",
+     "no kernel image is available for execution on the "
+     "device"},
     {303, "hipErrorSharedObjectInitFailed", "shared object initialization failed"},
     {400, "hipErrorInvalidHandle", "invalid resource handle"},
     {500, "hipErrorNotFound", "named symbol not found"},
@@ -1042,8 +1038,8 @@ stub_result hipMemsetAsync(void *ptr, int value, size_t n, void *stream)
     return 0;
 }
 
-stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
-                             size_t width, size_t height, int kind, void *stream)
+stub_result hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                             size_t height, int kind, void *stream)
 {
     stub_result rc = hip_enter("hipMemcpy2DAsync");
     (void)stream;

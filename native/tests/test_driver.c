@@ -20,22 +20,22 @@
 
 static int failures;
 
-#define CHECK(cond)                                                                          \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);         \
-            failures++;                                                                      \
-        }                                                                                    \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_OK(expr)                                                                       \
-    do {                                                                                     \
-        aotr_status st_ = (expr);                                                            \
-        if (st_ != AOTR_OK) {                                                                \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,              \
-                    aotr_status_name(st_), aotr_last_error());                               \
-            failures++;                                                                      \
-        }                                                                                    \
+#define CHECK_OK(expr)                                                                             \
+    do {                                                                                           \
+        aotr_status st_ = (expr);                                                                  \
+        if (st_ != AOTR_OK) {                                                                      \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,                    \
+                    aotr_status_name(st_), aotr_last_error());                                     \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 /* `got` must be `want` and the message must contain every string given
@@ -66,8 +66,7 @@ static void expect_(const char *file, int line, aotr_status got, aotr_status wan
 struct stub {
     void *lib;
     int (*launch_count)(void);
-    int (*launch_info)(int, char *, size_t, unsigned[3], unsigned *, unsigned *, void **,
-                       size_t *);
+    int (*launch_info)(int, char *, size_t, unsigned[3], unsigned *, unsigned *, void **, size_t *);
     size_t (*launch_args)(int, void *, size_t);
     int (*launch_where)(int, int *, unsigned[3]);
     int (*load_count)(void);
@@ -92,7 +91,7 @@ static void bind_(void *lib, const char *name, void *field, size_t size)
     }
     memcpy(field, &p, size);
 }
-#define BIND(s, field, name) bind_((s)->lib, name, &(s)->field, sizeof (s)->field)
+#define BIND(s, field, name) bind_((s)->lib, name, &(s)->field, sizeof(s)->field)
 
 /* The stub instance at `path`, which must already be loaded. */
 static void stub_bind(struct stub *s, const char *path)
@@ -150,11 +149,11 @@ static size_t make_elf(unsigned char *buf, size_t payload, unsigned seed)
     buf[4] = 2; /* ELFCLASS64 */
     buf[5] = 1; /* little endian */
     buf[6] = 1;
-    put(buf + 16, 2, 2);        /* ET_EXEC */
-    put(buf + 40, shoff, 8);    /* e_shoff */
-    put(buf + 52, 64, 2);       /* e_ehsize */
-    put(buf + 58, 64, 2);       /* e_shentsize */
-    put(buf + 60, 2, 2);        /* e_shnum */
+    put(buf + 16, 2, 2);     /* ET_EXEC */
+    put(buf + 40, shoff, 8); /* e_shoff */
+    put(buf + 52, 64, 2);    /* e_ehsize */
+    put(buf + 58, 64, 2);    /* e_shentsize */
+    put(buf + 60, 2, 2);     /* e_shnum */
     for (size_t i = 0; i < payload; i++)
         buf[64 + i] = (unsigned char)(seed * 31u + i * 7u);
     put(buf + shoff + 64 + 4, 1, 4);        /* SHT_PROGBITS */
@@ -289,8 +288,7 @@ static void test_arch(void)
     EXPECT(aotr_driver_device_arch(d, 7, arch, sizeof arch), AOTR_DRIVER_ERROR,
            "device 7: cuDeviceGet failed: CUDA_ERROR_INVALID_DEVICE: invalid device ordinal "
            "(code 101; no such device index");
-    EXPECT(aotr_driver_device_arch(d, -1, arch, sizeof arch), AOTR_INVALID_ARGUMENT,
-           "negative");
+    EXPECT(aotr_driver_device_arch(d, -1, arch, sizeof arch), AOTR_INVALID_ARGUMENT, "negative");
     aotr_driver_close(d);
 
     d = open_stub(AOTR_BACKEND_HIP);
@@ -314,8 +312,8 @@ static void test_arch(void)
 }
 
 static void check_launch(int i, const char *symbol, const uint32_t grid[3], uint32_t block_x,
-                         uint32_t shared, void *stream, const unsigned char *args,
-                         size_t args_size, int module)
+                         uint32_t shared, void *stream, const unsigned char *args, size_t args_size,
+                         int module)
 {
     char got_symbol[64];
     unsigned got_grid[3], got_block_x = 0, got_shared = 0, block[3];
@@ -406,9 +404,9 @@ static void test_load_launch(aotr_backend backend)
         CHECK(stub.cuda_retains(1) == 1);
         /* Launching device 1's function with device 0's context current is
          * the caller's mistake; the driver reports it. */
-        EXPECT(aotr_driver_launch(d, 1, fn1, grid, 256, 0, NULL, args, nargs),
-               AOTR_DRIVER_ERROR, "cuLaunchKernel failed: CUDA_ERROR_INVALID_HANDLE",
-               "belongs to another device", "device 1]");
+        EXPECT(aotr_driver_launch(d, 1, fn1, grid, 256, 0, NULL, args, nargs), AOTR_DRIVER_ERROR,
+               "cuLaunchKernel failed: CUDA_ERROR_INVALID_HANDLE", "belongs to another device",
+               "device 1]");
         stub.cuda_set_current(1);
         CHECK_OK(aotr_driver_launch(d, 1, fn1, grid, 256, 0, NULL, args, nargs));
         stub.cuda_set_current(0);
@@ -418,8 +416,8 @@ static void test_load_launch(aotr_backend backend)
         CHECK(stub.calls("hipSetDevice") == 2);
         CHECK_OK(aotr_driver_launch(d, 1, fn1, grid, 256, 0, NULL, args, nargs));
     }
-    CHECK(stub.launch_info(stub.launch_count() - 1, symbol, sizeof symbol, NULL, NULL, NULL,
-                           NULL, NULL) == index0 + 2);
+    CHECK(stub.launch_info(stub.launch_count() - 1, symbol, sizeof symbol, NULL, NULL, NULL, NULL,
+                           NULL) == index0 + 2);
 
     /* A thread with a context of its own (not a primary one): the load
      * pushes and pops, leaving it current. */
@@ -556,8 +554,7 @@ static void test_errors_hip(void)
     CHECK(stub.hip_set_device(0) == 0);
 
     stub.fail_next("hipModuleLaunchKernel", 701);
-    EXPECT(aotr_driver_launch(d, 0, fn, grid, 512, 100000, NULL, args, nargs),
-           AOTR_DRIVER_ERROR,
+    EXPECT(aotr_driver_launch(d, 0, fn, grid, 512, 100000, NULL, args, nargs), AOTR_DRIVER_ERROR,
            "hipModuleLaunchKernel failed: hipErrorLaunchOutOfResources: too many resources "
            "requested for launch (code 701; the kernel needs more registers or LDS",
            "[grid (1, 1, 7), block (512, 1, 1), shared 100000 bytes, stream (nil), 24 argument "

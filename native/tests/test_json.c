@@ -229,7 +229,8 @@ static void test_strings(void)
     string_is("\"\\u0041\\u00e9\\u20AC\"", "A\xc3\xa9\xe2\x82\xac", 6);
     string_is("\"\\ud83d\\ude00\"", "\xf0\x9f\x98\x80", 4); /* U+1F600 */
     string_is("\"\\uDBFF\\uDFFF\"", "\xf4\x8f\xbf\xbf", 4); /* U+10FFFF */
-    string_is("\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"", "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", 9);
+    string_is("\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"", "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80",
+              9);
     string_is("\"\\u0001\"", "\x01", 1);
     string_is("\"\x7f\"", "\x7f", 1);
 }
@@ -298,9 +299,10 @@ static void test_depth(void)
  * depth limit holds for a repeat nested deeper than its first occurrence. */
 static void test_repeats(void)
 {
-#define ARGS(last) "[[\"Q\",\"*fp16\"],[\"K\",\"*fp16\"],[\"V\",\"*fp16\"],[\"stride_qz\",\"" last "\"]]"
-    const char *text = "{\"k\":[{\"args\":" ARGS("i32") "},{\"args\":" ARGS("i32") "},{\"args\":" ARGS(
-        "i64") "},[" ARGS("i32") "]]}";
+#define ARGS(last)                                                                                 \
+    "[[\"Q\",\"*fp16\"],[\"K\",\"*fp16\"],[\"V\",\"*fp16\"],[\"stride_qz\",\"" last "\"]]"
+    const char *text = "{\"k\":[{\"args\":" ARGS("i32") "},{\"args\":" ARGS(
+        "i32") "},{\"args\":" ARGS("i64") "},[" ARGS("i32") "]]}";
 #undef ARGS
     aotr_json *doc = parse(text);
     const aotr_json *k = aotr_json_get(doc, "k");
@@ -309,7 +311,8 @@ static void test_repeats(void)
     } else {
         static const char *const want[] = {"i32", "i32", "i64", "i32"};
         for (size_t i = 0; i < 4; i++) {
-            const aotr_json *list = i < 3 ? aotr_json_get(&k->items[i], "args") : &k->items[i].items[0];
+            const aotr_json *list =
+                i < 3 ? aotr_json_get(&k->items[i], "args") : &k->items[i].items[0];
             const char *got = list && list->n == 4 ? aotr_json_str(&list->items[3].items[1]) : NULL;
             if (got == NULL || strcmp(got, want[i]) != 0)
                 FAIL("repeats: list %zu ends in %s, not %s", i, got ? got : "(none)", want[i]);
@@ -349,8 +352,9 @@ static void test_repeats(void)
  * fails cleanly (ASan/UBSan builds check the reads). */
 static void test_prefixes(void)
 {
-    const char *text = "{\"manifest\":{\"arch\":\"sm_90\",\"n\":-1.5e-3,\"u\":\"\\ud83d\\ude00\\u00e9\","
-                       "\"t\":[true,false,null]},\"kernels\":[{\"args\":[[\"Q\",\"*fp16\"]]}]}";
+    const char *text =
+        "{\"manifest\":{\"arch\":\"sm_90\",\"n\":-1.5e-3,\"u\":\"\\ud83d\\ude00\\u00e9\","
+        "\"t\":[true,false,null]},\"kernels\":[{\"args\":[[\"Q\",\"*fp16\"]]}]}";
     size_t len = strlen(text);
     aotr_json *doc = parse(text);
     if (doc == NULL)
@@ -363,8 +367,8 @@ static void test_prefixes(void)
         aotr_json_free(doc);
     }
     char *copy = malloc(len);
-    static const char bytes[] = {'"', '\\', '{', '}', '[', ']', ',', ':', 'u', '0', '\0',
-                                 '\x80', '\xff', 'e', '-', '.', ' '};
+    static const char bytes[] = {'"', '\\', '{',    '}',    '[', ']', ',', ':', 'u',
+                                 '0', '\0', '\x80', '\xff', 'e', '-', '.', ' '};
     for (size_t i = 0; i < len; i++)
         for (size_t b = 0; b < sizeof bytes; b++) {
             memcpy(copy, text, len);

@@ -53,8 +53,9 @@ int main(void)
     const char *m448 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
     check("448 bits", m448, strlen(m448),
           "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-    const char *m896 = "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklm"
-                       "nopqklmnopqrlmnopqrsmnopqrstnopqrstu";
+    const char *m896 =
+        "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklm"
+        "nopqklmnopqrlmnopqrsmnopqrstnopqrstu";
     check("896 bits", m896, strlen(m896),
           "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1");
     /* 55, 56, 63 and 64 bytes: the padding boundaries */
@@ -94,7 +95,9 @@ int main(void)
     else
         expect_digest("hex round trip", h, good);
     const char *bad[] = {
-        "", "ba78", NULL,
+        "",
+        "ba78",
+        NULL,
         "BA7816BF8F01CFEA414140DE5DAE2223B00361A396177A9CB410FF61F20015AD",
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad0",
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015a",

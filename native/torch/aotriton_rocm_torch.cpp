@@ -24,7 +24,8 @@
 
 #include <torch/csrc/stable/library.h>
 
-namespace {
+namespace
+{
 
 namespace sd = torch::stable::detail;
 
@@ -44,7 +45,7 @@ const char *const kOpNames[kOps] = {
 // The argument kinds (see aotr_torch_config.arg_kinds) of the arguments
 // these kernels read; later ones must be None.
 const char *const kKnownKinds[kOps] = {
-    "TTTxxxo", "TTTTTTTTxxxxTTo", "TTTttxxxxxooott", "TTTTTTTTxxxxTTooo", "TTTtxxxo",
+    "TTTxxxo",       "TTTTTTTTxxxxTTo",  "TTTttxxxxxooott",     "TTTTTTTTxxxxTTooo", "TTTtxxxo",
     "TTTTTTTTTxLxo", "TTTttxxxoxxxxtxx", "TTTTTTTttxxxoxxxxtx", "TTTTttttoxxxxxtxx",
 };
 
@@ -61,8 +62,9 @@ void check(AOTITorchError err, const char *what)
 }
 
 // An owned AtenTensorHandle.
-class Owned {
-public:
+class Owned
+{
+  public:
     Owned() = default;
     explicit Owned(AtenTensorHandle h) : h_(h) {}
     Owned(const Owned &) = delete;
@@ -82,7 +84,7 @@ public:
     AtenTensorHandle release() { return std::exchange(h_, nullptr); }
     explicit operator bool() const { return h_ != nullptr; }
 
-private:
+  private:
     AtenTensorHandle h_ = nullptr;
 };
 
@@ -151,9 +153,8 @@ Owned empty_strided(const std::vector<int64_t> &sizes, const std::vector<int64_t
                     int32_t dtype, const Info &like)
 {
     AtenTensorHandle out = nullptr;
-    check(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(),
-                                   strides.data(), dtype, like.device_type, like.device_index,
-                                   &out),
+    check(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), strides.data(),
+                                   dtype, like.device_type, like.device_index, &out),
           "aoti_torch_empty_strided");
     return Owned(out);
 }
@@ -239,7 +240,7 @@ struct State {
     ~State()
     {
         unregister();
-        aux.clear();  // runtimes are kept: see runtime_for()
+        aux.clear(); // runtimes are kept: see runtime_for()
     }
 
     void unregister()
@@ -433,22 +434,17 @@ struct Args {
     {
         for (size_t i = 0; i < n; ++i) {
             switch (kinds[i]) {
-            case 'T':
-                aoti_torch_delete_tensor_object(tensor(i));
-                break;
+            case 'T': aoti_torch_delete_tensor_object(tensor(i)); break;
             case 't':
             case 'o': {
                 auto *box = sd::to<StableIValue *>(stack[i]);
                 if (box && kinds[i] == 't')
                     aoti_torch_delete_tensor_object(sd::to<AtenTensorHandle>(*box));
-                delete box;  // allocated with new StableIValue by torch
+                delete box; // allocated with new StableIValue by torch
                 break;
             }
-            case 'L':
-                torch_delete_list(sd::to<StableListHandle>(stack[i]));
-                break;
-            default:
-                break;
+            case 'L': torch_delete_list(sd::to<StableListHandle>(stack[i])); break;
+            default: break;
             }
         }
     }
@@ -472,8 +468,12 @@ struct Outputs {
 bool aotr_dtype_of(const State &s, int32_t dtype, int32_t *out)
 {
     const DTypes &d = s.dt;
-    *out = dtype == d.f16 ? AOTR_FP16 : dtype == d.bf16 ? AOTR_BF16 : dtype == d.f32 ? AOTR_FP32
-         : dtype == d.i32 ? AOTR_INT32 : dtype == d.i64 ? AOTR_INT64 : AOTR_DTYPE_INVALID;
+    *out = dtype == d.f16    ? AOTR_FP16
+           : dtype == d.bf16 ? AOTR_BF16
+           : dtype == d.f32  ? AOTR_FP32
+           : dtype == d.i32  ? AOTR_INT32
+           : dtype == d.i64  ? AOTR_INT64
+                             : AOTR_DTYPE_INVALID;
     return *out != AOTR_DTYPE_INVALID;
 }
 
@@ -711,7 +711,8 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
     // so torch's ops cannot honour it (docs/USAGE.md, "Features in detail");
     // flash-attn's passes it.
     Owned dq_accum;
-    if (!mods.deterministic && aotr_attn_supported(s.runtime, tg.device, &p.problem,
+    if (!mods.deterministic &&
+        aotr_attn_supported(s.runtime, tg.device, &p.problem,
                             AOTR_NEED_BACKWARD | AOTR_NEED_DQ_ACCUM) == AOTR_OK) {
         std::vector<int64_t> sizes = q.size_vec(); // in q's dim order, so `perm` applies
         dq_accum = empty_strided(sizes, contiguous_strides(sizes), s.dt.f32, q);
@@ -1092,8 +1093,8 @@ bool eff_bwd(const State &s, const Args &a)
 }
 
 using Impl = bool (*)(const State &, const Args &);
-const Impl kImpls[kOps] = {flash_fwd, flash_bwd, fa_fwd, fa_bwd, eff_fwd, eff_bwd,
-                           op_fwd,    op_bwd,    op_kvcache};
+const Impl kImpls[kOps] = {flash_fwd, flash_bwd, fa_fwd, fa_bwd,    eff_fwd,
+                           eff_bwd,   op_fwd,    op_bwd, op_kvcache};
 
 [[noreturn]] void fallback_failed(const State &s, int op)
 {
@@ -1160,7 +1161,7 @@ GetStream find_get_stream()
         if (!h)
             continue;
         void *sym = dlsym(h, "aoti_torch_get_current_cuda_stream");
-        dlclose(h);  // balances the NOLOAD reference; torch keeps it loaded
+        dlclose(h); // balances the NOLOAD reference; torch keeps it loaded
         if (sym)
             return reinterpret_cast<GetStream>(sym);
     }
@@ -1173,7 +1174,7 @@ int fail(const std::string &msg)
     return -1;
 }
 
-}  // namespace
+} // namespace
 
 extern "C" {
 
@@ -1202,7 +1203,7 @@ __attribute__((visibility("default"))) int aotr_torch_activate(const aotr_torch_
     s->exception_what = reinterpret_cast<ExceptionWhat>(
         dlsym(RTLD_DEFAULT, "torch_exception_get_what_without_backtrace"));
     s->dt = {aoti_torch_dtype_float16(), aoti_torch_dtype_bfloat16(), aoti_torch_dtype_float32(),
-             aoti_torch_dtype_int32(), aoti_torch_dtype_int64(), aoti_torch_dtype_uint64()};
+             aoti_torch_dtype_int32(),   aoti_torch_dtype_int64(),    aoti_torch_dtype_uint64()};
     s->rng_seed_rank = c->rng_seed_rank;
     s->rng_seed_size = c->rng_seed_size;
     s->rng_unsigned = c->rng_unsigned != 0;
@@ -1213,15 +1214,14 @@ __attribute__((visibility("default"))) int aotr_torch_activate(const aotr_torch_
 
     // Replace an active set: its registrations go first.
     replace_state(nullptr);
-    if (c->aten_ops &&
-        aoti_torch_library_init_impl("aten", c->dispatch_key, __FILE__, __LINE__, &s->library) !=
-            AOTI_TORCH_SUCCESS)
+    if (c->aten_ops && aoti_torch_library_init_impl("aten", c->dispatch_key, __FILE__, __LINE__,
+                                                    &s->library) != AOTI_TORCH_SUCCESS)
         return fail(std::string("aotr_torch_activate: cannot open aten's ") + c->dispatch_key +
                     " kernels (see torch's error above)");
     if (aoti_torch_library_init_impl(c->fallback_namespace, c->dispatch_key, __FILE__, __LINE__,
                                      &s->ours) != AOTI_TORCH_SUCCESS)
-        return fail(std::string("aotr_torch_activate: cannot open ") + c->fallback_namespace + "'s " +
-                    c->dispatch_key + " kernels (see torch's error above)");
+        return fail(std::string("aotr_torch_activate: cannot open ") + c->fallback_namespace +
+                    "'s " + c->dispatch_key + " kernels (see torch's error above)");
     for (int i = first; i < kOps; ++i) {
         if (torch_library_impl(i < kAtenOps ? s->library : s->ours, kOpNames[i], kBoxed[i],
                                TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS)
@@ -1264,4 +1264,4 @@ __attribute__((visibility("default"))) uint64_t aotr_torch_fallback_count(void)
     return guard.state ? guard.state->fallbacks.load(std::memory_order_relaxed) : 0;
 }
 
-}  // extern "C"
+} // extern "C"

@@ -46,9 +46,10 @@ aotr_status philox_inputs(Session &s, uint64_t offset2, std::pair<void *, void *
   }
   if (st == AOTR_OK) st = aotr_philox_state(runtime(), &ps);
   if (st == AOTR_UNSUPPORTED)
-    return fail(AOTR_UNSUPPORTED, "dropout with philox_offset2 (graph capture) needs the "
-                                  "philox_state kernel, which this kernel image predates: "
-                                  "install the image wheel of this release");
+    return fail(AOTR_UNSUPPORTED,
+                "dropout with philox_offset2 (graph capture) needs the "
+                "philox_state kernel, which this kernel image predates: "
+                "install the image wheel of this release");
   *seed = ps.seed_out;
   *offset = ps.offset_out;
   return st;
@@ -115,11 +116,12 @@ aotr_status map_varlen(const Varlen &v, aotr_attn_problem *p, SeqInfo *si) {
   if (qm == 0 && km == 0) return AOTR_OK;
   if ((qm != kPackedSide && qm != kStridedSide) ||
       (km != kPackedSide && km != kStridedSide && km != kUsedSide))
-    return fail(AOTR_UNSUPPORTED, "varlen_bits: this library computes dense batches and "
-                                  "stacked (THD) sequences whose lengths are cumulative (Q, K) "
-                                  "or individual (K), starting where the lengths say or at "
-                                  "seqinfo_?1 (packed 0x0B0B, strided 0x1313, seqused_k 0x150B; "
-                                  "the padded BHSD layout 0x0202 is not covered)");
+    return fail(AOTR_UNSUPPORTED,
+                "varlen_bits: this library computes dense batches and "
+                "stacked (THD) sequences whose lengths are cumulative (Q, K) "
+                "or individual (K), starting where the lengths say or at "
+                "seqinfo_?1 (packed 0x0B0B, strided 0x1313, seqused_k 0x150B; "
+                "the padded BHSD layout 0x0202 is not covered)");
   if (!v.q0 || !v.k0 || (qm == kStridedSide && !v.q1) || (km != kPackedSide && !v.k1))
     return fail(AOTR_INVALID_ARGUMENT, "varlen_bits names a seqinfo array that is a null view");
   p->cu_seqlens_q = core_tensor(v.q0);
@@ -196,8 +198,9 @@ aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_a
   if (mapped != AOTR_OK) return mapped;
   si->placed = si->starts_q.data || si->starts_k.data || si->lens_k.data;
   if (varlen && in.Q.size(0) != 1)
-    return fail(AOTR_INVALID_ARGUMENT, "a variable-length batch passes (1, heads, total, "
-                                       "head_dim) views");
+    return fail(AOTR_INVALID_ARGUMENT,
+                "a variable-length batch passes (1, heads, total, "
+                "head_dim) views");
   p->q = core_tensor(in.Q);
   p->k = core_tensor(in.K);
   p->v = core_tensor(in.V);
@@ -241,8 +244,8 @@ aotr_status build_problem(const Params &in, const Varlen &vl, Session &s, aotr_a
   if (in.dropout_p > 0.0f) {
     p->philox_seed = int64_scalar(in.philox_seed_ptr.data_ptr());
     p->philox_offset = int64_scalar(in.philox_offset1.data_ptr());
-    st = philox_inputs(s, in.philox_offset2, philox_outputs(in), &p->philox_seed,
-                       &p->philox_offset);
+    st =
+        philox_inputs(s, in.philox_offset2, philox_outputs(in), &p->philox_seed, &p->philox_offset);
   }
   if (st == AOTR_OK) st = map_mask(in.causal_type, in.window_left, in.window_right, p);
   si->core_copies = p->q.sizes[p->q.rank - 1] != p->v.sizes[p->v.rank - 1];
@@ -428,7 +431,8 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   b.grad_v = user_dv;
   b.grad_bias = user_db;
   for (aotr_tensor *g : {&b.grad_q, &b.grad_k, &b.grad_v})
-    if (st == AOTR_OK && !core_stages(*g, si.core_copies)) st = si.placed ? s.inout(g) : s.output(g);
+    if (st == AOTR_OK && !core_stages(*g, si.core_copies))
+      st = si.placed ? s.inout(g) : s.output(g);
   if (st == AOTR_OK) st = s.output(&b.grad_bias, true);
   if (st == AOTR_OK) {
     /* Delta: the caller's lazy tensor where it has the logsumexp's layout */
@@ -440,7 +444,8 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
       st = s.scratch(&b.delta, AOTR_FP32, b.lse.rank, b.lse.sizes, false);
   }
   if (st == AOTR_OK && !deterministic &&
-      aotr_attn_supported(runtime(), device, &p, AOTR_NEED_BACKWARD | AOTR_NEED_DQ_ACCUM) == AOTR_OK) {
+      aotr_attn_supported(runtime(), device, &p, AOTR_NEED_BACKWARD | AOTR_NEED_DQ_ACCUM) ==
+          AOTR_OK) {
     /* the fused backward sums dQ in fp32 (faster; not bitwise reproducible) */
     acc_view = acquire(in.DQ_ACC);
     aotr_tensor acc = rows(core_tensor(acc_view));
@@ -457,7 +462,8 @@ hipError_t backward(const attn_bwd_params &in, void *stream, bool deterministic)
   in.DQ_ACC.free();
   if (st == AOTR_OK) return hipSuccess;
   hipError_t err = report(st, "attn_bwd");
-  for (const aotr_tensor *t : {&user_dq, &user_dk, &user_dv, static_cast<const aotr_tensor *>(&user_db)})
+  for (const aotr_tensor *t :
+       {&user_dq, &user_dk, &user_dv, static_cast<const aotr_tensor *>(&user_db)})
     (void)s.poison(*t);
   return err;
 }

@@ -16,12 +16,12 @@
 
 namespace aotriton_rocm_v2 {
 
+using aotriton::v3::flash::LT2;
+using aotriton::v3::flash::LT4;
 using aotriton::v3::flash::T0;
 using aotriton::v3::flash::T1;
 using aotriton::v3::flash::T2;
 using aotriton::v3::flash::T4;
-using aotriton::v3::flash::LT2;
-using aotriton::v3::flash::LT4;
 
 /* attn_fwd_params of params version 3 (0.12b, 0.13b). */
 struct FwdParamsV3 {

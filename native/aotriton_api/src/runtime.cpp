@@ -30,7 +30,7 @@ struct State {
 };
 
 State &state() {
-  static State *s = new State;  /* never destroyed: API calls may come during exit */
+  static State *s = new State; /* never destroyed: API calls may come during exit */
   return *s;
 }
 
@@ -63,15 +63,16 @@ std::string find_image(const std::string &arch) {
   if (dir.empty() || arch.empty()) return "";
   const std::string file = arch + ".aotr";
   const std::string vendor = arch.compare(0, 3, "sm_") == 0 ? "nvidia-" : "amd-";
-  for (const std::string &c : {dir + "/aotriton.images/" + vendor + arch + "/" + file,
-                               dir + "/aotriton.images/" + file})
+  for (const std::string &c :
+       {dir + "/aotriton.images/" + vendor + arch + "/" + file, dir + "/aotriton.images/" + file})
     if (is_file(c)) return c;
   std::string package = "aotriton_rocm_";
   for (char ch : arch)
     if (ch != '_') package += ch;
   std::string up = dir;
   for (int level = 0; level <= 5 && !up.empty(); level++) {
-    for (const std::string &c : {up + "/" + package + "/" + file, up + "/share/aotriton-rocm/" + file})
+    for (const std::string &c :
+         {up + "/" + package + "/" + file, up + "/share/aotriton-rocm/" + file})
       if (is_file(c)) return c;
     size_t slash = up.rfind('/');
     up = slash == std::string::npos || slash == 0 ? "" : up.substr(0, slash);
@@ -89,7 +90,7 @@ aotr_runtime *runtime() {
     /* For tests and unusual installs: the driver library, and the backend. */
     o.driver_library = std::getenv("AOTRITON_ROCM_DRIVER_LIBRARY");
     const char *backend = std::getenv("AOTRITON_ROCM_BACKEND");
-    o.backend = backend && !std::strcmp(backend, "cuda") ? AOTR_BACKEND_CUDA
+    o.backend = backend && !std::strcmp(backend, "cuda")  ? AOTR_BACKEND_CUDA
                 : backend && !std::strcmp(backend, "hip") ? AOTR_BACKEND_HIP
                                                           : AOTR_BACKEND_AUTO;
     if (aotr_runtime_create(&o, &s.rt) != AOTR_OK) {
@@ -116,7 +117,8 @@ aotr_status current_device(int32_t *device) {
   const std::string image = std::getenv("AOTRITON_ROCM_ARCHIVE_DIR") ? "" : find_image(arch);
   /* a failure here is kept: the core's own search still runs at first use */
   if (!image.empty() && aotr_runtime_add_archive(rt, image.c_str()) != AOTR_OK)
-    std::fprintf(stderr, "[aotriton-rocm libaotriton_v2] %s: %s\n", image.c_str(), aotr_last_error());
+    std::fprintf(stderr, "[aotriton-rocm libaotriton_v2] %s: %s\n", image.c_str(),
+                 aotr_last_error());
   s.prepared[static_cast<size_t>(*device)] = true;
   return AOTR_OK;
 }
@@ -185,7 +187,7 @@ size_t element_size(int32_t dtype) {
  * PyTorch's sdp_utils admits on ROCm must be covered by the device's image.
  * Tighten (or widen) the admitted set here, nowhere else. */
 namespace admitted {
-constexpr int kMaxHeadDim = 512;                     /* aotriton_max_hdim() */
+constexpr int kMaxHeadDim = 512; /* aotriton_max_hdim() */
 constexpr int32_t kDtypes[] = {AOTR_FP16, AOTR_BF16, AOTR_FP32};
 constexpr int64_t kSeqlens[] = {1, 128, 8192}; /* short, middle and long buckets */
 }  // namespace admitted

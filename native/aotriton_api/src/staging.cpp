@@ -50,12 +50,15 @@ aotr_status copy_views(int32_t device, void *stream, const aotr_tensor &dst,
   int row = -1;
   for (size_t j = 0; j < dims.size(); j++) {
     const Dim &d = dims[j];
-    if (d.src >= width && d.dst >= width && (row < 0 || d.size > dims[static_cast<size_t>(row)].size))
+    if (d.src >= width && d.dst >= width &&
+        (row < 0 || d.size > dims[static_cast<size_t>(row)].size))
       row = static_cast<int>(j);
   }
   const size_t rows = row < 0 ? 1 : static_cast<size_t>(dims[static_cast<size_t>(row)].size);
-  const size_t src_pitch = row < 0 ? static_cast<size_t>(width) : static_cast<size_t>(dims[static_cast<size_t>(row)].src);
-  const size_t dst_pitch = row < 0 ? static_cast<size_t>(width) : static_cast<size_t>(dims[static_cast<size_t>(row)].dst);
+  const size_t src_pitch = row < 0 ? static_cast<size_t>(width)
+                                   : static_cast<size_t>(dims[static_cast<size_t>(row)].src);
+  const size_t dst_pitch = row < 0 ? static_cast<size_t>(width)
+                                   : static_cast<size_t>(dims[static_cast<size_t>(row)].dst);
   if (row >= 0) dims.erase(dims.begin() + row);
   std::vector<int64_t> index(dims.size(), 0);
   for (;;) {
@@ -177,12 +180,11 @@ aotr_status Session::input(aotr_tensor *t, bool contiguous) {
 aotr_status Session::output(aotr_tensor *t, bool zero_it, bool contiguous) {
   if (!t->data) return AOTR_OK;
   const bool fits = contiguous ? is_contiguous(*t) && aotr_layout_ok(t) : aotr_layout_ok(t);
-  if (fits && !(zero_it && !is_contiguous(*t)))
-    return zero_it ? zero(*t) : AOTR_OK;
+  if (fits && !(zero_it && !is_contiguous(*t))) return zero_it ? zero(*t) : AOTR_OK;
   aotr_tensor staged;
   aotr_status st = stage(this, t, contiguous, &staged);
   if (st == AOTR_OK && zero_it) {
-    aotr_tensor span = staged;  /* the whole padded block */
+    aotr_tensor span = staged; /* the whole padded block */
     int64_t elements = 1;
     for (int i = 0; i < staged.rank; i++)
       if (staged.sizes[i] > 0) elements = std::max(elements, staged.strides[i] * staged.sizes[i]);
@@ -218,7 +220,8 @@ aotr_status Session::read_i32(const void *src, size_t count, std::vector<int32_t
   out->assign(count, 0);
   if (count == 0) return AOTR_OK;
   const size_t bytes = count * sizeof(int32_t);
-  aotr_status st = aotr_copy_2d(runtime(), device_, stream_, out->data(), bytes, src, bytes, bytes, 1);
+  aotr_status st =
+      aotr_copy_2d(runtime(), device_, stream_, out->data(), bytes, src, bytes, bytes, 1);
   if (st == AOTR_OK) st = aotr_stream_synchronize(runtime(), device_, stream_);
   return st;
 }

@@ -17,9 +17,8 @@ hipError_t check_gpu(aotriton::Stream /*stream: any, capturing included*/) {
 }
 
 hipError_t debug_simulate_encoded_softmax(TensorView<4> r, float dropout_p,
-                                          TensorView<0> philox_seed,
-                                          TensorView<0> philox_offset1, uint64_t philox_offset2,
-                                          aotriton::Stream stream) {
+                                          TensorView<0> philox_seed, TensorView<0> philox_offset1,
+                                          uint64_t philox_offset2, aotriton::Stream stream) {
   int32_t device = 0;
   aotr_status st = current_device(&device);
   if (st != AOTR_OK) return report(st, "debug_simulate_encoded_softmax");
@@ -104,8 +103,8 @@ hipError_t fwd(T4 q, T4 k, T4 v, T4 b, T1 cu_q, T1 cu_k, int32_t max_q, int32_t 
 
 hipError_t bwd(T4 q, T4 k, T4 v, T1 cu_q, T1 cu_k, int32_t max_q, int32_t max_k, T4 b,
                float sm_scale, T4 out, T4 dout, T4 dq, T4 dk, T4 dv, T4 db, T2 softmax_lse,
-               T2 delta, float dropout_p, T0 philox_seed, T0 philox_offset1,
-               int64_t philox_offset2, bool is_causal, aotriton::Stream stream) {
+               T2 delta, float dropout_p, T0 philox_seed, T0 philox_offset1, int64_t philox_offset2,
+               bool is_causal, aotriton::Stream stream) {
   v3::flash::attn_bwd_params p;
   p.Q = q;
   p.K = k;
@@ -135,8 +134,8 @@ hipError_t bwd(T4 q, T4 k, T4 v, T1 cu_q, T1 cu_k, int32_t max_q, int32_t max_k,
 
 }  // namespace
 
-hipError_t attn_fwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T2 softmax_lse, T4 Out,
-                    float dropout_p, T0 philox_seed, T0 philox_offset1, int64_t philox_offset2,
+hipError_t attn_fwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T2 softmax_lse, T4 Out, float dropout_p,
+                    T0 philox_seed, T0 philox_offset1, int64_t philox_offset2,
                     T0 philox_seed_output, T0 philox_offset_output, T4 encoded_softmax,
                     bool is_causal, T0 atomic_for_causal, aotriton::Stream stream,
                     FwdExtraArguments *) {
@@ -148,10 +147,10 @@ hipError_t attn_fwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T2 softmax_lse, T4 O
 hipError_t attn_fwd_compact_varlen(T4 q, T4 k, T4 v, T4 b, T1 cu_seqlens_q, T1 cu_seqlens_k,
                                    int32_t max_seqlen_q, int32_t max_seqlen_k, float sm_scale,
                                    T2 softmax_lse, T4 Out, float dropout_p, T0 philox_seed,
-                                   T0 philox_offset1, int64_t philox_offset2,
-                                   T0 philox_seed_output, T0 philox_offset_output,
-                                   T4 encoded_softmax, bool is_causal, T0 atomic_for_causal,
-                                   aotriton::Stream stream, FwdExtraArguments *) {
+                                   T0 philox_offset1, int64_t philox_offset2, T0 philox_seed_output,
+                                   T0 philox_offset_output, T4 encoded_softmax, bool is_causal,
+                                   T0 atomic_for_causal, aotriton::Stream stream,
+                                   FwdExtraArguments *) {
   return fwd(q, k, v, b, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale,
              softmax_lse, Out, dropout_p, philox_seed, philox_offset1, philox_offset2,
              philox_seed_output, philox_offset_output, encoded_softmax, is_causal,
@@ -162,24 +161,24 @@ hipError_t attn_bwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T4 out, T4 dout, T4 
                     T4 db, T2 softmax_lse, T2 delta, float dropout_p, T0 philox_seed,
                     T0 philox_offset1, int64_t philox_offset2, bool is_causal,
                     aotriton::Stream stream, BwdExtraArguments *) {
-  return bwd(q, k, v, T1(), T1(), 0, 0, b, sm_scale, out, dout, dq, dk, dv, db, softmax_lse,
-             delta, dropout_p, philox_seed, philox_offset1, philox_offset2, is_causal, stream);
+  return bwd(q, k, v, T1(), T1(), 0, 0, b, sm_scale, out, dout, dq, dk, dv, db, softmax_lse, delta,
+             dropout_p, philox_seed, philox_offset1, philox_offset2, is_causal, stream);
 }
 
 hipError_t attn_bwd_fused(T4 q, T4 k, T4 v, T4 b, float sm_scale, T4 out, T4 dout, T4 dq, T4 dk,
                           T4 dv, T4 db, T2 softmax_lse, float dropout_p, T0 philox_seed,
                           T0 philox_offset1, int64_t philox_offset2, bool is_causal,
                           aotriton::Stream stream, FusedBwdExtraArguments *) {
-  return bwd(q, k, v, T1(), T1(), 0, 0, b, sm_scale, out, dout, dq, dk, dv, db, softmax_lse,
-             T2(), dropout_p, philox_seed, philox_offset1, philox_offset2, is_causal, stream);
+  return bwd(q, k, v, T1(), T1(), 0, 0, b, sm_scale, out, dout, dq, dk, dv, db, softmax_lse, T2(),
+             dropout_p, philox_seed, philox_offset1, philox_offset2, is_causal, stream);
 }
 
 hipError_t attn_bwd_compact_varlen(T4 q, T4 k, T4 v, T1 cu_seqlens_q, T1 cu_seqlens_k,
-                                   int32_t max_seqlen_q, int32_t max_seqlen_k, T4 b,
-                                   float sm_scale, T4 out, T4 dout, T4 dq, T4 dk, T4 dv, T4 db,
-                                   T2 softmax_lse, T2 delta, float dropout_p, T0 philox_seed,
-                                   T0 philox_offset1, int64_t philox_offset2, bool is_causal,
-                                   aotriton::Stream stream, BwdExtraArguments *) {
+                                   int32_t max_seqlen_q, int32_t max_seqlen_k, T4 b, float sm_scale,
+                                   T4 out, T4 dout, T4 dq, T4 dk, T4 dv, T4 db, T2 softmax_lse,
+                                   T2 delta, float dropout_p, T0 philox_seed, T0 philox_offset1,
+                                   int64_t philox_offset2, bool is_causal, aotriton::Stream stream,
+                                   BwdExtraArguments *) {
   return bwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, b, sm_scale, out,
              dout, dq, dk, dv, db, softmax_lse, delta, dropout_p, philox_seed, philox_offset1,
              philox_offset2, is_causal, stream);

@@ -45,8 +45,7 @@ static aotr_tensor tensor(uint64_t address, aotr_dtype dtype, int rank, const in
 }
 
 typedef int (*count_fn)(void);
-typedef int (*info_fn)(int, char *, size_t, unsigned[3], unsigned *, unsigned *, void **,
-                       size_t *);
+typedef int (*info_fn)(int, char *, size_t, unsigned[3], unsigned *, unsigned *, void **, size_t *);
 typedef size_t (*args_fn)(int, void *, size_t);
 
 static void *symbol(void *handle, const char *name)

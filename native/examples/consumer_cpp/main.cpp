@@ -19,7 +19,8 @@
 
 #include <aotriton_rocm/aotriton_rocm.h>
 
-namespace {
+namespace
+{
 
 constexpr int64_t B = 2, HQ = 4, HKV = 2, SQ = 128, SK = 192, D = 64;
 
@@ -112,21 +113,23 @@ int run(const char *driver, const char *archive)
     if (stub == nullptr)
         throw std::runtime_error(std::string(driver) + " is not loaded: " + dlerror());
     auto launch_count = symbol<int (*)()>(stub, "aotr_stub_launch_count");
-    auto launch_info = symbol<int (*)(int, char *, size_t, unsigned *, unsigned *, unsigned *,
-                                      void **, size_t *)>(stub, "aotr_stub_launch_info");
+    auto launch_info =
+        symbol<int (*)(int, char *, size_t, unsigned *, unsigned *, unsigned *, void **, size_t *)>(
+            stub, "aotr_stub_launch_info");
     auto launch_args = symbol<size_t (*)(int, void *, size_t)>(stub, "aotr_stub_launch_args");
 
     std::ostringstream json;
-    json << "{\"version\": \"" << aotr_version() << "\", \"runtime_launch_count\": "
-         << aotr_runtime_launch_count(runtime.get(), nullptr) << ", \"launches\": [";
+    json << "{\"version\": \"" << aotr_version()
+         << "\", \"runtime_launch_count\": " << aotr_runtime_launch_count(runtime.get(), nullptr)
+         << ", \"launches\": [";
     for (int i = 0; i < launch_count(); i++) {
         std::array<char, 256> name{};
         std::array<unsigned, 3> grid{};
         unsigned block = 0, shared = 0;
         void *stream = nullptr;
         size_t size = 0;
-        if (launch_info(i, name.data(), name.size(), grid.data(), &block, &shared, &stream,
-                        &size) < 0)
+        if (launch_info(i, name.data(), name.size(), grid.data(), &block, &shared, &stream, &size) <
+            0)
             throw std::runtime_error("aotr_stub_launch_info(" + std::to_string(i) + ") failed");
         std::vector<unsigned char> args(size);
         if (launch_args(i, args.data(), args.size()) != size)
@@ -137,18 +140,18 @@ int run(const char *driver, const char *archive)
             bytes += hex[c >> 4];
             bytes += hex[c & 15];
         }
-        json << (i ? ", " : "") << "{\"symbol\": \"" << name.data() << "\", \"grid\": ["
-             << grid[0] << ", " << grid[1] << ", " << grid[2] << "], \"block\": " << block
+        json << (i ? ", " : "") << "{\"symbol\": \"" << name.data() << "\", \"grid\": [" << grid[0]
+             << ", " << grid[1] << ", " << grid[2] << "], \"block\": " << block
              << ", \"shared\": " << shared
-             << ", \"stream\": " << reinterpret_cast<uintptr_t>(stream) << ", \"args\": \""
-             << bytes << "\"}";
+             << ", \"stream\": " << reinterpret_cast<uintptr_t>(stream) << ", \"args\": \"" << bytes
+             << "\"}";
     }
     json << "]}";
     std::cout << json.str() << std::endl;
     return 0;
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char **argv)
 {

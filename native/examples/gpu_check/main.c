@@ -217,7 +217,8 @@ int main(int argc, char **argv)
         srand(1234 + causal);
         for (int t = 0; t < 4; t++) {
             x[t] = (float *)malloc(n * sizeof(float));
-            for (size_t i = 0; i < n; i++) /* fp16-exact inputs: the reference sees what the GPU sees */
+            for (size_t i = 0; i < n;
+                 i++) /* fp16-exact inputs: the reference sees what the GPU sees */
                 x[t][i] = from_half(to_half((float)rand() / (float)RAND_MAX * 2.0f - 1.0f));
         }
         devptr dq_ = upload(x[0], n), dk_ = upload(x[1], n), dv_ = upload(x[2], n);
@@ -255,7 +256,8 @@ int main(int argc, char **argv)
         if (st == AOTR_OK)
             st = aotr_attn_bwd(rt, &b);
         if (st != AOTR_OK || cu_sync()) {
-            fprintf(stderr, "gpu_attention_check: %s: %s\n", aotr_status_name(st), aotr_last_error());
+            fprintf(stderr, "gpu_attention_check: %s: %s\n", aotr_status_name(st),
+                    aotr_last_error());
             return 1;
         }
         float *got[4] = {download(dout, n), download(gq, n), download(gk, n), download(gv, n)};

@@ -90,9 +90,9 @@ typedef enum aotr_dtype {
 #define AOTR_MAX_RANK 4
 
 typedef struct aotr_tensor {
-    void *data;        /* device address; NULL marks an optional tensor absent */
-    int32_t dtype;     /* aotr_dtype */
-    int32_t rank;      /* 0..AOTR_MAX_RANK */
+    void *data;    /* device address; NULL marks an optional tensor absent */
+    int32_t dtype; /* aotr_dtype */
+    int32_t rank;  /* 0..AOTR_MAX_RANK */
     int64_t sizes[AOTR_MAX_RANK];
     int64_t strides[AOTR_MAX_RANK]; /* in elements */
 } aotr_tensor;
@@ -150,15 +150,14 @@ typedef struct aotr_runtime aotr_runtime;
 
 /* A runtime serves every device of the process; thread-safe. `options` may
  * be NULL (defaults). */
-AOTR_API aotr_status aotr_runtime_create(const aotr_runtime_options *options,
-                                         aotr_runtime **out);
+AOTR_API aotr_status aotr_runtime_create(const aotr_runtime_options *options, aotr_runtime **out);
 AOTR_API void aotr_runtime_destroy(aotr_runtime *runtime);
 /* Use this archive for its arch (instead of searching). The archive's arch
  * must match the device it is used on. */
 AOTR_API aotr_status aotr_runtime_add_archive(aotr_runtime *runtime, const char *path);
 /* The arch name the runtime uses for `device` ("gfx942", "sm_90"). */
-AOTR_API aotr_status aotr_runtime_device_arch(aotr_runtime *runtime, int32_t device,
-                                              char *arch, size_t arch_capacity);
+AOTR_API aotr_status aotr_runtime_device_arch(aotr_runtime *runtime, int32_t device, char *arch,
+                                              size_t arch_capacity);
 /* Launches since creation of `kernel` ("attn_fwd", ...; NULL: all kernels),
  * so that a caller can prove these kernels ran. */
 AOTR_API uint64_t aotr_runtime_launch_count(const aotr_runtime *runtime, const char *kernel);
@@ -184,13 +183,13 @@ typedef struct aotr_attn_problem {
     /* Additive bias, a (B, Hq, Sq, Sk) view (stride 0 on broadcast dims),
      * of q's dtype; or absent. */
     aotr_tensor bias;
-    float scale;                            /* softmax scale (e.g. 1/sqrt(D)) */
-    float dropout_p;                        /* in [0, 1) */
+    float scale;     /* softmax scale (e.g. 1/sqrt(D)) */
+    float dropout_p; /* in [0, 1) */
     /* Philox seed and offset: int64 device scalars; needed when dropout_p
      * > 0 or a debug mask is written; the backward must get the forward's. */
     aotr_tensor philox_seed, philox_offset;
-    int32_t causal;                         /* 0 or 1 */
-    int32_t causal_alignment;               /* aotr_causal_alignment */
+    int32_t causal;           /* 0 or 1 */
+    int32_t causal_alignment; /* aotr_causal_alignment */
     /* Sliding window: key j visible from query i iff
      * i + shift - left <= j <= i + shift + right (shift per causal_alignment)
      * after aotr_attn_window's rule (flash-attn's: a side < 0 or >= seqlen_k
@@ -200,11 +199,11 @@ typedef struct aotr_attn_problem {
 
 typedef struct aotr_attn_fwd_params {
     uint32_t struct_size;
-    int32_t device;           /* device index */
-    void *stream;             /* hipStream_t / CUstream; NULL: the default stream */
+    int32_t device; /* device index */
+    void *stream;   /* hipStream_t / CUstream; NULL: the default stream */
     aotr_attn_problem problem;
-    aotr_tensor out;          /* like q */
-    aotr_tensor lse;          /* fp32 (B, Hq, >= Sq), varlen (Hq, total_q): natural log */
+    aotr_tensor out; /* like q */
+    aotr_tensor lse; /* fp32 (B, Hq, >= Sq), varlen (Hq, total_q): natural log */
     /* Optional (B, Hq, Sq, Sk) contiguous, q's dtype: unnormalised
      * probabilities, negated where dropout dropped them. Variable length:
      * (B, Hq, max_seqlen_q, max_seqlen_k), sequence b at the top left of [b]
@@ -245,15 +244,15 @@ typedef struct aotr_attn_bwd_params {
     uint32_t struct_size;
     int32_t device;
     void *stream;
-    aotr_attn_problem problem; /* the forward's */
-    aotr_tensor out, lse;      /* the forward's outputs */
-    aotr_tensor grad_out;      /* like out */
+    aotr_attn_problem problem;          /* the forward's */
+    aotr_tensor out, lse;               /* the forward's outputs */
+    aotr_tensor grad_out;               /* like out */
     aotr_tensor grad_q, grad_k, grad_v; /* like q, k, v */
-    aotr_tensor grad_bias;     /* optional, like the bias view, zeroed by the caller */
-    aotr_tensor delta;         /* workspace: fp32, shaped and strided like lse */
+    aotr_tensor grad_bias;              /* optional, like the bias view, zeroed by the caller */
+    aotr_tensor delta;                  /* workspace: fp32, shaped and strided like lse */
     /* ---- appended in 0.1 (absent when struct_size does not cover them) */
-    float softcap;             /* the forward's (see aotr_attn_fwd_params) */
-    aotr_tensor alibi_slopes;  /* the forward's; the slopes get no gradient */
+    float softcap;            /* the forward's (see aotr_attn_fwd_params) */
+    aotr_tensor alibi_slopes; /* the forward's; the slopes get no gradient */
     /* ---- appended in 0.1 (absent when struct_size does not cover it) */
     /* Optional workspace for the fused backward: fp32, shaped like q, laid
      * out as the kernels assume (aotr_layout_ok), zeroed by the caller.
@@ -364,22 +363,22 @@ typedef struct aotr_attn_kvcache_params {
     int32_t device;
     void *stream;
     aotr_tensor q;
-    aotr_tensor cu_seqlens_q;     /* int32 (B + 1,), or absent */
-    int32_t max_seqlen_q;         /* packed q only */
+    aotr_tensor cu_seqlens_q; /* int32 (B + 1,), or absent */
+    int32_t max_seqlen_q;     /* packed q only */
     aotr_tensor k_cache, v_cache;
-    aotr_tensor k_end;            /* int32 (B,) */
-    aotr_tensor k_start;          /* int32 (B,), or absent */
-    aotr_tensor cache_batch_idx;  /* int32 (B,), or absent; dense caches only */
-    aotr_tensor block_table;      /* int32 (B, max_blocks), or absent (dense) */
-    aotr_tensor alibi_slopes;     /* fp32 (Hq,) or (B, Hq), or absent */
+    aotr_tensor k_end;           /* int32 (B,) */
+    aotr_tensor k_start;         /* int32 (B,), or absent */
+    aotr_tensor cache_batch_idx; /* int32 (B,), or absent; dense caches only */
+    aotr_tensor block_table;     /* int32 (B, max_blocks), or absent (dense) */
+    aotr_tensor alibi_slopes;    /* fp32 (Hq,) or (B, Hq), or absent */
     float scale;
-    float softcap;                /* 0: none */
-    int32_t causal;               /* 0 or 1 */
+    float softcap;  /* 0: none */
+    int32_t causal; /* 0 or 1 */
     int32_t window_left, window_right;
-    int32_t num_splits;           /* 0: automatic; 1 .. AOTR_MAX_SPLITS */
-    aotr_tensor out;              /* like q */
-    aotr_tensor lse;              /* fp32 (B, Hq, >= Sq); packed: (Hq, total_q) */
-    aotr_tensor out_partial;      /* workspace, see above */
+    int32_t num_splits;      /* 0: automatic; 1 .. AOTR_MAX_SPLITS */
+    aotr_tensor out;         /* like q */
+    aotr_tensor lse;         /* fp32 (B, Hq, >= Sq); packed: (Hq, total_q) */
+    aotr_tensor out_partial; /* workspace, see above */
     aotr_tensor lse_partial;
 } aotr_attn_kvcache_params;
 
@@ -414,7 +413,7 @@ typedef struct aotr_dropout_uniform_params {
     aotr_tensor out;
     /* The forward's Philox seed and offset (int64 device scalars). */
     aotr_tensor philox_seed, philox_offset;
-    float dropout_p;     /* in [0, 1]; only read with encode_keep */
+    float dropout_p; /* in [0, 1]; only read with encode_keep */
     /* 0: write u; 1: write 0.5 where kept (u > dropout_p), -0.5 where
      * dropped (torch's ROCm encoding of the mask). */
     int32_t encode_keep;
@@ -437,7 +436,7 @@ typedef struct aotr_philox_state_params {
     void *stream;
     aotr_tensor philox_seed, philox_offset; /* int64 device scalars, read */
     int64_t offset_add;
-    aotr_tensor seed_out, offset_out;       /* int64 device scalars, written */
+    aotr_tensor seed_out, offset_out; /* int64 device scalars, written */
 } aotr_philox_state_params;
 
 /* Launch it (asynchronous). AOTR_UNSUPPORTED when the device's archive has
@@ -459,13 +458,12 @@ AOTR_API aotr_status aotr_current_device(aotr_runtime *runtime, int32_t *device)
 /* *capturing = 1 while `stream` is being captured into a graph, else 0. */
 AOTR_API aotr_status aotr_stream_capturing(aotr_runtime *runtime, int32_t device, void *stream,
                                            int *capturing);
-AOTR_API aotr_status aotr_stream_synchronize(aotr_runtime *runtime, int32_t device,
-                                             void *stream);
+AOTR_API aotr_status aotr_stream_synchronize(aotr_runtime *runtime, int32_t device, void *stream);
 /* Copy `rows` rows of `width` bytes (addresses in the unified address space:
  * device or host memory). */
 AOTR_API aotr_status aotr_copy_2d(aotr_runtime *runtime, int32_t device, void *stream, void *dst,
-                                  size_t dst_pitch, const void *src, size_t src_pitch,
-                                  size_t width, size_t rows);
+                                  size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                                  size_t rows);
 /* Set `bytes` bytes to `value` (0..255). */
 AOTR_API aotr_status aotr_fill(aotr_runtime *runtime, int32_t device, void *stream, void *dst,
                                int value, size_t bytes);

@@ -16,7 +16,13 @@
 namespace AOTRITON_NS::v3 {
 
 struct AOTRITON_API KernelControl {
-  enum KernelControlBits { IgnoreBit = 0, ManualBit = 1, SkipBit = 2, QueryBit = 3, ExtractImageBit = 4 };
+  enum KernelControlBits {
+    IgnoreBit = 0,
+    ManualBit = 1,
+    SkipBit = 2,
+    QueryBit = 3,
+    ExtractImageBit = 4
+  };
   static constexpr uint16_t Default = 0;
   static constexpr uint16_t Ignore = 1 << IgnoreBit;
   static constexpr uint16_t Manual = 1 << ManualBit;

@@ -36,12 +36,9 @@ hipError_t AOTRITON_API check_gpu(AOTRITON_NS::Stream stream);
 /* Writes the dropout draws of a (batch, heads, seqlen_q, seqlen_k) problem
  * into fp32 `r` as the attention kernels use them: >= 0 where an element is
  * kept, < 0 where dropped (PyTorch's tests read the mask this way). */
-hipError_t AOTRITON_API debug_simulate_encoded_softmax(AOTRITON_NS::TensorView<4> r,
-                                                       float dropout_p,
-                                                       AOTRITON_NS::TensorView<0> philox_seed,
-                                                       AOTRITON_NS::TensorView<0> philox_offset1,
-                                                       uint64_t philox_offset2,
-                                                       AOTRITON_NS::Stream stream);
+hipError_t AOTRITON_API debug_simulate_encoded_softmax(
+    AOTRITON_NS::TensorView<4> r, float dropout_p, AOTRITON_NS::TensorView<0> philox_seed,
+    AOTRITON_NS::TensorView<0> philox_offset1, uint64_t philox_offset2, AOTRITON_NS::Stream stream);
 
 }  // namespace AOTRITON_NS::v2::flash
 #endif
@@ -56,9 +53,9 @@ using LT2 = AOTRITON_NS::LazyTensor<2>;
 using LT4 = AOTRITON_NS::LazyTensor<4>;
 
 struct AOTRITON_API attn_options {
-  int force_backend_index = -1;  /* ignored: one backend here */
+  int force_backend_index = -1; /* ignored: one backend here */
 #if AOTRITON_ROCM_API_LINE >= 12
-  bool deterministic = false;    /* backward: bitwise reproducible dQ */
+  bool deterministic = false; /* backward: bitwise reproducible dQ */
 #endif
 };
 
@@ -136,17 +133,17 @@ struct AOTRITON_API attn_fwd_params {
   T4 Q;
   T4 K;
   T4 V;
-  T4 B;                    /* additive bias, or a null view */
-  T2 A;                    /* ALiBi slopes (unused by PyTorch) */
+  T4 B; /* additive bias, or a null view */
+  T2 A; /* ALiBi slopes (unused by PyTorch) */
   float Sm_scale;
-  T2 L;                    /* fp32 logsumexp, or a null view */
+  T2 L; /* fp32 logsumexp, or a null view */
   T4 Out;
 #if AOTRITON_ROCM_API_LINE >= 14
-  T1 seqinfo_q0;            /* lengths (see VarlenLength) */
+  T1 seqinfo_q0; /* lengths (see VarlenLength) */
   T1 seqinfo_k0;
   int32_t Max_seqlen_q = 0; /* the longest sequences of a variable-length batch */
   int32_t Max_seqlen_k = 0;
-  T1 seqinfo_q1;            /* start rows (VarlenPosition::ARRAY) */
+  T1 seqinfo_q1; /* start rows (VarlenPosition::ARRAY) */
   T1 seqinfo_k1;
 #else
   T1 cu_seqlens_q;
@@ -159,16 +156,16 @@ struct AOTRITON_API attn_fwd_params {
 #endif
 #endif
   float dropout_p;
-  T0 philox_seed_ptr;       /* int64 device scalars */
+  T0 philox_seed_ptr; /* int64 device scalars */
   T0 philox_offset1;
-  uint64_t philox_offset2;  /* added to *philox_offset1 */
-  T0 philox_seed_output;    /* optional: receive the seed and offset used */
+  uint64_t philox_offset2; /* added to *philox_offset1 */
+  T0 philox_seed_output;   /* optional: receive the seed and offset used */
   T0 philox_offset_output;
-  T4 encoded_softmax;       /* optional debug mask */
+  T4 encoded_softmax; /* optional debug mask */
   T0 persistent_atomic_counter;
   int8_t causal_type;
 #if AOTRITON_ROCM_API_LINE < 14
-  int8_t varlen_type = 0;   /* 0.14: left as padding (a 0.13 caller's byte) */
+  int8_t varlen_type = 0; /* 0.14: left as padding (a 0.13 caller's byte) */
 #endif
   int32_t window_left;
   int32_t window_right;
@@ -185,8 +182,7 @@ struct AOTRITON_API attn_fwd_params {
 };
 
 hipError_t AOTRITON_API attn_fwd(const attn_fwd_params &params, int32_t params_version,
-                                 AOTRITON_NS::Stream stream,
-                                 const attn_options *options = nullptr);
+                                 AOTRITON_NS::Stream stream, const attn_options *options = nullptr);
 
 struct AOTRITON_API attn_bwd_params {
   T4 Q;
@@ -199,9 +195,9 @@ struct AOTRITON_API attn_bwd_params {
   T4 DK;
   T4 DV;
   T4 DQ;
-  T4 DB;                    /* bias gradient, or a null view */
+  T4 DB; /* bias gradient, or a null view */
   T2 L;
-  mutable LT2 D;            /* fp32 workspace like L (acquired when needed) */
+  mutable LT2 D; /* fp32 workspace like L (acquired when needed) */
 #if AOTRITON_ROCM_API_LINE >= 14
   T1 seqinfo_q0;
   T1 seqinfo_k0;
@@ -229,7 +225,7 @@ struct AOTRITON_API attn_bwd_params {
 #endif
   int32_t window_left;
   int32_t window_right;
-  mutable LT4 DQ_ACC;       /* fp32 dQ accumulator like DQ (acquired when needed) */
+  mutable LT4 DQ_ACC; /* fp32 dQ accumulator like DQ (acquired when needed) */
 #if AOTRITON_ROCM_API_LINE >= 14
   VarlenBits varlen_bits = {};
 
@@ -243,8 +239,7 @@ struct AOTRITON_API attn_bwd_params {
 };
 
 hipError_t AOTRITON_API attn_bwd(const attn_bwd_params &params, int32_t params_version,
-                                 AOTRITON_NS::Stream stream,
-                                 const attn_options *options = nullptr);
+                                 AOTRITON_NS::Stream stream, const attn_options *options = nullptr);
 
 /* Layouts measured by compiling upstream's headers (0.11.2b; 0.12b and
  * 0.13b agree; 0.14: the 0.14.0 flash.h over 0.13b's other headers, see
@@ -280,8 +275,10 @@ static_assert(wire(bits(1, 1, 1, 1, 2, 2, 1)) == 0x1150Bu, "seqused_k, TH logsum
 #endif
 static_assert(sizeof(attn_options) == 8, "attn_options ABI");
 AOTRITON_ROCM_AT(attn_options, deterministic, 4);
-static_assert(sizeof(attn_fwd_params) == 832 && alignof(attn_fwd_params) == 8, "attn_fwd_params ABI");
-static_assert(sizeof(attn_bwd_params) == 1240 && alignof(attn_bwd_params) == 8, "attn_bwd_params ABI");
+static_assert(sizeof(attn_fwd_params) == 832 && alignof(attn_fwd_params) == 8,
+              "attn_fwd_params ABI");
+static_assert(sizeof(attn_bwd_params) == 1240 && alignof(attn_bwd_params) == 8,
+              "attn_bwd_params ABI");
 AOTRITON_ROCM_AT(attn_fwd_params, Q, 0);
 AOTRITON_ROCM_AT(attn_fwd_params, K, 80);
 AOTRITON_ROCM_AT(attn_fwd_params, V, 160);
@@ -339,8 +336,10 @@ AOTRITON_ROCM_AT(attn_bwd_params, varlen_bits, 1232);
 #elif AOTRITON_ROCM_API_LINE >= 12
 static_assert(sizeof(attn_options) == 8, "attn_options ABI");
 AOTRITON_ROCM_AT(attn_options, deterministic, 4);
-static_assert(sizeof(attn_fwd_params) == 832 && alignof(attn_fwd_params) == 8, "attn_fwd_params ABI");
-static_assert(sizeof(attn_bwd_params) == 1232 && alignof(attn_bwd_params) == 8, "attn_bwd_params ABI");
+static_assert(sizeof(attn_fwd_params) == 832 && alignof(attn_fwd_params) == 8,
+              "attn_fwd_params ABI");
+static_assert(sizeof(attn_bwd_params) == 1232 && alignof(attn_bwd_params) == 8,
+              "attn_bwd_params ABI");
 AOTRITON_ROCM_AT(attn_fwd_params, Q, 0);
 AOTRITON_ROCM_AT(attn_fwd_params, K, 80);
 AOTRITON_ROCM_AT(attn_fwd_params, V, 160);
@@ -397,8 +396,10 @@ AOTRITON_ROCM_AT(attn_bwd_params, window_right, 1120);
 AOTRITON_ROCM_AT(attn_bwd_params, DQ_ACC, 1128);
 #else
 static_assert(sizeof(attn_options) == 4, "attn_options ABI");
-static_assert(sizeof(attn_fwd_params) == 768 && alignof(attn_fwd_params) == 8, "attn_fwd_params ABI");
-static_assert(sizeof(attn_bwd_params) == 1040 && alignof(attn_bwd_params) == 8, "attn_bwd_params ABI");
+static_assert(sizeof(attn_fwd_params) == 768 && alignof(attn_fwd_params) == 8,
+              "attn_fwd_params ABI");
+static_assert(sizeof(attn_bwd_params) == 1040 && alignof(attn_bwd_params) == 8,
+              "attn_bwd_params ABI");
 AOTRITON_ROCM_AT(attn_fwd_params, Q, 0);
 AOTRITON_ROCM_AT(attn_fwd_params, K, 80);
 AOTRITON_ROCM_AT(attn_fwd_params, V, 160);

@@ -66,7 +66,9 @@ enum AOTRITON_API Gpu : uint64_t {
 };
 
 /* The vendor and arch number of a Gpu, as CAT32(vendor, arch). */
-inline uint32_t Gpu2VendorArch(uint64_t gpu) { return static_cast<uint32_t>((gpu & 0xFFFF'FFFF'0000) >> 16); }
+inline uint32_t Gpu2VendorArch(uint64_t gpu) {
+  return static_cast<uint32_t>((gpu & 0xFFFF'FFFF'0000) >> 16);
+}
 
 /* A strided view of device memory: base address, sizes and strides (in
  * elements), element type. Layout: {void*, sizes[Rank], strides[Rank], DType}. */
@@ -75,8 +77,8 @@ class AOTRITON_API TensorView {
  public:
   TensorView() {}
 
-  TensorView(intptr_t base, std::array<uint64_t, Rank> sizes,
-             std::array<uint64_t, Rank> strides, DType dtype)
+  TensorView(intptr_t base, std::array<uint64_t, Rank> sizes, std::array<uint64_t, Rank> strides,
+             DType dtype)
       : base_(reinterpret_cast<void *>(base)), sizes_(sizes), strides_(strides), dtype_(dtype) {}
 
   /* From any tensor type with data_ptr(), size(i) and stride(i). */
@@ -162,7 +164,9 @@ struct LazyTensor {
   /* Used as is, without acquire(), when its base address is not null. */
   TensorView<Rank> eager;
 
-  operator bool() const { return eager || cookie != nullptr || acquire != nullptr || dispose != nullptr; }
+  operator bool() const {
+    return eager || cookie != nullptr || acquire != nullptr || dispose != nullptr;
+  }
 
   void free() {
     if (dispose && cookie) {
@@ -203,12 +207,16 @@ static_assert(sizeof(TensorView<2>) == 48 && alignof(TensorView<2>) == 8, "Tenso
 static_assert(sizeof(TensorView<3>) == 64 && alignof(TensorView<3>) == 8, "TensorView<3> ABI");
 static_assert(sizeof(TensorView<4>) == 80 && alignof(TensorView<4>) == 8, "TensorView<4> ABI");
 static_assert(offsetof(LazyTensor<2>, cookie) == 0 && offsetof(LazyTensor<2>, acquire) == 8 &&
-                  offsetof(LazyTensor<2>, dispose) == 16, "LazyTensor<2> ABI");
+                  offsetof(LazyTensor<2>, dispose) == 16,
+              "LazyTensor<2> ABI");
 static_assert(offsetof(LazyTensor<4>, cookie) == 0 && offsetof(LazyTensor<4>, acquire) == 8 &&
-                  offsetof(LazyTensor<4>, dispose) == 16, "LazyTensor<4> ABI");
+                  offsetof(LazyTensor<4>, dispose) == 16,
+              "LazyTensor<4> ABI");
 #if AOTRITON_ROCM_API_LINE >= 12
-static_assert(offsetof(LazyTensor<2>, eager) == 24 && sizeof(LazyTensor<2>) == 72, "LazyTensor<2> ABI");
-static_assert(offsetof(LazyTensor<4>, eager) == 24 && sizeof(LazyTensor<4>) == 104, "LazyTensor<4> ABI");
+static_assert(offsetof(LazyTensor<2>, eager) == 24 && sizeof(LazyTensor<2>) == 72,
+              "LazyTensor<2> ABI");
+static_assert(offsetof(LazyTensor<4>, eager) == 24 && sizeof(LazyTensor<4>) == 104,
+              "LazyTensor<4> ABI");
 #else
 static_assert(sizeof(LazyTensor<2>) == 24 && sizeof(LazyTensor<4>) == 24, "LazyTensor ABI");
 #endif

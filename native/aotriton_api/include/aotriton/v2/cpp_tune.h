@@ -10,7 +10,8 @@
 
 namespace AOTRITON_NS::v2 {
 
-struct [[deprecated("V2 API is deprecated, use V3 API instead"), gnu::visibility("default")]] CppTune {
+struct [[deprecated("V2 API is deprecated, use V3 API instead"),
+         gnu::visibility("default")]] CppTune {
 #if AOTRITON_BUILD_FOR_TUNING
   bool peek_kernel_numbers = false;
   int force_kernel_index = -1;
@@ -23,9 +24,9 @@ struct [[deprecated("V2 API is deprecated, use V3 API instead"), gnu::visibility
 #endif
 };
 
-enum [[deprecated("V2 API is deprecated, use V3 API instead")]] CppTuneSpecialKernelIndex : int {
-  kDefault = -1,
-  kSkipGPUCall = -2,
+enum [[deprecated("V2 API is deprecated, use V3 API instead")]] CppTuneSpecialKernelIndex : int{
+    kDefault = -1,
+    kSkipGPUCall = -2,
 };
 
 }  // namespace AOTRITON_NS::v2

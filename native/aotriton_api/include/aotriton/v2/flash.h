@@ -55,14 +55,12 @@ attn_fwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T2 softmax_lse, T4 Out, float d
          AOTRITON_NS::Stream stream, FwdExtraArguments *extargs = nullptr);
 
 /* q, k, v, out: (1, heads, total, head_dim) views of packed sequences. */
-AOTRITON_ROCM_V2_DEPRECATED hipError_t AOTRITON_API
-attn_fwd_compact_varlen(T4 q, T4 k, T4 v, T4 b, T1 cu_seqlens_q, T1 cu_seqlens_k,
-                        int32_t max_seqlen_q, int32_t max_seqlen_k, float sm_scale,
-                        T2 softmax_lse, T4 Out, float dropout_p, T0 philox_seed,
-                        T0 philox_offset1, int64_t philox_offset2, T0 philox_seed_output,
-                        T0 philox_offset_output, T4 encoded_softmax, bool is_causal,
-                        T0 atomic_for_causal, AOTRITON_NS::Stream stream,
-                        FwdExtraArguments *extargs = nullptr);
+AOTRITON_ROCM_V2_DEPRECATED hipError_t AOTRITON_API attn_fwd_compact_varlen(
+    T4 q, T4 k, T4 v, T4 b, T1 cu_seqlens_q, T1 cu_seqlens_k, int32_t max_seqlen_q,
+    int32_t max_seqlen_k, float sm_scale, T2 softmax_lse, T4 Out, float dropout_p, T0 philox_seed,
+    T0 philox_offset1, int64_t philox_offset2, T0 philox_seed_output, T0 philox_offset_output,
+    T4 encoded_softmax, bool is_causal, T0 atomic_for_causal, AOTRITON_NS::Stream stream,
+    FwdExtraArguments *extargs = nullptr);
 
 /* delta: fp32 workspace shaped like softmax_lse. */
 AOTRITON_ROCM_V2_DEPRECATED hipError_t AOTRITON_API
@@ -71,19 +69,16 @@ attn_bwd(T4 q, T4 k, T4 v, T4 b, float sm_scale, T4 out, T4 dout, T4 dq, T4 dk, 
          int64_t philox_offset2, bool is_causal, AOTRITON_NS::Stream stream,
          BwdExtraArguments *extargs = nullptr);
 
-AOTRITON_ROCM_V2_DEPRECATED hipError_t AOTRITON_API
-attn_bwd_fused(T4 q, T4 k, T4 v, T4 b, float sm_scale, T4 out, T4 dout, T4 dq, T4 dk, T4 dv,
-               T4 db, T2 softmax_lse, float dropout_p, T0 philox_seed, T0 philox_offset1,
-               int64_t philox_offset2, bool is_causal, AOTRITON_NS::Stream stream,
-               FusedBwdExtraArguments *extargs = nullptr);
+AOTRITON_ROCM_V2_DEPRECATED hipError_t AOTRITON_API attn_bwd_fused(
+    T4 q, T4 k, T4 v, T4 b, float sm_scale, T4 out, T4 dout, T4 dq, T4 dk, T4 dv, T4 db,
+    T2 softmax_lse, float dropout_p, T0 philox_seed, T0 philox_offset1, int64_t philox_offset2,
+    bool is_causal, AOTRITON_NS::Stream stream, FusedBwdExtraArguments *extargs = nullptr);
 
-AOTRITON_ROCM_V2_DEPRECATED hipError_t AOTRITON_API
-attn_bwd_compact_varlen(T4 q, T4 k, T4 v, T1 cu_seqlens_q, T1 cu_seqlens_k,
-                        int32_t max_seqlen_q, int32_t max_seqlen_k, T4 b, float sm_scale,
-                        T4 out, T4 dout, T4 dq, T4 dk, T4 dv, T4 db, T2 softmax_lse, T2 delta,
-                        float dropout_p, T0 philox_seed, T0 philox_offset1,
-                        int64_t philox_offset2, bool is_causal, AOTRITON_NS::Stream stream,
-                        BwdExtraArguments *extargs = nullptr);
+AOTRITON_ROCM_V2_DEPRECATED hipError_t AOTRITON_API attn_bwd_compact_varlen(
+    T4 q, T4 k, T4 v, T1 cu_seqlens_q, T1 cu_seqlens_k, int32_t max_seqlen_q, int32_t max_seqlen_k,
+    T4 b, float sm_scale, T4 out, T4 dout, T4 dq, T4 dk, T4 dv, T4 db, T2 softmax_lse, T2 delta,
+    float dropout_p, T0 philox_seed, T0 philox_offset1, int64_t philox_offset2, bool is_causal,
+    AOTRITON_NS::Stream stream, BwdExtraArguments *extargs = nullptr);
 
 #if AOTRITON_ROCM_API_LINE < 12
 /* r: fp32 (batch, heads, seqlen_q, seqlen_k); see flash.h. */
