@@ -19,6 +19,7 @@ import aotriton_rocm
 from support import attn_reference as ref
 from support import philox_reference
 from aotriton_rocm.core import attention, dropout_masks
+from aotriton_rocm.integrations import torch_integration
 from support.dmask_reference import (check_like_torch, normalise_like_flash_attn, round128,
                                      softmax_reference)
 from support.gpu import ours as _ours
@@ -184,6 +185,7 @@ def test_efficient_op_fallback_regenerates_torchs_mask():
     b, h, s, d, p = 1, 2, 64, 520, 0.3
     q, k, v = (_rand(b, h, s, d, seed=i) for i in range(3))
     torch.manual_seed(42)
+    torch_integration._warned.clear()  # the warning is once per reason and process
     try:
         with pytest.warns(UserWarning, match="falls back"):
             out, _, seed, offset = EFF(q, k, v, None, True, dropout_p=p)
