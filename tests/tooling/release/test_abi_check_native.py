@@ -48,12 +48,12 @@ def remove_function(src: Path) -> None:
 
 
 def change_field_type(src: Path) -> None:
-    _edit(src / HDR, "    int32_t rank;      /* 0..AOTR_MAX_RANK */", "    int64_t rank;")
+    _edit(src / HDR, "    int32_t rank;  /* 0..AOTR_MAX_RANK */", "    int64_t rank;")
 
 
 def insert_field(src: Path) -> None:
-    _edit(src / HDR, "    int32_t device;           /* device index */",
-          "    int32_t device;           /* device index */\n    int32_t flags;")
+    _edit(src / HDR, "    int32_t device; /* device index */",
+          "    int32_t device; /* device index */\n    int32_t flags;")
 
 
 FWD_TAIL = "    aotr_tensor seq_starts_q, seq_starts_k, seqlens_k;\n} aotr_attn_fwd_params;"
