@@ -732,6 +732,24 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
     return launch(s, slots, [&] { return aotr_attn_bwd(s.runtime, &p); });
 }
 
+// The backward into new dQ, dK, dV (laid out like q, k, v), written as the
+// op's outputs; false: nothing was written.
+bool backward_outputs(const State &s, const Args &a, const Info &go, const Info &q, const Info &k,
+                      const Info &v, const Info &out, const Info &lse, const int *perm, Problem &pr,
+                      const BwdMods &mods = {})
+{
+    std::vector<Owned> grads;
+    for (const Info *t : {&q, &k, &v})
+        grads.push_back(empty_like(*t, t->dtype));
+    if (!backward(s, go, q, k, v, out, lse, perm, pr, grads, mods))
+        return false;
+    Outputs o;
+    for (auto &g : grads)
+        o.tensor(std::move(g));
+    o.write(a);
+    return true;
+}
+
 // aten::_scaled_dot_product_flash_attention_backward (B, H, S, D)
 bool flash_bwd(const State &s, const Args &a)
 {
@@ -745,16 +763,7 @@ bool flash_bwd(const State &s, const Args &a)
     pr.p.scale = softmax_scale(a.opt_f64(14), q.size(3));
     pr.p.causal = a.boolean(11);
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
-    std::vector<Owned> grads;
-    for (const Info *t : {&q, &k, &v})
-        grads.push_back(empty_like(*t, t->dtype));
-    if (!backward(s, go, q, k, v, out, lse, nullptr, pr, grads))
-        return false;
-    Outputs o;
-    for (auto &g : grads)
-        o.tensor(std::move(g));
-    o.write(a);
-    return true;
+    return backward_outputs(s, a, go, q, k, v, out, lse, nullptr, pr);
 }
 
 // flash-attn's variable-length batch: cu_seqlens and max seqlens.
@@ -859,16 +868,7 @@ bool fa_bwd(const State &s, const Args &a)
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
     pr.p.window_left = window_side(a.opt_i64(15));
     pr.p.window_right = window_side(a.opt_i64(16));
-    std::vector<Owned> grads;
-    for (const Info *t : {&q, &k, &v})
-        grads.push_back(empty_like(*t, t->dtype));
-    if (!backward(s, go, q, k, v, out, lse, perm, pr, grads))
-        return false;
-    Outputs o;
-    for (auto &g : grads)
-        o.tensor(std::move(g));
-    o.write(a);
-    return true;
+    return backward_outputs(s, a, go, q, k, v, out, lse, perm, pr);
 }
 
 // aotriton_rocm::flash_attn_forward (flash_attn_ops.py): flash-attn's dense
@@ -918,16 +918,7 @@ bool op_bwd(const State &s, const Args &a)
     pr.p.window_left = window_side(a.i64(14));
     pr.p.window_right = window_side(a.i64(15));
     BwdMods mods{static_cast<float>(a.f64(16)), a.opt_tensor(17), a.boolean(18)};
-    std::vector<Owned> grads;
-    for (const Info *t : {&q, &k, &v})
-        grads.push_back(empty_like(*t, t->dtype));
-    if (!backward(s, go, q, k, v, out, lse, kBSHD, pr, grads, mods))
-        return false;
-    Outputs o;
-    for (auto &g : grads)
-        o.tensor(std::move(g));
-    o.write(a);
-    return true;
+    return backward_outputs(s, a, go, q, k, v, out, lse, kBSHD, pr, mods);
 }
 
 // aotriton_rocm::flash_attn_kvcache: queries (B, Sq, H, D), or packed with
