@@ -328,7 +328,10 @@ def _served_natively(q: Tensor) -> bool:
     be called again to reach them. A failure is warned about once, and the
     Python route keeps every call."""
     global _native_failed
-    if _native_failed or not q.is_cuda or torch_native_active() or not torch_native_wanted():
+    if _native_failed or not q.is_cuda or torch_native_active():
+        return False
+    if not torch_native_wanted():  # torch < 2.10, no extension, or turned off: asked once
+        _native_failed = True
         return False
     try:
         activate_torch_native(PYTHON_ROUTES, aten=False, archives=torch_native_archives())
