@@ -29,7 +29,7 @@ import operator
 
 import torch
 
-from .core.attention import (Varlen, default_scale, flash_attn_window, mask_args, new_bias_grad,
+from .core.attention import (Varlen, default_scale, mask_args, new_bias_grad,
                              problem_dims)
 from .core.attention import backward as attention_backward, forward as attention_forward
 from .core.dropout_masks import flash_attn_s_dmask
@@ -203,7 +203,6 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                                             bool(deterministic))
     if not return_attn_probs:
         return out
-    window = flash_attn_window(*window, k.size(1))
     return out, lse, _s_dmask(dmask if debug else None, q.transpose(1, 2), k.transpose(1, 2),
                               softmax_scale, bool(causal), window, None, softcap, alibi_slopes)
 
@@ -318,7 +317,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return out
     varlen = Varlen(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
     return out, lse, _s_dmask(dmask if debug else None, q, k, softmax_scale, bool(causal),
-                              flash_attn_window(*window, max_k), varlen, softcap, alibi_slopes)
+                              window, varlen, softcap, alibi_slopes)
 
 
 def _unpack(api: str, packed, name: str, dim: int, count: int, rank: int, layout: str):

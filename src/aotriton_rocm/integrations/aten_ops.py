@@ -147,8 +147,7 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                         alibi_slopes=alibi_slopes)
     if reason:
         raise Unsupported(reason)
-    seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = (window_size_left, window_size_right)  # attention.mask_args applies the rule
     out = torch.empty_like(query)
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
     rng = None
@@ -261,8 +260,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
     reason = _fa_reason(query, key, value, varlen, dropout_p)
     if reason:
         raise Unsupported(reason)
-    seqlen_k = key.size(1) if varlen is None else varlen.max_seqlen_k
-    window = attention.flash_attn_window(window_size_left, window_size_right, seqlen_k)
+    window = (window_size_left, window_size_right)  # attention.mask_args applies the rule
     grads = tuple(torch.empty_like(t) for t in (query, key, value))
     attention.backward(_bhsd(grad_out, varlen), _bhsd(query, varlen), _bhsd(key, varlen),
                        _bhsd(value, varlen), _bhsd(out, varlen), logsumexp,

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..common.operator_schemas import FLASH_ATTN_BACKWARD, FLASH_ATTN_FORWARD, FLASH_ATTN_KVCACHE
-from ..core.attention import (MAX_HEAD_DIM, Varlen, flash_attn_window, new_rng_state, problem_dims)
+from ..core.attention import MAX_HEAD_DIM, Varlen, new_rng_state, problem_dims
 from ..core.attention import backward as attention_backward, forward as attention_forward
 from ..core.attention import unsupported_reason as attention_unsupported_reason
 from ..core.kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
@@ -121,7 +121,8 @@ def varlen_bounds(api, cu_q, cu_k, total_q, total_k, max_q, max_k) -> tuple[int,
 @dataclass
 class _Call:
     """One call in the kernels' terms: q, k, v as (B, H, S, D) views or the
-    packed rows its offsets cover, its Varlen and its window."""
+    packed rows its offsets cover, its Varlen and its window (flash-attn's
+    sizes as given: the C core's rule applies when it runs)."""
 
     q: Tensor
     k: Tensor
@@ -142,7 +143,7 @@ class _Call:
                 return_debug_mask=return_debug_mask, softcap=softcap, alibi_slopes=alibi_slopes)
             if reason:
                 fail(api, reason)
-            return cls(qt, kt, vt, None, flash_attn_window(window_left, window_right, k.size(1)),
+            return cls(qt, kt, vt, None, (window_left, window_right),
                        0, 0)
         api = "flash_attn_varlen_func"
         varlen = Varlen(cu_q, cu_k, max_q, max_k)
@@ -158,7 +159,7 @@ class _Call:
             # never touch them, so run on the rows that do (slices: no copy);
             # their output and gradients are zeros.
             q, k, v = q[:ends[0]], k[:ends[1]], v[:ends[1]]
-        return cls(q, k, v, varlen, flash_attn_window(window_left, window_right, max_k),
+        return cls(q, k, v, varlen, (window_left, window_right),
                    total_q, total_k)
 
     def rows_q(self, t: Tensor) -> Tensor:

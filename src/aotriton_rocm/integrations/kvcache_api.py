@@ -224,14 +224,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     check_operands(API, q, k_cache=k_cache, v_cache=v_cache, cache_leftpad=cache_leftpad,
                    cache_batch_idx=cache_batch_idx, block_table=block_table,
                    alibi_slopes=alibi_slopes)
-    window = flash_attn_window(left, right, capacity)
-    local = bool(causal) or window != (-1, -1)
     with torch.no_grad():
         if seqlen_new:
             positions = seqlens.long()[:, None]
             if seqlen_new > 1:
                 positions = positions + torch.arange(seqlen_new, device=q.device)
             if rotary_cos is not None:
+                # flash-attn rotates q per position when the attention is local
+                local = bool(causal) or flash_attn_window(left, right, capacity) != (-1, -1)
                 k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
                 q_pos = seqlens.long()[:, None] + (torch.arange(q.shape[1], device=q.device)
                                                    if local else 0)
@@ -242,7 +242,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             _append(k_cache, v_cache, k, v, slots)
         out, lse = refusal_kept(flash_attn_kvcache, q, k_cache, v_cache, k_end, cache_leftpad,
                                 cache_batch_idx, block_table, alibi_slopes, softmax_scale,
-                                bool(causal), *window, softcap, num_splits, None, 0, API)
+                                bool(causal), left, right, softcap, num_splits, None, 0, API)
     return (out, lse) if return_softmax_lse else out
 
 
