@@ -871,6 +871,21 @@ bool fa_bwd(const State &s, const Args &a)
     return backward_outputs(s, a, go, q, k, v, out, lse, perm, pr);
 }
 
+// The problem of a dense (B, S, H, D) call of our operators, whose
+// (softmax_scale, causal, window_left, window_right) arguments sit together
+// from argument `at` (operator_schemas.py).
+Problem dense_problem(const State &s, const Args &a, const Info &q, const Info &k, const Info &v,
+                      size_t at)
+{
+    Problem pr(s, q, k, v, kBSHD);
+    pr.p.scale = softmax_scale(a.opt_f64(at), q.size(-1));
+    pr.p.causal = a.boolean(at + 1);
+    pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
+    pr.p.window_left = window_side(a.i64(at + 2));
+    pr.p.window_right = window_side(a.i64(at + 3));
+    return pr;
+}
+
 // aotriton_rocm::flash_attn_forward (flash_attn_ops.py): flash-attn's dense
 // (B, S, H, D) call without dropout or a debug mask; softcap and ALiBi run on
 // the kernels. A packed batch goes to the Python route, which checks its
@@ -882,12 +897,7 @@ bool op_fwd(const State &s, const Args &a)
     Info q = info(a.tensor(0)), k = info(a.tensor(1)), v = info(a.tensor(2));
     if (q.dim != 4 || k.dim != 4 || v.dim != 4)
         return false;
-    Problem pr(s, q, k, v, kBSHD);
-    pr.p.scale = softmax_scale(a.opt_f64(8), q.size(-1));
-    pr.p.causal = a.boolean(9);
-    pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
-    pr.p.window_left = window_side(a.i64(10));
-    pr.p.window_right = window_side(a.i64(11));
+    Problem pr = dense_problem(s, a, q, k, v, 8);
     Owned out, lse;
     if (!flash_layout_fwd(s, q, k, v, kBSHD, pr, a.opt_tensor(13), static_cast<float>(a.f64(12)),
                           &out, &lse))
@@ -911,12 +921,7 @@ bool op_bwd(const State &s, const Args &a)
          v = info(a.tensor(3)), out = info(a.tensor(4)), lse = info(a.tensor(5));
     if (q.dim != 4 || k.dim != 4 || v.dim != 4)
         return false;
-    Problem pr(s, q, k, v, kBSHD);
-    pr.p.scale = softmax_scale(a.opt_f64(12), q.size(-1));
-    pr.p.causal = a.boolean(13);
-    pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
-    pr.p.window_left = window_side(a.i64(14));
-    pr.p.window_right = window_side(a.i64(15));
+    Problem pr = dense_problem(s, a, q, k, v, 12);
     BwdMods mods{static_cast<float>(a.f64(16)), a.opt_tensor(17), a.boolean(18)};
     return backward_outputs(s, a, go, q, k, v, out, lse, kBSHD, pr, mods);
 }
