@@ -385,8 +385,9 @@ static aotr_status check_identity(aotr_archive *a)
     }
     const char *base = base_name(a->path);
     size_t alen = arch ? strlen(arch) : 0;
-    if (arch != NULL && !(strlen(base) == alen + 5 && strncmp(base, arch, alen) == 0 &&
-                          strcmp(base + alen, ".aotr") == 0)) {
+    if (a->fd >= 0 && arch != NULL &&
+        !(strlen(base) == alen + 5 && strncmp(base, arch, alen) == 0 &&
+          strcmp(base + alen, ".aotr") == 0)) {
         arch_package_name(a->file_arch, pkg, sizeof pkg);
         return aotr_fail(AOTR_IDENTITY_MISMATCH,
                          "%s: the archive holds kernels for %s but its file name says %s (an "
@@ -506,6 +507,40 @@ static aotr_status read_index(aotr_archive *a, uint8_t **index_bytes, uint64_t *
     return AOTR_OK;
 }
 
+/* The parsed index: manifest, identity, records. */
+static aotr_status parse_index(aotr_archive *a)
+{
+    a->manifest = aotr_json_get(a->index, "manifest");
+    const aotr_json *kernels = aotr_json_get(a->index, "kernels");
+    if (a->manifest == NULL || a->manifest->type != AOTR_JSON_OBJECT)
+        return invalid(a, "kernel archive index has no manifest object");
+    if (kernels == NULL || kernels->type != AOTR_JSON_ARRAY)
+        return invalid(a, "kernel archive index has no kernels list");
+    if (kernels->n == 0)
+        return invalid(a, "kernel archive index lists no kernels (an empty image)");
+    aotr_status st = check_identity(a);
+    if (st != AOTR_OK)
+        return st;
+    char missing[512] = "";
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof MANIFEST_KEYS / sizeof *MANIFEST_KEYS; i++)
+        if (aotr_json_get(a->manifest, MANIFEST_KEYS[i]) == NULL)
+            n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%s", n ? ", " : "",
+                                  MANIFEST_KEYS[i]);
+    if (n > 0)
+        return invalid(a, "manifest lacks %s", missing);
+    if (aotr_json_str(aotr_json_get(a->manifest, "arch")) == NULL ||
+        aotr_json_str(aotr_json_get(a->manifest, "abi_version")) == NULL)
+        return invalid(a, "manifest arch and abi_version must be strings");
+    int trace = aotr_trace_on();
+    double t0 = trace ? aotr_now_ms() : 0.0;
+    st = parse_records(a, kernels);
+    if (trace)
+        aotr_trace("archive_records", aotr_now_ms() - t0, "%s (%zu kernel records)", a->path,
+                   kernels->n);
+    return st;
+}
+
 static aotr_status open_archive(aotr_archive *a)
 {
     int trace = aotr_trace_on();
@@ -543,42 +578,13 @@ static aotr_status open_archive(aotr_archive *a)
     }
     if (a->index == NULL)
         return invalid(a, "kernel archive index is unreadable (%s)", aotr_last_error());
-    a->manifest = aotr_json_get(a->index, "manifest");
-    const aotr_json *kernels = aotr_json_get(a->index, "kernels");
-    if (a->manifest == NULL || a->manifest->type != AOTR_JSON_OBJECT)
-        return invalid(a, "kernel archive index has no manifest object");
-    if (kernels == NULL || kernels->type != AOTR_JSON_ARRAY)
-        return invalid(a, "kernel archive index has no kernels list");
-    if (kernels->n == 0)
-        return invalid(a, "kernel archive index lists no kernels (an empty image)");
-    st = check_identity(a);
-    if (st != AOTR_OK)
-        return st;
-    char missing[512] = "";
-    size_t n = 0;
-    for (size_t i = 0; i < sizeof MANIFEST_KEYS / sizeof *MANIFEST_KEYS; i++)
-        if (aotr_json_get(a->manifest, MANIFEST_KEYS[i]) == NULL)
-            n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%s", n ? ", " : "",
-                                  MANIFEST_KEYS[i]);
-    if (n > 0)
-        return invalid(a, "manifest lacks %s", missing);
-    if (aotr_json_str(aotr_json_get(a->manifest, "arch")) == NULL ||
-        aotr_json_str(aotr_json_get(a->manifest, "abi_version")) == NULL)
-        return invalid(a, "manifest arch and abi_version must be strings");
-    double t3 = trace ? aotr_now_ms() : 0.0;
-    st = parse_records(a, kernels);
-    if (trace)
-        aotr_trace("archive_records", aotr_now_ms() - t3, "%s (%zu kernel records)", a->path,
-                   kernels->n);
-    return st;
+    return parse_index(a);
 }
 
-aotr_status aotr_archive_open(const char *path, aotr_archive **out)
+/* An archive of `path` (a file, or with `index` the name of an index held
+ * in memory), its reading left to `read`. */
+static aotr_status new_archive(const char *path, aotr_archive **out)
 {
-    if (out != NULL)
-        *out = NULL;
-    if (path == NULL || out == NULL)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_archive_open: path and out must not be NULL");
     aotr_archive *a = calloc(1, sizeof *a);
     if (a == NULL)
         return aotr_fail(AOTR_OUT_OF_MEMORY, "%s: out of memory", path);
@@ -597,7 +603,45 @@ aotr_status aotr_archive_open(const char *path, aotr_archive **out)
         return aotr_fail(AOTR_OUT_OF_MEMORY, "%s: cannot create a mutex", path);
     }
     a->lock_ready = 1;
-    aotr_status st = open_archive(a);
+    *out = a;
+    return AOTR_OK;
+}
+
+aotr_status aotr_archive_from_index(const char *name, const char *json, size_t size,
+                                    aotr_archive **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (name == NULL || json == NULL || out == NULL)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_archive_from_index: NULL argument");
+    aotr_archive *a = NULL;
+    aotr_status st = new_archive(name, &a);
+    if (st != AOTR_OK)
+        return st;
+    a->format_version = FORMAT_VERSION;
+    a->index = aotr_json_parse(json, size);
+    st = a->index == NULL ? invalid(a, "kernel index is unreadable (%s)", aotr_last_error())
+                          : parse_index(a);
+    if (st != AOTR_OK) {
+        aotr_archive_close(a);
+        return st;
+    }
+    aotr_clear_error();
+    *out = a;
+    return AOTR_OK;
+}
+
+aotr_status aotr_archive_open(const char *path, aotr_archive **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (path == NULL || out == NULL)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_archive_open: path and out must not be NULL");
+    aotr_archive *a = NULL;
+    aotr_status st = new_archive(path, &a);
+    if (st != AOTR_OK)
+        return st;
+    st = open_archive(a);
     if (st != AOTR_OK) {
         aotr_archive_close(a);
         return st;
@@ -696,6 +740,9 @@ aotr_status aotr_archive_code_object(aotr_archive *a, size_t index, const uint8_
     if (index >= a->count)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: no kernel record %zu (the archive has %zu)",
                          a->path, index, a->count);
+    if (a->fd < 0)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: a kernel index holds no code objects",
+                         a->path);
     aotr_status st = AOTR_OK;
     pthread_mutex_lock(&a->lock);
     if (a->code[index] == NULL)
@@ -729,6 +776,9 @@ aotr_status aotr_archive_verify(aotr_archive *a)
 {
     if (a == NULL)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_archive_verify: NULL archive");
+    if (a->fd < 0)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "%s: a kernel index holds no code objects",
+                         a->path);
     char problems[1500] = "";
     size_t len = 0, count = 0;
     struct statx st;

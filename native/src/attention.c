@@ -393,7 +393,9 @@ static aotr_status check_lse(const aotr_tensor *lse, const dims *d, const char *
     if (!ok)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "%s must be an fp32 %s tensor", name,
                          d->varlen ? "(heads, total_q)" : "(batch, heads, >= seqlen_q)");
-    if (lse->strides[lse->rank - 1] != 1 || ((uintptr_t)lse->data & 15u))
+    /* (a last dim of one row is never strided over) */
+    int last = lse->rank - 1;
+    if ((lse->sizes[last] > 1 && lse->strides[last] != 1) || ((uintptr_t)lse->data & 15u))
         return aotr_fail(AOTR_NEEDS_LAYOUT,
                          "%s needs a unit last stride and a 16-byte "
                          "aligned base: pass a contiguous copy",

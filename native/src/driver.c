@@ -265,6 +265,7 @@ struct loaded_module {
 
 struct aotr_driver {
     aotr_backend backend;
+    aotr_host_launcher host; /* AOTR_BACKEND_HOST */
     void *lib;
     char library[512]; /* what was opened, for messages */
     struct cuda_api cu;
@@ -576,6 +577,31 @@ aotr_status aotr_driver_open(aotr_backend backend, const char *library, aotr_dri
 
 aotr_backend aotr_driver_backend(const aotr_driver *d) { return d->backend; }
 
+aotr_status aotr_driver_open_host(const aotr_host_launcher *launcher, aotr_driver **out)
+{
+    *out = NULL;
+    if (!launcher || !launcher->launch)
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "the host backend needs a launcher (aotr_runtime_options.host_launch)");
+    aotr_driver *d = calloc(1, sizeof *d);
+    if (!d)
+        return aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_driver_open_host: out of memory");
+    d->backend = AOTR_BACKEND_HOST;
+    d->host = *launcher;
+    snprintf(d->library, sizeof d->library, "the host launcher");
+    if (pthread_mutex_init(&d->lock, NULL) != 0) {
+        free(d);
+        return aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_driver_open_host: cannot create a mutex");
+    }
+    *out = d;
+    return AOTR_OK;
+}
+
+const aotr_host_launcher *aotr_driver_host(const aotr_driver *d)
+{
+    return d->backend == AOTR_BACKEND_HOST ? &d->host : NULL;
+}
+
 /* -------------------------------------------------------- CUDA contexts */
 
 /* The primary context of `device`, retained on first use. */
@@ -661,6 +687,10 @@ aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch, 
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_driver_device_arch: NULL argument");
     if (device < 0)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "device index %d is negative", (int)device);
+    if (d->backend == AOTR_BACKEND_HOST) {
+        snprintf(arch, capacity, "host");
+        return AOTR_OK;
+    }
     if (d->backend == AOTR_BACKEND_CUDA) {
         int dev = 0, major = 0, minor = 0;
         drv_result rc = d->cu.DeviceGet(&dev, device);
@@ -849,7 +879,9 @@ aotr_status aotr_driver_compute_units(aotr_driver *d, int32_t device, int32_t *o
     drv_result rc;
     if (!d || !out || device < 0)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_driver_compute_units: bad argument");
-    if (d->backend == AOTR_BACKEND_CUDA) {
+    if (d->backend == AOTR_BACKEND_HOST) {
+        n = d->host.compute_units;
+    } else if (d->backend == AOTR_BACKEND_CUDA) {
         int dev = 0;
         rc = d->cu.DeviceGet(&dev, device);
         if (rc == CUDA_SUCCESS)
@@ -1008,6 +1040,8 @@ aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t byt
 {
     drv_result rc;
     *ptr = 0;
+    if (d->backend == AOTR_BACKEND_HOST)
+        return aotr_host_mem_alloc(bytes, ptr);
     if (d->backend != AOTR_BACKEND_CUDA)
         return aotr_fail(AOTR_UNSUPPORTED,
                          "a kernel of this image needs %zu bytes of global scratch, which the "
@@ -1036,8 +1070,10 @@ aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t byt
 void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream)
 {
     /* stream-ordered: the memory returns to the pool after the launch runs;
-     * only the CUDA path ever allocates (ptr 0 otherwise) */
-    if (ptr)
+     * only the CUDA and host paths ever allocate (ptr 0 otherwise) */
+    if (ptr && d->backend == AOTR_BACKEND_HOST)
+        aotr_host_mem_free(ptr);
+    else if (ptr)
         (void)d->cu.MemFreeAsync(ptr, stream);
 }
 
@@ -1081,6 +1117,8 @@ aotr_status aotr_driver_mem_alloc(aotr_driver *d, int32_t device, size_t bytes, 
     drv_result rc;
     const char *function;
     *ptr = 0;
+    if (d->backend == AOTR_BACKEND_HOST)
+        return aotr_host_mem_alloc(bytes, ptr);
     if (d->backend == AOTR_BACKEND_CUDA) {
         if (!d->cu.MemAllocAsync || !d->cu.MemFreeAsync)
             return missing(d, "cuMemAllocAsync");
@@ -1110,6 +1148,10 @@ aotr_status aotr_driver_mem_free(aotr_driver *d, int32_t device, uint64_t ptr, v
     int pushed;
     if (!ptr)
         return AOTR_OK;
+    if (d->backend == AOTR_BACKEND_HOST) {
+        aotr_host_mem_free(ptr);
+        return AOTR_OK;
+    }
     aotr_status st = enter(d, device, &pushed);
     if (st != AOTR_OK)
         return st;
@@ -1123,6 +1165,10 @@ aotr_status aotr_driver_memset(aotr_driver *d, int32_t device, uint64_t ptr, int
                                size_t bytes, void *stream)
 {
     int pushed;
+    if (d->backend == AOTR_BACKEND_HOST) {
+        aotr_host_memset(ptr, value, bytes);
+        return AOTR_OK;
+    }
     if (d->backend == AOTR_BACKEND_CUDA ? !d->cu.MemsetD8Async : !d->hip.MemsetAsync)
         return missing(d, d->backend == AOTR_BACKEND_CUDA ? "cuMemsetD8Async" : "hipMemsetAsync");
     aotr_status st = enter(d, device, &pushed);
@@ -1143,6 +1189,10 @@ aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst, si
                                 void *stream)
 {
     int pushed;
+    if (d->backend == AOTR_BACKEND_HOST) {
+        aotr_host_copy_2d(dst, dst_pitch, src, src_pitch, width, height);
+        return AOTR_OK;
+    }
     if (d->backend == AOTR_BACKEND_CUDA ? !d->cu.Memcpy2DAsync : !d->hip.Memcpy2DAsync)
         return missing(d,
                        d->backend == AOTR_BACKEND_CUDA ? "cuMemcpy2DAsync_v2" : "hipMemcpy2DAsync");
@@ -1171,7 +1221,9 @@ aotr_status aotr_driver_current_device(aotr_driver *d, int32_t *device)
 {
     int dev = 0;
     drv_result rc;
-    if (d->backend == AOTR_BACKEND_CUDA) {
+    if (d->backend == AOTR_BACKEND_HOST) {
+        /* one host: device 0 */
+    } else if (d->backend == AOTR_BACKEND_CUDA) {
         if (!d->cu.CtxGetDevice)
             return missing(d, "cuCtxGetDevice");
         rc = d->cu.CtxGetDevice(&dev);
@@ -1191,6 +1243,10 @@ aotr_status aotr_driver_stream_capturing(aotr_driver *d, int32_t device, void *s
 {
     int pushed, status = 0;
     int cuda = d->backend == AOTR_BACKEND_CUDA;
+    if (d->backend == AOTR_BACKEND_HOST) {
+        *capturing = 0;
+        return AOTR_OK;
+    }
     drv_result (*is_capturing)(drv_handle, int *) =
         cuda ? d->cu.StreamIsCapturing : d->hip.StreamIsCapturing;
     const char *function = cuda ? "cuStreamIsCapturing" : "hipStreamIsCapturing";
@@ -1208,6 +1264,8 @@ aotr_status aotr_driver_stream_synchronize(aotr_driver *d, int32_t device, void 
 {
     int pushed;
     int cuda = d->backend == AOTR_BACKEND_CUDA;
+    if (d->backend == AOTR_BACKEND_HOST)
+        return AOTR_OK; /* every launch has run when it returns */
     drv_result (*synchronize)(drv_handle) =
         cuda ? d->cu.StreamSynchronize : d->hip.StreamSynchronize;
     const char *function = cuda ? "cuStreamSynchronize" : "hipStreamSynchronize";

@@ -144,6 +144,11 @@ AOTR_HIDDEN const aotr_json *aotr_archive_manifest(const aotr_archive *a);
 /* The sha256-checked code object of record `index`, decoded on first use
  * and cached in the archive (thread-safe). The bytes live as long as the
  * archive. */
+/* An archive of kernel records held in memory (an archive's index: JSON
+ * manifest and records, without code objects), named `name` in messages;
+ * the JSON is copied. */
+AOTR_HIDDEN aotr_status aotr_archive_from_index(const char *name, const char *json, size_t size,
+                                                aotr_archive **out);
 AOTR_HIDDEN aotr_status aotr_archive_code_object(aotr_archive *a, size_t index,
                                                  const uint8_t **code, size_t *size);
 
@@ -196,6 +201,24 @@ AOTR_HIDDEN aotr_status aotr_driver_memset(aotr_driver *d, int32_t device, uint6
 AOTR_HIDDEN aotr_status aotr_driver_copy_2d(aotr_driver *d, int32_t device, uint64_t dst,
                                             size_t dst_pitch, uint64_t src, size_t src_pitch,
                                             size_t width, size_t height, void *stream);
+/* AOTR_BACKEND_HOST (driver_host.c): the caller's launcher, host memory. */
+typedef struct aotr_host_launcher {
+    aotr_host_launch_fn launch;
+    void *user;
+    int32_t compute_units;
+} aotr_host_launcher;
+AOTR_HIDDEN aotr_status aotr_driver_open_host(const aotr_host_launcher *launcher,
+                                              aotr_driver **out);
+/* The host driver's launcher (NULL for a GPU driver). */
+AOTR_HIDDEN const aotr_host_launcher *aotr_driver_host(const aotr_driver *d);
+AOTR_HIDDEN aotr_status aotr_host_launch(const aotr_host_launcher *h, const char *key,
+                                         const uint32_t grid[3], const uint64_t *args,
+                                         size_t num_args);
+AOTR_HIDDEN aotr_status aotr_host_mem_alloc(size_t bytes, uint64_t *ptr);
+AOTR_HIDDEN void aotr_host_mem_free(uint64_t ptr);
+AOTR_HIDDEN void aotr_host_memset(uint64_t ptr, int value, size_t bytes);
+AOTR_HIDDEN void aotr_host_copy_2d(uint64_t dst, size_t dst_pitch, uint64_t src, size_t src_pitch,
+                                   size_t width, size_t height);
 /* The calling thread's current device (CUDA: its context's; 0 with none). */
 AOTR_HIDDEN aotr_status aotr_driver_current_device(aotr_driver *d, int32_t *device);
 AOTR_HIDDEN aotr_status aotr_driver_stream_capturing(aotr_driver *d, int32_t device, void *stream,

@@ -63,12 +63,33 @@ struct aotr_runtime {
     aotr_backend backend;
     aotr_archive **added;
     size_t num_added;
-    aotr_driver *drivers[3]; /* by aotr_backend */
+    aotr_driver *drivers[4]; /* by aotr_backend */
+    aotr_host_launcher host; /* AOTR_BACKEND_HOST */
     _Atomic(aotr_device *) devices[MAX_DEVICES];
     aotr_status device_status[MAX_DEVICES];
     char *device_error[MAX_DEVICES];
     _Atomic uint64_t launches[AOTR_KERNEL_COUNT];
 };
+
+static const char *backend_name(aotr_backend b)
+{
+    return b == AOTR_BACKEND_HIP    ? "hip"
+           : b == AOTR_BACKEND_CUDA ? "cuda"
+           : b == AOTR_BACKEND_HOST ? "host"
+                                    : "auto";
+}
+
+static aotr_backend backend_of_archive(const aotr_archive *a)
+{
+    const char *b = aotr_archive_manifest_string(a, "backend");
+    if (b && strcmp(b, "hip") == 0)
+        return AOTR_BACKEND_HIP;
+    if (b && strcmp(b, "cuda") == 0)
+        return AOTR_BACKEND_CUDA;
+    if (b && strcmp(b, "host") == 0)
+        return AOTR_BACKEND_HOST;
+    return AOTR_BACKEND_AUTO;
+}
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
@@ -86,11 +107,15 @@ aotr_status aotr_runtime_create(const aotr_runtime_options *options, aotr_runtim
                              options->struct_size);
         memcpy(&o, options, options->struct_size < sizeof o ? options->struct_size : sizeof o);
     }
-    if (o.backend < AOTR_BACKEND_AUTO || o.backend > AOTR_BACKEND_CUDA)
+    if (o.backend < AOTR_BACKEND_AUTO || o.backend > AOTR_BACKEND_HOST)
         return aotr_fail(AOTR_INVALID_ARGUMENT,
                          "aotr_runtime_create: unknown backend %d "
-                         "(AOTR_BACKEND_AUTO, _HIP or _CUDA)",
+                         "(AOTR_BACKEND_AUTO, _HIP, _CUDA or _HOST)",
                          o.backend);
+    if (o.backend == AOTR_BACKEND_HOST && (!o.host_launch || !o.host_index))
+        return aotr_fail(AOTR_INVALID_ARGUMENT,
+                         "aotr_runtime_create: the host backend needs host_index and "
+                         "host_launch");
     aotr_runtime *rt = calloc(1, sizeof *rt);
     if (!rt)
         return aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_runtime_create: out of memory");
@@ -101,6 +126,28 @@ aotr_status aotr_runtime_create(const aotr_runtime_options *options, aotr_runtim
     if ((o.archive_dir && !rt->archive_dir) || (o.driver_library && !rt->driver_library)) {
         aotr_runtime_destroy(rt);
         return aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_runtime_create: out of memory");
+    }
+    if (rt->backend == AOTR_BACKEND_HOST) {
+        rt->host = (aotr_host_launcher){o.host_launch, o.host_user, o.host_compute_units};
+        aotr_archive *a = NULL;
+        aotr_status st =
+            aotr_archive_from_index("(host kernel index)", o.host_index, o.host_index_size, &a);
+        if (st == AOTR_OK && backend_of_archive(a) != AOTR_BACKEND_HOST) {
+            aotr_archive_close(a);
+            st = aotr_fail(AOTR_INVALID_ARGUMENT,
+                           "aotr_runtime_create: the host kernel index's manifest must name "
+                           "backend \"host\"");
+        }
+        rt->added = st == AOTR_OK ? malloc(sizeof *rt->added) : NULL;
+        if (st == AOTR_OK && !rt->added) {
+            aotr_archive_close(a);
+            st = aotr_fail(AOTR_OUT_OF_MEMORY, "aotr_runtime_create: out of memory");
+        }
+        if (st != AOTR_OK) {
+            aotr_runtime_destroy(rt);
+            return st;
+        }
+        rt->added[rt->num_added++] = a;
     }
     *out = rt;
     return AOTR_OK;
@@ -129,7 +176,7 @@ void aotr_runtime_destroy(aotr_runtime *rt)
         device_free(atomic_load(&rt->devices[i]));
         free(rt->device_error[i]);
     }
-    for (size_t i = 0; i < 3; i++)
+    for (size_t i = 0; i < 4; i++)
         if (rt->drivers[i])
             aotr_driver_close(rt->drivers[i]);
     for (size_t i = 0; i < rt->num_added; i++)
@@ -139,21 +186,6 @@ void aotr_runtime_destroy(aotr_runtime *rt)
     free(rt->driver_library);
     pthread_mutex_destroy(&rt->lock);
     free(rt);
-}
-
-static const char *backend_name(aotr_backend b)
-{
-    return b == AOTR_BACKEND_HIP ? "hip" : b == AOTR_BACKEND_CUDA ? "cuda" : "auto";
-}
-
-static aotr_backend backend_of_archive(const aotr_archive *a)
-{
-    const char *b = aotr_archive_manifest_string(a, "backend");
-    if (b && strcmp(b, "hip") == 0)
-        return AOTR_BACKEND_HIP;
-    if (b && strcmp(b, "cuda") == 0)
-        return AOTR_BACKEND_CUDA;
-    return AOTR_BACKEND_AUTO;
 }
 
 aotr_status aotr_runtime_add_archive(aotr_runtime *rt, const char *path)
@@ -229,7 +261,9 @@ static aotr_backend auto_backend(const aotr_runtime *rt)
 static aotr_status open_driver_for(aotr_runtime *rt, aotr_backend b, aotr_driver **out)
 {
     if (!rt->drivers[b]) {
-        aotr_status st = aotr_driver_open(b, rt->driver_library, &rt->drivers[b]);
+        aotr_status st = b == AOTR_BACKEND_HOST
+                             ? aotr_driver_open_host(&rt->host, &rt->drivers[b])
+                             : aotr_driver_open(b, rt->driver_library, &rt->drivers[b]);
         if (st != AOTR_OK)
             return st;
     }
@@ -797,9 +831,42 @@ aotr_driver *aotr_device_driver(aotr_device *dev, int32_t *index)
     return dev->driver;
 }
 
+/* The host launcher gets one 64-bit word per argument (aotr_host_launch_fn). */
+static aotr_status host_launch(aotr_runtime *rt, const aotr_host_launcher *h,
+                               const aotr_launchable *k, const uint32_t grid[3],
+                               const aotr_arg_value *values)
+{
+    uint64_t words[MAX_KERNEL_ARGS];
+    for (size_t i = 0; i < k->num_args; i++) {
+        int slot = k->slots[i];
+        aotr_arg_value v = {0};
+        if (slot >= 0)
+            v = values[slot];
+        switch (slot >= 0 ? aotr_arg_slot_kind(slot) : AOTR_ARG_POINTER) {
+        case AOTR_ARG_I32: words[i] = (uint64_t)(int64_t)v.i32; break;
+        case AOTR_ARG_FP32: {
+            uint32_t bits;
+            memcpy(&bits, &v.f32, sizeof bits);
+            words[i] = bits;
+            break;
+        }
+        case AOTR_ARG_I64: words[i] = (uint64_t)v.i64; break;
+        default: words[i] = (uint64_t)(uintptr_t)v.p;
+        }
+    }
+    aotr_status st = aotr_host_launch(h, k->record->key, grid, words, k->num_args);
+    if (st == AOTR_OK)
+        atomic_fetch_add_explicit(&rt->launches[kernel_id_of(k->record->kernel)], 1,
+                                  memory_order_relaxed);
+    return st;
+}
+
 aotr_status aotr_device_launch(aotr_runtime *rt, aotr_device *dev, const aotr_launchable *k,
                                const uint32_t grid[3], void *stream, const aotr_arg_value *values)
 {
+    const aotr_host_launcher *host = aotr_driver_host(dev->driver);
+    if (host)
+        return host_launch(rt, host, k, grid, values);
     void *function = atomic_load_explicit(&((aotr_launchable *)k)->function, memory_order_acquire);
     /* a kernel's first launch (its module just loaded) is timed when tracing */
     double traced = -1.0;

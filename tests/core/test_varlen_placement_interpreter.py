@@ -1,9 +1,10 @@
-"""Sequences that do not lie end to end (the kernels' STARTS/LENGTHS bits of
-``varlen``, kernels/flash_attention.py): Transformer Engine's padded layout
-(each side's starts apart from its cumulative lengths) and PyTorch's
-seqused_k (K's lengths one per sequence, its starts from the cumulative
-vector), forward and backward in Triton's interpreter on the CPU, judged per
-sequence against torch's float32/float64 math as the packed batch is."""
+"""Sequences that do not lie end to end (``Varlen.seq_starts_q/k`` and
+``seqlens_k``, which libaotriton_rocm turns into the kernels' STARTS/LENGTHS
+bits of ``varlen``): Transformer Engine's padded layout (each side's starts
+apart from its cumulative lengths) and flash-attn's seqused_k (K's lengths
+one per sequence, its slots from cu_seqlens_k), forward and backward in
+Triton's interpreter on the CPU, judged per sequence against torch's
+float32/float64 math as the packed batch is."""
 
 from __future__ import annotations
 
@@ -15,19 +16,12 @@ from aotriton_rocm.core import attention
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
 
-Q_STARTS, Q_LENGTHS, K_STARTS, K_LENGTHS = 2, 4, 8, 16
-
-
-def _vector(first, second, batch):
-    """One side's vector: batch + 1 entries, then batch + 1 more."""
-    first, second = list(first), list(second)
-    first += [0] * (batch + 1 - len(first))
-    second += [0] * (batch + 1 - len(second))
-    return torch.tensor(first + second, dtype=torch.int32)
-
-
 def _cumulative(lens):
     return [0, *torch.tensor(lens).cumsum(0).tolist()]
+
+
+def _int32(values):
+    return None if values is None else torch.tensor(values, dtype=torch.int32)
 
 
 # (name, q starts or None, q lens, k starts or None, k lens, k lens individual, rows q, rows k)
@@ -46,19 +40,18 @@ def test_placed_sequences(layout, dtype, causal):
     h, hk, d = 4, 2, 24
     gen = torch.Generator().manual_seed(len(name) + int(causal))
     batch = len(lens_q)
-    word = 1
+    cu_q = _int32(_cumulative(lens_q))
+    if individual:  # flash-attn's seqused_k: K's slots from cu_seqlens_k, its lengths apart
+        cu_k, placed = _int32([*starts_k, rows_k]), dict(seqlens_k=_int32(lens_k))
+    else:  # Transformer Engine's padded slots
+        cu_k, placed = _int32(_cumulative(lens_k)), dict(seq_starts_k=_int32(starts_k))
+    placed["seq_starts_q"] = _int32(starts_q)
     if starts_q is None:
-        cu_q, starts_q = _vector(_cumulative(lens_q), [], batch), _cumulative(lens_q)[:-1]
-    else:
-        cu_q, word = _vector(_cumulative(lens_q), starts_q, batch), word | Q_STARTS
-    if individual:
-        cu_k, word = _vector(lens_k, starts_k, batch), word | K_STARTS | K_LENGTHS
-    else:
-        cu_k, word = _vector(_cumulative(lens_k), starts_k, batch), word | K_STARTS
+        starts_q = _cumulative(lens_q)[:-1]
     q = torch.randn((rows_q, h, d), generator=gen).to(dtype)
     k, v = (torch.randn((rows_k, hk, d), generator=gen).to(dtype) for _ in range(2))
     do = torch.randn(q.shape, generator=gen).to(dtype)
-    varlen = attention.Varlen(cu_q, cu_k, max(lens_q), max(lens_k), word=word)
+    varlen = attention.Varlen(cu_q, cu_k, max(lens_q), max(lens_k), **placed)
     assert varlen.batch == batch
     assert attention.unsupported_reason(q, k, v, varlen=varlen) is None
     out, lse = attention.forward(q, k, v, is_causal=causal, varlen=varlen)

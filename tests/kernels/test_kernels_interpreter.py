@@ -374,31 +374,6 @@ def test_attention_property(case):
     run_case(**case)
 
 
-def test_interpreter_launches_bind_arguments_by_name():
-    """Launch arguments are a name -> value dict checked against the kernel's
-    own argument list: the right names compute, a missing or an unknown name
-    fails at the launch."""
-    from aotriton_rocm.core import backends
-
-    backend = backends._interpreter_backend()
-    kernel = backend.kernel("attn_bwd_preprocess", dtype="fp32", head_dim=16)
-    b, h, s, d = 1, 2, 8, 16
-    o, do = torch.randn(b, h, s, d), torch.randn(b, h, s, d)
-    delta = torch.zeros(b, h, s)
-    args = dict(O=o, DO=do, Delta=delta, CU_Q=torch.zeros(2, dtype=torch.int32),
-                stride_oz=h * s * d, stride_oh=s * d, stride_om=d,
-                stride_doz=h * s * d, stride_doh=s * d, stride_dom=d,
-                stride_lz=h * s, stride_lh=s, batch=b, num_heads=h, max_seqlen_q=s,
-                varlen=0, head_dim=d)
-    grid = (1, b * h, 1)
-    kernel.launch(grid, o.device, args)
-    torch.testing.assert_close(delta, (o * do).sum(-1))
-    with pytest.raises(TypeError):
-        kernel.launch(grid, o.device, {k: v for k, v in args.items() if k != "head_dim"})
-    with pytest.raises(TypeError):
-        kernel.launch(grid, o.device, dict(args, stride_ox=1))
-
-
 @pytest.mark.parametrize("D,causal,window", [(64, False, (-1, -1)), (40, "br", (5, -1)),
                                              (64, "tl", (-1, -1))])
 def test_pre_load_v_is_the_same_arithmetic(D, causal, window):

@@ -131,8 +131,20 @@ AOTR_API aotr_status aotr_find_archive(const char *arch, const char *dir, char *
 typedef enum aotr_backend {
     AOTR_BACKEND_AUTO = 0, /* from the archive's manifest */
     AOTR_BACKEND_HIP = 1,
-    AOTR_BACKEND_CUDA = 2
+    AOTR_BACKEND_CUDA = 2,
+    /* The caller runs the kernels (the CPU interpreter of the kernel
+     * sources): the runtime plans each call as it does for a GPU, with
+     * host memory, and hands every launch to `host_launch`. */
+    AOTR_BACKEND_HOST = 3
 } aotr_backend;
+
+/* AOTR_BACKEND_HOST: one planned launch. `key` is the kernel record's key;
+ * `args` holds one 64-bit word per argument of the record, in its order
+ * (the trailing scratch pointers included): pointers as addresses, i32
+ * sign-extended, fp32 as its bits in the low 32, i64 as is. Return 0 when
+ * the kernel ran; anything else fails the call with AOTR_DRIVER_ERROR. */
+typedef int32_t (*aotr_host_launch_fn)(void *user, const char *key, const uint32_t grid[3],
+                                       const uint64_t *args, size_t num_args);
 
 typedef struct aotr_runtime_options {
     uint32_t struct_size;
@@ -144,6 +156,17 @@ typedef struct aotr_runtime_options {
     /* aotr_backend: AUTO takes the backend of an added archive, else the
      * HIP runtime or CUDA driver the process has loaded. */
     int32_t backend;
+    /* AOTR_BACKEND_HOST only: the kernel records as an archive's index
+     * holds them (JSON: {"manifest": {...}, "kernels": [...]}, records
+     * without code objects, manifest arch "host"), and the launcher. The
+     * runtime copies the index. */
+    const char *host_index;
+    size_t host_index_size;
+    aotr_host_launch_fn host_launch;
+    void *host_user;
+    /* What the host stands in for when a split count is chosen (compute
+     * units); 0: none, so no call is split unless asked. */
+    int32_t host_compute_units;
 } aotr_runtime_options;
 
 typedef struct aotr_runtime aotr_runtime;

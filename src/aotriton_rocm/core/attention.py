@@ -53,16 +53,17 @@ class Varlen:
     cu_seqlens_k: torch.Tensor
     max_seqlen_q: int
     max_seqlen_k: int
-    #: the kernels' ``varlen`` word (kernels/flash_attention.py): 1 packed; with
-    #: a side's STARTS/LENGTHS bits set both vectors hold 2 * (batch + 1)
-    #: entries. Only the kernel sources (the interpreter) take other words here:
-    #: libaotriton_rocm places sequences from seq_starts_q/k and seqlens_k itself.
-    word: int = 1
+    #: sequences that do not lie end to end (aotr_attn_fwd_params): int32
+    #: (batch,) vectors of where each sequence starts in q / in k and v
+    #: (Transformer Engine's cu_seqlens_padded), and of each sequence's
+    #: number of keys (flash-attn's seqused_k); None: from cu_seqlens.
+    seq_starts_q: torch.Tensor | None = None
+    seq_starts_k: torch.Tensor | None = None
+    seqlens_k: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
-        n = self.cu_seqlens_q.numel()
-        return (n if self.word == 1 else n // 2) - 1
+        return self.cu_seqlens_q.numel() - 1
 
 
 def problem_dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None):

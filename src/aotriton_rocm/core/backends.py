@@ -42,9 +42,8 @@ def kvcache_workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen
 # The attention kernels' dropout draws (torch's mask regeneration); not part
 # of an attention call's coverage.
 DROPOUT_UNIFORM = "dropout_uniform"
-_COUNTED = KERNELS + FUSED_BACKWARD_KERNELS + (DROPOUT_UNIFORM,)
-# (backend name, kernel name) -> launches since import (or the last reset).
-_LAUNCHES: collections.Counter = collections.Counter()
+_COUNTED = KERNELS + FUSED_BACKWARD_KERNELS + (DROPOUT_UNIFORM,) + KVCACHE_KERNELS
+INTERPRETER = "interpreter:cpu"
 # The interpreter executes every block op in numpy: keep CPU work bounded.
 INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
 
@@ -53,7 +52,7 @@ def _native_totals() -> collections.Counter:
     """GPU launches per kernel counted by libaotriton_rocm: the Python route's
     runtime and the torch extension's (the C++ route)."""
     totals: collections.Counter = collections.Counter()
-    for kernel in _COUNTED + KVCACHE_KERNELS:
+    for kernel in _COUNTED:
         if _native_names:
             totals[kernel] += _native_runtime().launch_count(kernel)
         totals[kernel] += torch_native_launch_count(kernel)
@@ -67,23 +66,34 @@ def _native_name() -> str:
     return "+".join(sorted(archs)) or "aot"
 
 
+def _host_totals() -> collections.Counter:
+    """The interpreter's launches per kernel, counted by its libaotriton_rocm
+    runtime (and those of runtimes dropped by clear_backend_caches)."""
+    totals = collections.Counter(_host_retired)
+    if _interpreter_backend.cache_info().currsize:
+        runtime = getattr(_interpreter_backend(), "runtime", None)
+        for kernel in _COUNTED if runtime is not None else ():
+            totals[kernel] += runtime.launch_count(kernel)
+    return totals
+
+
 def launch_counts() -> dict[tuple[str, str], int]:
-    """Launches per (backend, kernel) since import or the last reset: the
-    interpreter's counted here, the GPU's by libaotriton_rocm."""
-    counts = dict(_LAUNCHES)
-    totals = _native_totals()
-    if totals:
-        name = _native_name()
+    """Launches per (backend, kernel) since import or the last reset, as
+    libaotriton_rocm counts them: the GPU's, and the interpreter's."""
+    counts = {}
+    for name, totals, baseline in ((_native_name, _native_totals(), _native_baseline),
+                                   (lambda: INTERPRETER, _host_totals(), _host_baseline)):
         for kernel, n in totals.items():
-            if n > _native_baseline[kernel]:
-                counts[(name, kernel)] = n - _native_baseline[kernel]
+            if n > baseline[kernel]:
+                counts[(name(), kernel)] = n - baseline[kernel]
     return counts
 
 
 def reset_launch_counts() -> None:
-    _LAUNCHES.clear()
-    _native_baseline.clear()
-    _native_baseline.update(_native_totals())
+    for baseline, totals in ((_native_baseline, _native_totals()),
+                             (_host_baseline, _host_totals())):
+        baseline.clear()
+        baseline.update(totals)
 
 
 def block_d(head_dim: int) -> int:
@@ -210,54 +220,27 @@ def _raw_stream(index: int) -> int:
 
 _added_archives: set = set()
 _native_baseline: collections.Counter = collections.Counter()
+_host_baseline: collections.Counter = collections.Counter()
+_host_retired: collections.Counter = collections.Counter()
 _native_names: dict[int, str] = {}
 
 
-class AOTBackend(Backend):
-    """Precompiled code objects from the installed archive for one GPU, run
-    by libaotriton_rocm: coverage, kernel and config selection, grids,
-    argument packing and launches all happen in the C library."""
+class NativeBackend(Backend):
+    """A backend whose calls libaotriton_rocm plans: coverage, kernel and
+    config selection, grids, argument packing, head-dim padding and KV
+    splits all happen in the C library, on ``self.runtime``'s device
+    ``self.device_index``."""
 
     native = True
+    problem: str | None = None
+    device_index = 0
+    runtime: NativeRuntime
 
-    def __init__(self, device_index: int):
-        from ..common.archive import Archive, ArchiveError
-        from ..common.archive_identity import identity_problems
-        from ..common.images import find_archives
+    def _stream(self) -> int:
+        raise NotImplementedError
 
-        self.device_index = device_index
-        self.arch = arch_of(device_index)
-        self.name = f"aot:{self.arch}"
-        self.problem: str | None = None
-        self._reasons: dict[tuple, str | None] = {}
-        path = find_archives().get(self.arch)
-        if path is None:
-            self.problem = (f"no kernel image is installed for {self.arch}: "
-                            f"pip install 'aotriton-rocm[{self.arch.replace('_', '')}]'")
-            return
-        try:
-            archive = Archive.open(path)
-        except ArchiveError as e:
-            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
-            return
-        # The archive must be what its name says, for this device and this
-        # runtime's ABI line: never hand another arch's code to the GPU (the
-        # library checks this too, the sidecar is checked here only).
-        problems = identity_problems(archive, path, expected_arch=self.arch,
-                                     expected_abi=ABI_VERSION)
-        if problems:
-            self.problem = (f"the kernel image for {self.arch} is refused: "
-                            + " | ".join(problems))
-            return
-        try:
-            self.runtime = _native_runtime()
-            if str(path) not in _added_archives:
-                self.runtime.add_archive(path)
-                _added_archives.add(str(path))
-        except (OSError, NativeError) as e:
-            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
-            return
-        _native_names[device_index] = self.name
+    def _check(self, status: int) -> None:
+        check_status(status)
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if self.problem:
@@ -317,9 +300,6 @@ class AOTBackend(Backend):
             return e.message or str(e)
         return None
 
-    def _stream(self) -> int:
-        return _raw_stream(self.device_index)
-
     def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, bottom_right,
                 window, scale, dropout_p, softcap=0.0, alibi_slopes=None) -> None:
         """Launch the forward on tensors the kernels can read in place: q/k/v/out
@@ -334,7 +314,8 @@ class AOTBackend(Backend):
             params.debug_mask = tensor_view(debug_mask)
         params.alibi_slopes = tensor_view(alibi_slopes)
         params.softcap = softcap
-        check_status(self.runtime.fwd(params))
+        _placement(params, varlen)
+        self._check(self.runtime.fwd(params))
 
     def forward_kvcache(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
                         block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
@@ -364,7 +345,7 @@ class AOTBackend(Backend):
             l_part = torch.empty(l_shape, dtype=torch.float32, device=q.device)
             p.out_partial, p.lse_partial = tensor_view(o_part), tensor_view(l_part)
             p.num_splits = splits
-        check_status(self.runtime.fwd_kvcache(p))
+        self._check(self.runtime.fwd_kvcache(p))
         return out, lse, splits
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
@@ -381,6 +362,7 @@ class AOTBackend(Backend):
             if t is not None:
                 setattr(params, name, tensor_view(t))
         params.softcap = softcap
+        _placement(params, varlen)
         # The fused backward where the image has it for the problem (its head
         # dim is then a tile width, so a dense accumulator meets the layout
         # rules): faster, but dQ is summed with atomics, so not where the
@@ -391,7 +373,7 @@ class AOTBackend(Backend):
                 self.device_index, params.problem, NEED_BACKWARD | NEED_DQ_ACCUM) == NATIVE_OK:
             dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
             params.grad_q_accum = tensor_view(dq_accum)
-        check_status(self.runtime.bwd(params))
+        self._check(self.runtime.bwd(params))
 
 
     def dropout_uniform(self, out, seed, offset, *, dropout_p, encode_keep) -> None:
@@ -410,13 +392,64 @@ class AOTBackend(Backend):
         if not hasattr(self.runtime._lib, "aotr_dropout_uniform"):
             raise NativeError(NATIVE_UNSUPPORTED, "AOTR_UNSUPPORTED",
                                      "this libaotriton_rocm has no aotr_dropout_uniform")
-        check_status(self.runtime.dropout_uniform(params))
+        self._check(self.runtime.dropout_uniform(params))
+
+
+class AOTBackend(NativeBackend):
+    """Precompiled code objects from the installed archive for one GPU."""
+
+    def __init__(self, device_index: int):
+        from ..common.archive import Archive, ArchiveError
+        from ..common.archive_identity import identity_problems
+        from ..common.images import find_archives
+
+        self.device_index = device_index
+        self.arch = arch_of(device_index)
+        self.name = f"aot:{self.arch}"
+        self.problem: str | None = None
+        self._reasons: dict[tuple, str | None] = {}
+        path = find_archives().get(self.arch)
+        if path is None:
+            self.problem = (f"no kernel image is installed for {self.arch}: "
+                            f"pip install 'aotriton-rocm[{self.arch.replace('_', '')}]'")
+            return
+        try:
+            archive = Archive.open(path)
+        except ArchiveError as e:
+            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
+            return
+        # The archive must be what its name says, for this device and this
+        # runtime's ABI line: never hand another arch's code to the GPU (the
+        # library checks this too, the sidecar is checked here only).
+        problems = identity_problems(archive, path, expected_arch=self.arch,
+                                     expected_abi=ABI_VERSION)
+        if problems:
+            self.problem = (f"the kernel image for {self.arch} is refused: "
+                            + " | ".join(problems))
+            return
+        try:
+            self.runtime = _native_runtime()
+            if str(path) not in _added_archives:
+                self.runtime.add_archive(path)
+                _added_archives.add(str(path))
+        except (OSError, NativeError) as e:
+            self.problem = f"the kernel image for {self.arch} is unusable: {e}"
+            return
+        _native_names[device_index] = self.name
+
+    def _stream(self) -> int:
+        return _raw_stream(self.device_index)
+
+
+def _placement(params, varlen) -> None:
+    """A packed batch's sequences placed apart from its cu_seqlens."""
+    for name in ("seq_starts_q", "seq_starts_k", "seqlens_k"):
+        t = None if varlen is None else getattr(varlen, name)
+        if t is not None:
+            setattr(params, name, tensor_view(t))
 
 
 def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dropout_p):
-    if varlen is not None and varlen.word != 1:
-        raise ValueError("libaotriton_rocm takes a packed batch's cu_seqlens (Varlen.word 1); "
-                         "it places sequences from seq_starts_q/k and seqlens_k itself")
     return make_problem(
         q, k, v, scale=scale, bottom_right=bottom_right, window=window, bias=bias,
         dropout_p=dropout_p, rng=rng,
@@ -424,8 +457,10 @@ def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dro
         max_seqlens=(0, 0) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k))
 
 
-class InterpreterBackend(Backend):
-    """The kernel sources, run on CPU tensors by Triton's interpreter.
+class InterpreterBackend(NativeBackend):
+    """The kernel sources, run on CPU tensors by Triton's interpreter, each
+    call planned by libaotriton_rocm's host backend (:mod:`.host_kernels`)
+    as it plans a GPU call.
 
     It serves the variants of the NVIDIA test target (same functional coverage
     as the archives), with UPCAST_DOT on: the interpreter stores bf16 as raw
@@ -437,49 +472,32 @@ class InterpreterBackend(Backend):
     def __init__(self):
         # the spec reader (tomllib, ast, dataclasses: tens of ms to import)
         # serves this backend only, not the GPU route
+        import triton
+
+        from .host_kernels import host_runtime
         from .interpreter_compat import fix_scalar_index
         from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
 
         fix_scalar_index()
         spec = load_variants(kernels_dir())
-        self._variants = variant_table(spec.variants_for(INTERPRETER_ARCH))
+        variants = spec.variants_for(INTERPRETER_ARCH)
+        functions = {name: interpreted_function(spec.kernels[name])
+                     for name in {v.kernel for v in variants}}
+        self.runtime, self._launcher = host_runtime(variants, functions, triton.__version__)
         self._reasons: dict[tuple, str | None] = {}
-        # the kernels it has variants of (not the sm_90-only fused backward)
-        served = {v.kernel for v in self._variants.values()}
-        self._functions = {name: interpreted_function(ks)
-                           for name, ks in spec.kernels.items() if name in served}
-        self._arg_names = {name: frozenset(n for n, _ in ks.args)
-                           for name, ks in spec.kernels.items() if name in served}
+
+    def _stream(self) -> int:
+        return 0
+
+    def _check(self, status: int) -> None:
+        self._launcher.raise_pending()
+        check_status(status)
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
-        missing = _memo_missing(self._reasons, self._variants, kernel, dtype, head_dim, bias,
-                                dropout)
-        if missing:
-            return f"the kernel sources have {missing}"
         if work > INTERPRETER_MAX_WORK:
             return "too large for the CPU interpreter backend"
-        return None
-
-    def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
-               seqlen_k=0, score_mods=False):
-        variant = pick(self._variants, kernel, dtype, head_dim, bias, dropout, score_mods)
-        constexprs = dict(variant.constexprs)
-        if "UPCAST_DOT" in constexprs:
-            constexprs["UPCAST_DOT"] = True
-        fn = self._functions[kernel]
-        names = self._arg_names[kernel]
-        counter_key = (self.name, kernel)
-
-        def launch(grid, device, args):
-            if args.keys() != names:
-                # (Triton would take an unknown name for a launch option)
-                raise TypeError(f"{kernel}: arguments missing {sorted(names - args.keys())}, "
-                                f"unknown {sorted(args.keys() - names)} (kernels/variants.toml "
-                                "lists the kernel's arguments)")
-            fn[grid](**args, **constexprs)
-            _LAUNCHES[counter_key] += 1
-
-        return KernelHandle(variant.config, launch)
+        return super().unsupported_reason(kernel, dtype=dtype, head_dim=head_dim, bias=bias,
+                                          dropout=dropout)
 
 
 @functools.lru_cache(maxsize=None)
@@ -534,6 +552,8 @@ def backend_for(t: torch.Tensor) -> Backend | None:
 
 
 def clear_backend_caches(backends: Iterable = (_aot_backend, _interpreter_backend)) -> None:
+    if _interpreter_backend in tuple(backends):
+        _host_retired.update(_host_totals() - _host_retired)
     for b in backends:
         b.cache_clear()
     if _aot_backend in tuple(backends):

@@ -20,13 +20,13 @@ from .._version import ABI_VERSION
 __all__ = ["ENV_VAR", "NativeError", "library", "library_path", "Tensor", "Problem", "FwdParams",
            "BwdParams", "KvcacheParams", "DropoutUniformParams", "RuntimeOptions", "Runtime", "OK",
            "UNSUPPORTED", "NEEDS_LAYOUT",
-           "BACKEND_AUTO", "BACKEND_HIP", "BACKEND_CUDA", "DTYPES"]
+           "BACKEND_AUTO", "BACKEND_HIP", "BACKEND_CUDA", "BACKEND_HOST", "HOST_LAUNCH", "DTYPES"]
 
 ENV_VAR = "AOTRITON_ROCM_NATIVE_LIB"
 SONAME = f"libaotriton_rocm.so.{ABI_VERSION}"
 
 OK, INVALID_ARGUMENT, UNSUPPORTED, NEEDS_LAYOUT = 0, 1, 2, 3
-BACKEND_AUTO, BACKEND_HIP, BACKEND_CUDA = 0, 1, 2
+BACKEND_AUTO, BACKEND_HIP, BACKEND_CUDA, BACKEND_HOST = 0, 1, 2, 3
 NEED_BACKWARD, NEED_DEBUG_MASK, NEED_DQ_ACCUM = 1, 2, 4
 CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT = 0, 1
 # aotr_dtype by torch dtype name
@@ -60,7 +60,9 @@ class FwdParams(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("device", c_int32), ("stream", c_void_p),
                 ("problem", Problem), ("out", Tensor), ("lse", Tensor), ("debug_mask", Tensor),
                 # appended in 0.1: flash-attn's softcap and ALiBi slopes
-                ("softcap", c_float), ("alibi_slopes", Tensor)]
+                ("softcap", c_float), ("alibi_slopes", Tensor),
+                # appended in 0.1: sequences placed apart from cu_seqlens
+                ("seq_starts_q", Tensor), ("seq_starts_k", Tensor), ("seqlens_k", Tensor)]
 
 
 class BwdParams(ctypes.Structure):
@@ -71,7 +73,9 @@ class BwdParams(ctypes.Structure):
                 # appended in 0.1: the forward's softcap and ALiBi slopes
                 ("softcap", c_float), ("alibi_slopes", Tensor),
                 # appended in 0.1: the fused backward's fp32 dQ workspace (optional)
-                ("grad_q_accum", Tensor)]
+                ("grad_q_accum", Tensor),
+                # appended in 0.1: the forward's sequence layout
+                ("seq_starts_q", Tensor), ("seq_starts_k", Tensor), ("seqlens_k", Tensor)]
 
 
 class KvcacheParams(ctypes.Structure):
@@ -90,9 +94,17 @@ class DropoutUniformParams(ctypes.Structure):
                 ("dropout_p", c_float), ("encode_keep", c_int32)]
 
 
+# aotr_host_launch_fn: (user, record key, grid[3], one word per argument, count) -> 0 if it ran
+HOST_LAUNCH = ctypes.CFUNCTYPE(c_int32, c_void_p, c_char_p, POINTER(c_uint32), POINTER(c_uint64),
+                               c_size_t)
+
+
 class RuntimeOptions(ctypes.Structure):
     _fields_ = [("struct_size", c_uint32), ("archive_dir", c_char_p),
-                ("driver_library", c_char_p), ("backend", c_int32)]
+                ("driver_library", c_char_p), ("backend", c_int32),
+                ("host_index", c_char_p), ("host_index_size", c_size_t),
+                ("host_launch", HOST_LAUNCH), ("host_user", c_void_p),
+                ("host_compute_units", c_int32)]
 
 
 _lock = threading.Lock()
@@ -233,14 +245,27 @@ class Runtime:
     """An aotr_runtime (destroyed with the object)."""
 
     def __init__(self, *, archive_dir: str | None = None, driver_library: str | None = None,
-                 backend: int = BACKEND_AUTO):
+                 backend: int = BACKEND_AUTO, options: RuntimeOptions | None = None):
         lib = library()
-        opts = RuntimeOptions(ctypes.sizeof(RuntimeOptions),
-                              archive_dir.encode() if archive_dir else None,
-                              driver_library.encode() if driver_library else None, backend)
+        opts = options or RuntimeOptions(ctypes.sizeof(RuntimeOptions),
+                                         archive_dir.encode() if archive_dir else None,
+                                         driver_library.encode() if driver_library else None,
+                                         backend)
         handle = c_void_p()
         check(lib.aotr_runtime_create(ctypes.byref(opts), ctypes.byref(handle)))
         self._lib, self.handle = lib, handle
+
+    @classmethod
+    def host(cls, index: bytes, launch, compute_units: int) -> "Runtime":
+        """A runtime on the host backend: ``index`` holds the kernel records
+        (JSON), ``launch`` (a :data:`HOST_LAUNCH`) runs each planned launch;
+        device 0 is the host."""
+        opts = RuntimeOptions(struct_size=ctypes.sizeof(RuntimeOptions), backend=BACKEND_HOST,
+                              host_index=index, host_index_size=len(index), host_launch=launch,
+                              host_compute_units=compute_units)
+        runtime = cls(options=opts)
+        runtime._keep = launch  # the callback must outlive the runtime
+        return runtime
 
     def __del__(self):
         handle = getattr(self, "handle", None)

@@ -220,7 +220,9 @@ def test_require_libabigail(libs, capsys, monkeypatch):
 def test_layout_rules_match_the_compiler():
     header = ROOT / "native" / HDR
     model, fields = CH.parse_header(header.read_text())
-    assert CH._rule_layout(fields) == CH._cc_layout(header, fields, CC)
+    assert CH._rule_layout(fields, model.callbacks) == CH._cc_layout(header, fields, CC)
+    assert model.callbacks["aotr_host_launch_fn"] == \
+        "int32_t (void *, const char *, const uint32_t[3], const uint64_t *, size_t)"
     assert model.functions["aotr_find_archive"] == "aotr_status (const char *, const char *, char *, size_t)"
     assert model.enums["aotr_status"]["AOTR_OUT_OF_MEMORY"] == 9
 

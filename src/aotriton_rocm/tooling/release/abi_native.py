@@ -242,6 +242,14 @@ def compare_models(old: CModel, new: CModel, label: str) -> List[Tuple[bool, str
     for n in sorted(set(of) & set(nf)):
         if of[n] != nf[n]:
             out.append((True, f"{label}: function {n} prototype changed: {of[n]} -> {nf[n]}"))
+    oc, nc = old.callbacks, new.callbacks
+    for n in sorted(set(oc) - set(nc)):
+        out.append((True, f"{label}: function-pointer type {n} removed (was {oc[n]})"))
+    for n in sorted(set(nc) - set(oc)):
+        out.append((False, f"{label}: new function-pointer type {n}: {nc[n]}"))
+    for n in sorted(set(oc) & set(nc)):
+        if oc[n] != nc[n]:
+            out.append((True, f"{label}: function-pointer type {n} changed: {oc[n]} -> {nc[n]}"))
     for s in sorted(set(old.structs) - set(new.structs)):
         out.append((True, f"{label}: struct {s} removed"))
     for s in sorted(set(new.structs) - set(old.structs)):

@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 
 HEADER = "aotriton_rocm.h"
@@ -41,8 +41,10 @@ class Struct:
 
 @dataclass
 class CModel:
-    """Functions (name -> prototype), structs, enums (name -> {enumerator: value})."""
+    """Functions (name -> prototype), function-pointer types (name ->
+    signature), structs, enums (name -> {enumerator: value})."""
     functions: Dict[str, str] = field(default_factory=dict)
+    callbacks: Dict[str, str] = field(default_factory=dict)
     structs: Dict[str, Struct] = field(default_factory=dict)
     enums: Dict[str, Dict[str, int]] = field(default_factory=dict)
     defines: Dict[str, str] = field(default_factory=dict)
@@ -200,6 +202,14 @@ def parse_header(text: str) -> Tuple[CModel, Dict[str, List[Tuple[str, str]]]]:
             else:
                 fields[name] = [nt for member in _split(inner, ";") if member
                                 for nt in _decl(member, defines)]
+        elif decl[0] == "typedef" and "(" in decl and decl[-1] == ")" \
+                and decl[decl.index("(") + 1] == "*":
+            # typedef RET (*name)(PARAMS);  a function-pointer type
+            lp = decl.index("(")
+            name, params = decl[lp + 2], decl[lp + 5:-1]
+            [(_, ret)] = _decl(decl[1:lp] + ["_"], defines)
+            ptypes = [_decl(p, defines)[0][1] for p in _split(params, ",")]
+            model.callbacks[name] = f"{ret} ({', '.join(ptypes)})"
         elif decl[0] == "enum" and decl[1] == "{" and decl[-1] == "}":
             vals = _enum_body(decl[2:-1])
             model.enums["enum {" + next(iter(vals), "") + ", ...}"] = vals
@@ -219,9 +229,10 @@ def parse_header(text: str) -> Tuple[CModel, Dict[str, List[Tuple[str, str]]]]:
     return model, fields
 
 
-def _rule_layout(fields: Dict[str, List[Tuple[str, str]]]) -> Dict[str, Struct]:
+def _rule_layout(fields: Dict[str, List[Tuple[str, str]]],
+                 callbacks: Iterable[str] = ()) -> Dict[str, Struct]:
     """Offsets by the C layout rules (x86-64/aarch64 LP64)."""
-    done: Dict[str, Tuple[int, int]] = {}
+    done: Dict[str, Tuple[int, int]] = {name: (8, 8) for name in callbacks}
     out: Dict[str, Struct] = {}
 
     def size_align(t: str) -> Tuple[int, int]:
@@ -294,5 +305,5 @@ def header_model(header: Path) -> Tuple[CModel, str]:
     if cc:
         model.structs = _cc_layout(header, fields, cc)
         return model, "cc"
-    model.structs = _rule_layout(fields)
+    model.structs = _rule_layout(fields, model.callbacks)
     return model, "C layout rules"
