@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aotriton_rocm.core import attention, backends, kvcache
-from aotriton_rocm.core.host_kernels import host_runtime, kernel_index
+from aotriton_rocm.core.host_kernels import host_runtime, interpreter_runner, kernel_index
 from aotriton_rocm.core.native import NativeError, Runtime
 
 pytest.importorskip("triton", reason="the CPU backend runs kernels in Triton's interpreter")
@@ -25,7 +25,8 @@ def _spec():
 
 def _backend_with(variants, functions):
     backend = backends.InterpreterBackend()
-    backend.runtime, backend._launcher = host_runtime(variants, functions, "test")
+    backend.runtime, backend._launcher = host_runtime(variants, interpreter_runner(functions),
+                                                      "test")
     return backend
 
 
@@ -69,6 +70,24 @@ def test_a_launch_failure_keeps_its_own_exception():
     q, k, v = _qkv()
     with backends.using(backend), pytest.raises(ZeroDivisionError, match=r"grid \(1, 2, 1\)"):
         attention.forward(q, k, v)
+
+
+def test_batch_times_heads_past_the_y_limit_continues_along_z():
+    # The y grid dimension holds at most 65535 (batch, head) pairs; the rest
+    # continue along z (the GPU test runs such a batch). Planned only here.
+    spec, variants = _spec()
+    grids = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda **args: None
+
+    backend = _backend_with(variants, {v.kernel: Recorder() for v in variants})
+    q, k, v = (torch.zeros(70000, 1, 1, 16, dtype=torch.float16) for _ in range(3))
+    with backends.using(backend):
+        attention.forward(q, k, v)
+    assert grids == [(1, 65535, 2)]
 
 
 def test_the_host_index_must_name_the_host_backend():

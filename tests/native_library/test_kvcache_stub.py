@@ -64,6 +64,17 @@ def _params(q, kc, vc, out, lse, k_end, **kw):
     return p
 
 
+def _expected_splits(batch, heads_k, rows, seqlen_k, block_m, block_n, compute_units):
+    """The split rule of aotr_attn_fwd_kvcache_splits, written out: 1 unless
+    the (batch, key/value head, row block) programs leave most compute units
+    idle (fewer than 4/5 of them); then about two programs per compute unit,
+    each split keeping at least 4 key blocks, at most 128."""
+    programs = batch * heads_k * -(-rows // block_m)
+    if compute_units <= 0 or programs == 0 or programs * 5 >= compute_units * 4:
+        return 1
+    return max(1, min(-(-2 * compute_units // programs), -(-seqlen_k // block_n) // 4, 128))
+
+
 def _last_error():
     return native.library().aotr_last_error().decode()
 
@@ -83,7 +94,7 @@ def test_arguments_by_name(setup, paged, splits):
     lse = torch.empty(b, h, sq)
     k_end, k_start = torch.zeros(b, dtype=torch.int32), torch.zeros(b, dtype=torch.int32)
     alibi = torch.empty(b, h)
-    o_shape, l_shape = kvcache.workspace_shapes(b, h, splits, sq, d)
+    o_shape, l_shape = backends.kvcache_workspace_shapes(b, h, splits, sq, d)
     o_part, l_part = torch.empty(o_shape), torch.empty(l_shape)
     p = _params(q, kc, vc, out, lse, k_end, k_start=k_start, alibi_slopes=alibi, scale=0.3,
                 softcap=7.5, causal=True, window=(10**9, 5), num_splits=splits,
@@ -164,13 +175,13 @@ def test_automatic_splits(stub, setup, monkeypatch, b, hk, g, sq, cus):
     n = rt.kvcache_splits(p)
     main = next(r for r in records.values() if r.kernel == "attn_fwd_kvcache"
                 and r.functional["head_dim"] == 128)
-    assert n == kvcache.auto_num_splits(b, hk, sq * g, cap, main.config["BLOCK_M"],
-                                        main.config["BLOCK_N"], cus)
+    assert n == _expected_splits(b, hk, sq * g, cap, main.config["BLOCK_M"],
+                                 main.config["BLOCK_N"], cus)
     assert (n > 1) == (b * hk * -(-sq * g // main.config["BLOCK_M"]) * 5 < cus * 4)
     if n > 1:  # the launch wants the workspace of that many splits
         assert rt.fwd_kvcache(p) == native.INVALID_ARGUMENT
         assert "out_partial" in _last_error()
-        o_shape, l_shape = kvcache.workspace_shapes(b, h, n, sq, d)
+        o_shape, l_shape = backends.kvcache_workspace_shapes(b, h, n, sq, d)
         p.out_partial = native.tensor_view(torch.empty(o_shape))
         p.lse_partial = native.tensor_view(torch.empty(l_shape))
         p.num_splits = 0
@@ -245,7 +256,7 @@ def test_the_python_gpu_route_is_the_native_one(stub, setup, monkeypatch):
     values = decode(records[got[0][0]].args, got[0][4])
     main = next(r for r in records.values() if r.kernel == "attn_fwd_kvcache"
                 and r.functional["head_dim"] == d)
-    assert values["num_splits"] == kvcache.auto_num_splits(
+    assert values["num_splits"] == _expected_splits(
         b, hk, h // hk, 8192, main.config["BLOCK_M"], main.config["BLOCK_N"], 132) > 1
     assert values["Q"] == q.data_ptr() and values["K"] == kc.data_ptr()
     assert all(stream == 0x77 for *_, stream, _ in got)

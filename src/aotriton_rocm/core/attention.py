@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 
 from .backends import Backend, backend_for
-from .interpreter_launch import interpreter_backward, interpreter_forward
 from .native import OK as NATIVE_OK, attn_window, dtype_code, error as native_error
 from .native import library as native_library, make_problem
 from .philox_state import next_state
@@ -336,18 +335,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     same ``softcap`` and ``alibi_slopes``.
     The caller has checked :func:`unsupported_reason`.
     """
-    if q.shape[-1] % 8:
-        d = q.shape[-1]
-        if out is None:
-            out = torch.empty_like(q)
-        qp, kp, vp = (zero_padded(t, kernel_head_dim(d)) for t in (q, k, v))
-        o, lse = forward(qp, kp, vp, is_causal=is_causal,
-                         scale=default_scale(d) if scale is None else scale, out=fresh_like(qp),
-                         causal_alignment=causal_alignment, window_size=window_size, bias=bias,
-                         dropout_p=dropout_p, rng=rng, debug_mask=debug_mask, varlen=varlen,
-                         lse=lse, softcap=softcap, alibi_slopes=alibi_slopes)
-        out.copy_(o[..., :d])
-        return out, lse
     backend: Backend = backend_for(q)
     b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
     if out is None:
@@ -364,16 +351,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     o4 = _view4(out, varlen)
     o = o4 if meets_assumptions(o4) else fresh_like(o4)
     bias4 = None if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
-    if backend.native:
-        backend.forward(*(_unview4(t, varlen) for t in (q4, k4, v4, o)), lse, bias=bias4,
-                        debug_mask=debug_mask, rng=rng, varlen=varlen,
-                        bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
-                        dropout_p=float(dropout_p), softcap=float(softcap),
-                        alibi_slopes=alibi_slopes)
-    else:
-        interpreter_forward(backend, DTYPE_NAMES[q.dtype], q4, k4, v4, o, lse, bias4, debug_mask,
-                            rng, varlen, (b, h, hk, sq, sk, d), (bottom_right, left, right),
-                            sm_scale, dropout_p, (float(softcap), alibi_slopes))
+    backend.forward(*(_unview4(t, varlen) for t in (q4, k4, v4, o)), lse, bias=bias4,
+                    debug_mask=debug_mask, rng=rng, varlen=varlen,
+                    bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
+                    dropout_p=float(dropout_p), softcap=float(softcap),
+                    alibi_slopes=alibi_slopes)
     if o is not o4:
         o4.copy_(o)
     return out, lse
@@ -408,21 +390,6 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     that varies from run to run, unless ``deterministic`` or torch's
     ``use_deterministic_algorithms(True)`` asks for the split kernels.
     """
-    if q.shape[-1] % 8:
-        d = q.shape[-1]
-        if grads is None:
-            grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
-        padded = [zero_padded(t, kernel_head_dim(d)) for t in (grad_out, q, k, v, out)]
-        written = backward(*padded, lse, is_causal=is_causal,
-                           scale=default_scale(d) if scale is None else scale,
-                           grads=tuple(fresh_like(t) for t in padded[1:4]),
-                           causal_alignment=causal_alignment, window_size=window_size,
-                           bias=bias, bias_grad=bias_grad, dropout_p=dropout_p, rng=rng,
-                           varlen=varlen, softcap=softcap, alibi_slopes=alibi_slopes,
-                           deterministic=deterministic)
-        for g, w in zip(grads, written):
-            g.copy_(w[..., :d])
-        return grads
     backend: Backend = backend_for(q)
     b, h, hk, sq, sk, d = problem_dims(q, k, varlen)
     if grads is None:
@@ -442,19 +409,13 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     g4 = tuple(_view4(g, varlen) for g in grads)
     dq, dk, dv = (g if meets_assumptions(g) else fresh_like(g) for g in g4)
     bias4 = None if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
-    if backend.native:
-        backend.backward(*(_unview4(t, varlen) for t in (do4, q4, k4, v4, o4)), lse, delta,
-                         tuple(_unview4(t, varlen) for t in (dq, dk, dv)), bias=bias4,
-                         bias_grad=bias_grad, rng=rng, varlen=varlen,
-                         bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
-                         dropout_p=float(dropout_p), softcap=float(softcap),
-                         alibi_slopes=alibi_slopes,
-                         deterministic=deterministic or torch.are_deterministic_algorithms_enabled())
-    else:
-        interpreter_backward(backend, DTYPE_NAMES[q.dtype], do4, q4, k4, v4, o4, lse, delta,
-                             (dq, dk, dv), bias4, bias_grad, rng, varlen, (b, h, hk, sq, sk, d),
-                             (bottom_right, left, right), sm_scale, dropout_p,
-                             (float(softcap), alibi_slopes))
+    backend.backward(*(_unview4(t, varlen) for t in (do4, q4, k4, v4, o4)), lse, delta,
+                     tuple(_unview4(t, varlen) for t in (dq, dk, dv)), bias=bias4,
+                     bias_grad=bias_grad, rng=rng, varlen=varlen,
+                     bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
+                     dropout_p=float(dropout_p), softcap=float(softcap),
+                     alibi_slopes=alibi_slopes,
+                     deterministic=deterministic or torch.are_deterministic_algorithms_enabled())
 
     for written, wanted in zip((dq, dk, dv), g4):
         if written is not wanted:

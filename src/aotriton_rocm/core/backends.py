@@ -1,8 +1,10 @@
 """Where kernels run: the AOT archive on a GPU, Triton's interpreter on the CPU.
 
-Both backends serve the same kernels (names, argument lists and functional
-values from kernels/variants.toml) to :mod:`aotriton_rocm.core.attention`, and count
-every launch, so a caller can prove that our kernels ran rather than torch's.
+libaotriton_rocm plans every call on both (coverage, variant, arguments,
+grid, head-dim padding, splits): on a GPU it launches the archive's code
+objects; on the CPU its host backend hands each launch to the interpreter
+(:mod:`.host_kernels`). Both count every launch, so a caller can prove that
+our kernels ran rather than torch's.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import torch
 
@@ -44,6 +46,7 @@ def kvcache_workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen
 DROPOUT_UNIFORM = "dropout_uniform"
 _COUNTED = KERNELS + FUSED_BACKWARD_KERNELS + (DROPOUT_UNIFORM,) + KVCACHE_KERNELS
 INTERPRETER = "interpreter:cpu"
+INT32_MAX = 2**31 - 1
 # The interpreter executes every block op in numpy: keep CPU work bounded.
 INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
 
@@ -96,111 +99,11 @@ def reset_launch_counts() -> None:
         baseline.update(totals)
 
 
-def block_d(head_dim: int) -> int:
-    """The padded tile width the kernels use for a head dim: a power of two >= 16."""
-    return max(16, 1 << (int(head_dim) - 1).bit_length())
-
-
-class FunctionalKey(NamedTuple):
-    """Which compiled variant family serves a call. The preprocess, KV-cache
-    and dropout-draw kernels always mask the head dim and have neither a bias
-    nor dropout: None on those axes."""
-    kernel: str
-    dtype: str
-    head_dim: int          # the padded tile width (block_d)
-    pad_head: bool | None  # masked head dim (the general variant)
-    has_bias: bool | None
-    enable_dropout: bool | None
-
-
-def functional_key(kernel: str, functional: dict) -> FunctionalKey:
-    """The key of a variant's functional values."""
-    def flag(name):
-        return None if name not in functional else bool(functional[name])
-    return FunctionalKey(kernel, functional["dtype"], int(functional["head_dim"]),
-                         flag("pad_head"), flag("has_bias"), flag("enable_dropout"))
-
-
-def variant_table(variants: Iterable) -> dict:
-    """VARIANTS by functional key, the first of each key kept (a point's
-    first config is its default): the table ``pick`` chooses from."""
-    table: dict = {}
-    for v in variants:
-        table.setdefault(functional_key(v.kernel, v.functional), v)
-    return table
-
-
-def _candidate_keys(kernel: str, dtype: str, head_dim: int, bias: bool, dropout: bool,
-                    score_mods: bool = False) -> tuple:
-    """Functional keys that can run `head_dim`, best first: the unmasked fast
-    path where head_dim is the tile width, else the masked variant (the only
-    one with softcap and ALiBi: ``score_mods``)."""
-    b = block_d(head_dim)
-    if kernel in ("attn_bwd_preprocess", DROPOUT_UNIFORM) or kernel in KVCACHE_KERNELS:
-        return (FunctionalKey(kernel, dtype, b, None, None, None),)
-    masked = FunctionalKey(kernel, dtype, b, True, bias, dropout)
-    if b == head_dim and not score_mods:
-        return (FunctionalKey(kernel, dtype, b, False, bias, dropout), masked)
-    return (masked,)
-
-
-def pick(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool = False,
-          dropout: bool = False, score_mods: bool = False):
-    return next((table[k] for k in _candidate_keys(kernel, dtype, head_dim, bias, dropout,
-                                                   score_mods) if k in table), None)
-
-
-def _missing(table: dict, kernel: str, dtype: str, head_dim: int, bias: bool,
-             dropout: bool) -> str | None:
-    """The first kernel a forward (+ backward) needs that `table` lacks, or None."""
-    needed = (kernel,) if kernel != "attn_fwd" else KERNELS
-    for name in needed:
-        if pick(table, name, dtype, head_dim, bias, dropout) is None:
-            return (f"no {name} kernel for dtype={dtype}, head_dim={head_dim}"
-                    + (", with a bias" if bias else "") + (", with dropout" if dropout else ""))
-    return None
-
-
-def _memo_missing(memo: dict, table: dict, *key) -> str | None:
-    """:func:`_missing`, remembered per call key (it runs on every call)."""
-    try:
-        return memo[key]
-    except KeyError:
-        missing = memo[key] = _missing(table, *key)
-        return missing
-
-
-class KernelHandle:
-    """One selected variant, ready to launch with its arguments by name (the
-    kernel's argument list in variants.toml: a missing or unknown name fails
-    the launch)."""
-
-    __slots__ = ("config", "_launch")
-
-    def __init__(self, config: dict, launch):
-        self.config = config
-        self._launch = launch
-
-    def launch(self, grid: tuple[int, int, int], device: torch.device, args: dict) -> None:
-        self._launch(grid, device, args)
-
-
 class Backend:
     name = "?"
-    # True: forward/backward run in libaotriton_rocm (AOTBackend.forward/backward);
-    # False: attention.py launches kernel() handles itself (the interpreter).
-    native = False
 
     def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
                            dropout: bool = False, work: int = 0) -> str | None:
-        raise NotImplementedError
-
-    def kernel(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
-               dropout: bool = False, seqlen_q: int = 0, seqlen_k: int = 0,
-               score_mods: bool = False) -> KernelHandle:
-        """The variant for a real head dim (the padded tile width and the
-        masked/unmasked choice are the backend's business; softcap and
-        ALiBi, ``score_mods``, need the masked one)."""
         raise NotImplementedError
 
 
@@ -231,7 +134,6 @@ class NativeBackend(Backend):
     splits all happen in the C library, on ``self.runtime``'s device
     ``self.device_index``."""
 
-    native = True
     problem: str | None = None
     device_index = 0
     runtime: NativeRuntime
@@ -319,7 +221,7 @@ class NativeBackend(Backend):
 
     def forward_kvcache(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
                         block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
-                        softcap, num_splits):
+                        causal, softcap, num_splits):
         """The KV-cache forward in libaotriton_rocm (see kvcache.forward):
         the split count from the library, the workspace allocated here.
         Returns (out, lse, splits)."""
@@ -334,7 +236,9 @@ class NativeBackend(Backend):
                 setattr(p, name, tensor_view(t))
         p.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
         p.scale, p.softcap = scale, softcap
-        p.window_left, p.window_right = window
+        p.window_left, p.window_right = (-1 if w is None else max(-1, min(int(w), INT32_MAX))
+                                         for w in window)
+        p.causal = int(bool(causal))
         p.num_splits = num_splits
         splits = self.runtime.kvcache_splits(p)
         if splits > 1:
@@ -457,24 +361,38 @@ def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dro
         max_seqlens=(0, 0) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k))
 
 
-class InterpreterBackend(NativeBackend):
+class HostBackend(NativeBackend):
+    """Calls libaotriton_rocm plans on its host backend, whose launches the
+    caller runs (:mod:`.host_kernels`): ``self._launcher`` keeps a launch's
+    own exception, raised again here."""
+
+    _launcher = None
+
+    def _stream(self) -> int:
+        return 0
+
+    def _check(self, status: int) -> None:
+        self._launcher.raise_pending()
+        check_status(status)
+
+
+class InterpreterBackend(HostBackend):
     """The kernel sources, run on CPU tensors by Triton's interpreter, each
-    call planned by libaotriton_rocm's host backend (:mod:`.host_kernels`)
-    as it plans a GPU call.
+    call planned by libaotriton_rocm as it plans a GPU call.
 
     It serves the variants of the NVIDIA test target (same functional coverage
     as the archives), with UPCAST_DOT on: the interpreter stores bf16 as raw
     uint16 and cannot do arithmetic on it.
     """
 
-    name = "interpreter:cpu"
+    name = INTERPRETER
 
     def __init__(self):
         # the spec reader (tomllib, ast, dataclasses: tens of ms to import)
         # serves this backend only, not the GPU route
         import triton
 
-        from .host_kernels import host_runtime
+        from .host_kernels import host_runtime, interpreter_runner
         from .interpreter_compat import fix_scalar_index
         from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
 
@@ -483,15 +401,9 @@ class InterpreterBackend(NativeBackend):
         variants = spec.variants_for(INTERPRETER_ARCH)
         functions = {name: interpreted_function(spec.kernels[name])
                      for name in {v.kernel for v in variants}}
-        self.runtime, self._launcher = host_runtime(variants, functions, triton.__version__)
+        self.runtime, self._launcher = host_runtime(variants, interpreter_runner(functions),
+                                                    triton.__version__)
         self._reasons: dict[tuple, str | None] = {}
-
-    def _stream(self) -> int:
-        return 0
-
-    def _check(self, status: int) -> None:
-        self._launcher.raise_pending()
-        check_status(status)
 
     def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if work > INTERPRETER_MAX_WORK:

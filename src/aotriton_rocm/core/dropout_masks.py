@@ -38,8 +38,7 @@ from typing import Callable, Optional
 import torch
 
 from .attention import Varlen
-from .interpreter_launch import launch_grid
-from .backends import DROPOUT_UNIFORM, backend_for
+from .backends import backend_for
 
 __all__ = ["S_DMASK_ALIGN", "s_dmask_block_n", "flash_attn_s_dmask", "fill_dropout_uniform",
            "ScoreMod"]
@@ -153,8 +152,8 @@ def fill_dropout_uniform(out: torch.Tensor, seed, offset, *, dropout_p: float = 
     (``seed``, counter (e, ``offset``)), the score kept iff ``u >
     dropout_p``; with ``encode_keep`` 0.5 where kept and -0.5 where dropped
     instead. ``seed`` and ``offset`` are ints or int64 scalar tensors (the
-    forward's). Runs on ``out``'s device (the precompiled kernel through
-    libaotriton_rocm on a GPU, the interpreter on the CPU); raises
+    forward's). Runs on ``out``'s device, through libaotriton_rocm (the
+    precompiled kernel on a GPU, the interpreter on the CPU); raises
     ValueError for a tensor it cannot fill, RuntimeError when the kernel is
     not available."""
     if out.dtype != torch.float32 or out.dim() != 4 or not out.is_contiguous():
@@ -166,19 +165,7 @@ def fill_dropout_uniform(out: torch.Tensor, seed, offset, *, dropout_p: float = 
     if out.numel() == 0:
         return out
     seed_t, offset_t = (_int64_scalar(x, out.device) for x in (seed, offset))
-    if backend.native:
-        backend.dropout_uniform(out, seed_t, offset_t, dropout_p=dropout_p,
-                                encode_keep=encode_keep)
-        return out
-    reason = backend.unsupported_reason(DROPOUT_UNIFORM, dtype="fp32", head_dim=16)
-    if reason:
-        raise RuntimeError(f"aotriton-rocm: cannot write the dropout draws: {reason}")
-    b, h, sq, sk = out.shape
-    kernel = backend.kernel(DROPOUT_UNIFORM, dtype="fp32", head_dim=16)
-    kernel.launch(launch_grid(-(-sq // kernel.config["BLOCK_M"]), b * h), out.device,
-                  dict(R=out, RNG_SEED=seed_t, RNG_OFFSET=offset_t, batch=b, num_heads=h,
-                       max_seqlen_q=sq, max_seqlen_k=sk, dropout_p=float(dropout_p),
-                       encode_keep=int(bool(encode_keep))))
+    backend.dropout_uniform(out, seed_t, offset_t, dropout_p=dropout_p, encode_keep=encode_keep)
     return out
 
 

@@ -1,10 +1,11 @@
-"""The CPU interpreter's kernels, planned by libaotriton_rocm.
+"""Kernels the caller runs, planned by libaotriton_rocm.
 
 libaotriton_rocm's host backend (``AOTR_BACKEND_HOST``) checks, picks the
 variant, binds the arguments, sizes the grid, pads head dims and splits the
-KV cache for a CPU call exactly as it does for a GPU one, then hands each
-launch to :class:`HostLauncher`, which runs the kernel sources through
-Triton's interpreter. The records it plans from are the interpreter's
+KV cache for a call exactly as it does for a GPU one, then hands each launch
+to :class:`HostLauncher`. The CPU interpreter runs the kernel sources there
+(:class:`~aotriton_rocm.core.backends.InterpreterBackend`); ``aotriton-rocm
+tune`` runs and times candidate configs. The records it plans from are
 variants of kernels/variants.toml (an archive's index without code objects).
 """
 
@@ -36,12 +37,9 @@ def kernel_index(variants, compiler_version: str) -> bytes:
     point is the one the runtime picks; no divisibility is assumed."""
     records = []
     for v in variants:
-        constexprs = dict(v.constexprs)
-        if "UPCAST_DOT" in constexprs:  # the interpreter keeps bf16 as raw uint16
-            constexprs["UPCAST_DOT"] = True
         records.append({
             "key": v.key, "kernel": v.kernel, "functional": dict(v.functional),
-            "config": dict(v.config), "constexprs": constexprs, "symbol": v.kernel,
+            "config": dict(v.config), "constexprs": interpreter_constexprs(v), "symbol": v.kernel,
             "num_warps": int(v.options.get("num_warps", 4)), "num_stages": 1, "warp_size": 32,
             "shared": 0, "global_scratch_size": 0, "profile_scratch_size": 0,
             "args": [list(a) for a in v.args] + [list(a) for a in _SCRATCH],
@@ -84,33 +82,53 @@ def _scalar(arg_type: str, word: int):
     return word - (1 << 64) if word >= 1 << 63 else word
 
 
-class HostLauncher:
-    """Runs the launches libaotriton_rocm plans: each record's kernel source
-    through Triton's interpreter, with the record's constexprs."""
+def interpreter_constexprs(v) -> dict:
+    """A variant's constexprs as the interpreter runs them (UPCAST_DOT on:
+    it keeps bf16 as raw uint16 and cannot do arithmetic on it)."""
+    constexprs = dict(v.constexprs)
+    if "UPCAST_DOT" in constexprs:
+        constexprs["UPCAST_DOT"] = True
+    return constexprs
 
-    def __init__(self, variants, functions):
+
+def interpreter_runner(functions):
+    """Runs a planned launch of a variant through ``functions`` (kernel name
+    -> the kernel source as Triton's interpreter runs it)."""
+    def run(v, grid, args):
+        functions[v.kernel][grid](**args, **interpreter_constexprs(v))
+    return run
+
+
+class HostLauncher:
+    """Takes the launches libaotriton_rocm plans and hands each to ``run(variant,
+    grid, args)``, the arguments by name: pointers as tensors over host
+    memory, or with ``device_memory`` as addresses (ints, which Triton's
+    compiled launchers take)."""
+
+    def __init__(self, variants, run, *, device_memory: bool = False):
         self._kernels = {}
         for v in variants:
-            constexprs = dict(v.constexprs)
-            if "UPCAST_DOT" in constexprs:
-                constexprs["UPCAST_DOT"] = True
             args = tuple((name, _POINTEE[t[1:]] if t.startswith("*") else t) for name, t in v.args)
-            self._kernels[v.key.encode()] = (functions.get(v.kernel), args, constexprs)
+            self._kernels[v.key.encode()] = (v, args)
+        self._run = run
+        self._device_memory = device_memory
         self._spare: dict = {}
         self.error: BaseException | None = None
         self.callback = HOST_LAUNCH(self._launch)
 
     def _launch(self, _user, key, grid, words, _count) -> int:
         try:
-            fn, arg_types, constexprs = self._kernels[key]
+            v, arg_types = self._kernels[key]
             args, pointers = {}, {}
             for i, (name, kind) in enumerate(arg_types):
-                if isinstance(kind, torch.dtype):
-                    pointers[name] = (words[i], kind)
-                else:
+                if not isinstance(kind, torch.dtype):
                     args[name] = _scalar(kind, words[i])
+                elif self._device_memory:
+                    args[name] = words[i]
+                else:
+                    pointers[name] = (words[i], kind)
             args.update(_pointers(pointers, self._spare))
-            fn[(grid[0], grid[1], grid[2])](**args, **constexprs)
+            self._run(v, (grid[0], grid[1], grid[2]), args)
             return 0
         except BaseException as e:  # noqa: BLE001 - re-raised by the caller (raise_pending)
             self.error = e
@@ -123,10 +141,11 @@ class HostLauncher:
             raise error
 
 
-def host_runtime(variants, functions, compiler_version: str) -> tuple[Runtime, HostLauncher]:
-    """A libaotriton_rocm runtime on the host backend whose launches
-    ``functions`` (kernel name -> interpreted function) run."""
-    launcher = HostLauncher(variants, functions)
+def host_runtime(variants, run, compiler_version: str, *, device_memory: bool = False,
+                 compute_units: int = HOST_COMPUTE_UNITS) -> tuple[Runtime, HostLauncher]:
+    """A libaotriton_rocm runtime on the host backend that plans calls from
+    ``variants`` and hands each launch to ``run`` (see :class:`HostLauncher`)."""
+    launcher = HostLauncher(variants, run, device_memory=device_memory)
     runtime = Runtime.host(kernel_index(variants, compiler_version), launcher.callback,
-                           HOST_COMPUTE_UNITS)
+                           compute_units)
     return runtime, launcher

@@ -10,8 +10,8 @@ attends to the cache positions ``[k_start[b], k_end[b])``.
 
 Split-KV: with ``num_splits > 1`` the keys of each query tile are shared by
 that many programs, whose fp32 partial outputs and logsumexps the combine
-kernel merges. ``num_splits = 0`` chooses: :func:`auto_num_splits` (the same
-rule as libaotriton_rocm's ``aotr_attn_fwd_kvcache_splits``).
+kernel merges. ``num_splits = 0``: libaotriton_rocm chooses
+(``aotr_attn_fwd_kvcache_splits``), on every backend.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from __future__ import annotations
 import torch
 
 from .attention import (INT32_MAX, default_scale, fresh_like, kernel_head_dim, meets_assumptions,
-                        prepared, zero_padded)
-from .interpreter_launch import launch_grid, placeholders
-from .backends import KVCACHE_KERNELS, backend_for, kvcache_workspace_shapes as workspace_shapes
-from .native import attn_window
+                        prepared)
+from .backends import KVCACHE_KERNELS, backend_for
 
 # Head dims covered (1 to this; the kernels take multiples of 8, others run on
 # zero-padded copies, caches included), and the dtypes.
@@ -30,38 +28,6 @@ MAX_HEAD_DIM = 256
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Page sizes are multiples of this (the kernels' row vectors stay aligned).
 PAGE_MULTIPLE = 16
-MAX_SPLITS = 128
-# Compute units the CPU interpreter pretends to have (only the split choice
-# depends on it).
-CPU_COMPUTE_UNITS = 8
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def auto_num_splits(batch: int, heads_k: int, rows: int, seqlen_k: int, block_m: int,
-                    block_n: int, compute_units: int) -> int:
-    """Splits for ``num_splits = 0`` (libaotriton_rocm's rule, see
-    ``aotr_attn_fwd_kvcache_splits``): 1 unless the (batch, key/value head,
-    row block) programs leave most compute units idle; then enough splits
-    for about two programs per compute unit, each split keeping at least 4
-    key blocks, at most :data:`MAX_SPLITS`. ``rows``: query rows x GQA group
-    (the packed rows of one key/value head); ``block_m``/``block_n``: the
-    kernel's tiles; ``seqlen_k``: the cache's capacity."""
-    programs = batch * heads_k * _cdiv(rows, block_m)
-    if compute_units <= 0 or programs == 0 or programs * 5 >= compute_units * 4:
-        return 1
-    want = _cdiv(2 * compute_units, programs)
-    return max(1, min(want, _cdiv(seqlen_k, block_n) // 4, MAX_SPLITS))
-
-
-def compute_units(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return CPU_COMPUTE_UNITS
-
-
 def _int32_vector(name: str, t, batch: int, device) -> str | None:
     if not isinstance(t, torch.Tensor):
         return f"{name} must be an int32 tensor"
@@ -145,15 +111,6 @@ def unsupported_reason(q, k_cache, v_cache, *, k_end, k_start=None, cache_batch_
     return None
 
 
-def _named_bshd(prefix: str, t: torch.Tensor, row: str = "m") -> dict[str, int]:
-    """``stride_<prefix>z/h/<row>`` of a (B, S, H, D) tensor; packed (total,
-    H, D): no z stride."""
-    s = t.stride()
-    strides = (s[0], s[2], s[1]) if t.dim() == 4 else (0, s[1], s[0])
-    return dict(zip((f"stride_{prefix}z", f"stride_{prefix}h", f"stride_{prefix}{row}"),
-                    strides))
-
-
 def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end: torch.Tensor,
             *, k_start: torch.Tensor | None = None, cache_batch_idx: torch.Tensor | None = None,
             block_table: torch.Tensor | None = None, alibi_slopes: torch.Tensor | None = None,
@@ -168,27 +125,10 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     flash-attn's (-1: unbounded; ``causal`` sets the right side to 0),
     aligned bottom-right with each batch's key range.
     """
-    if q.shape[-1] % 8:
-        # The kernels read head dims in runs of 8: run them on zero-padded
-        # copies (of the whole caches: a cache with such a head dim is copied
-        # on every call).
-        d = q.shape[-1]
-        if out is None:
-            out = torch.empty_like(q)
-        qp, kc, vc = (zero_padded(t, kernel_head_dim(d)) for t in (q, k_cache, v_cache))
-        o, lse, splits = forward(
-            qp, kc, vc, k_end, k_start=k_start, cache_batch_idx=cache_batch_idx,
-            block_table=block_table, alibi_slopes=alibi_slopes,
-            scale=default_scale(d) if scale is None else scale, causal=causal,
-            window_size=window_size, softcap=softcap, num_splits=num_splits,
-            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, out=fresh_like(qp))
-        out.copy_(o[..., :d])
-        return out, lse, splits
     varlen = cu_seqlens_q is not None
     b = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
     sq = int(max_seqlen_q) if varlen else q.shape[1]
     h, d = q.shape[-2], q.shape[-1]
-    hk = k_cache.shape[2]
     if out is None:
         out = torch.empty_like(q)
     lse = torch.empty((h, q.shape[0]) if varlen else (b, h, sq), dtype=torch.float32,
@@ -196,9 +136,6 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     if b * h * sq == 0 or q.numel() == 0:
         lse.fill_(float("inf"))
         return out, lse, 1
-    paged = block_table is not None
-    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-    left, right = attn_window(*window_size, causal, capacity)
     sm_scale = default_scale(d) if scale is None else float(scale)
     backend = backend_for(q)
     # Tensors the kernels read in place (copies where the layout does not
@@ -209,53 +146,11 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
     k_end, k_start, cache_batch_idx, block_table, alibi_slopes = (
         None if t is None else t.contiguous()
         for t in (k_end, k_start, cache_batch_idx, block_table, alibi_slopes))
-    if backend.native:
-        _, _, splits = backend.forward_kvcache(
-            q_k, kc, vc, o, lse, k_end=k_end, k_start=k_start,
-            cache_batch_idx=cache_batch_idx, block_table=block_table, alibi_slopes=alibi_slopes,
-            cu_seqlens_q=cu_seqlens_q, max_seqlen_q=sq, scale=sm_scale, window=(left, right),
-            softcap=float(softcap), num_splits=int(num_splits))
-        if o is not out:
-            out.copy_(o)
-        return out, lse, splits
-    dtype = DTYPES[q.dtype]
-    main = backend.kernel("attn_fwd_kvcache", dtype=dtype, head_dim=d, seqlen_q=sq)
-    if num_splits <= 0:
-        num_splits = auto_num_splits(b, hk, sq * (h // hk), capacity, main.config["BLOCK_M"],
-                                     main.config["BLOCK_N"], compute_units(q.device))
-    num_splits = max(1, min(int(num_splits), MAX_SPLITS))
-    spare = placeholders(q.device, q.dtype)
-    cu = spare["cu"]
-    part_o = part_lse = torch.zeros(16, dtype=torch.float32, device=q.device)
-    if num_splits > 1:
-        o_shape, l_shape = workspace_shapes(b, h, num_splits, sq, d)
-        part_o = torch.empty(o_shape, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(l_shape, dtype=torch.float32, device=q.device)
-    lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
-    alibi = spare["values"].float() if alibi_slopes is None else alibi_slopes
-    stride_az = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
-    rows = sq * (h // hk)
-    cu_q = cu if not varlen else cu_seqlens_q
-    main.launch(launch_grid(_cdiv(rows, main.config["BLOCK_M"]) * num_splits, b * hk),
-                q.device, dict(
-        Q=q_k, K=kc, V=vc, O=o, LSE=lse, O_PART=part_o, LSE_PART=part_lse, CU_Q=cu_q,
-        K_START=cu if k_start is None else k_start, K_END=k_end,
-        CACHE_BATCH_IDX=cu if cache_batch_idx is None else cache_batch_idx,
-        BLOCK_TABLE=cu if block_table is None else block_table, ALIBI=alibi,
-        **_named_bshd("q", q_k), **_named_bshd("k", kc, "n"), **_named_bshd("v", vc, "n"),
-        **_named_bshd("o", o), stride_lz=lse_strides[0], stride_lh=lse_strides[1],
-        stride_btz=0 if block_table is None else block_table.stride(0), stride_az=stride_az,
-        batch=b, num_heads=h, gqa_group=h // hk, max_seqlen_q=sq, varlen=int(varlen),
-        head_dim=d, paged=int(paged), page_size=k_cache.shape[1] if paged else 1,
-        has_batch_idx=int(cache_batch_idx is not None), has_k_start=int(k_start is not None),
-        has_alibi=int(alibi_slopes is not None), window_left=left, window_right=right,
-        sm_scale=sm_scale, softcap=float(softcap), num_splits=num_splits))
-    if num_splits > 1:
-        comb = backend.kernel("attn_fwd_kvcache_combine", dtype=dtype, head_dim=d, seqlen_q=sq)
-        comb.launch(launch_grid(_cdiv(sq, comb.config["BLOCK_M"]), b * h), q.device, dict(
-            O_PART=part_o, LSE_PART=part_lse, O=o, LSE=lse, CU_Q=cu_q, **_named_bshd("o", o),
-            stride_lz=lse_strides[0], stride_lh=lse_strides[1], batch=b, num_heads=h,
-            max_seqlen_q=sq, varlen=int(varlen), head_dim=d, num_splits=num_splits))
+    _, _, splits = backend.forward_kvcache(
+        q_k, kc, vc, o, lse, k_end=k_end, k_start=k_start, cache_batch_idx=cache_batch_idx,
+        block_table=block_table, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
+        max_seqlen_q=sq, scale=sm_scale, window=window_size, causal=causal, softcap=float(softcap),
+        num_splits=int(num_splits))
     if o is not out:
         out.copy_(o)
-    return out, lse, num_splits
+    return out, lse, splits

@@ -120,7 +120,7 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
     (the points that did are still written)."""
     import torch
 
-    from ...core.backends import functional_key
+    from .launch import functional_key
     from ...core.device import arch_of
     from ..builder.plan import Sources, Subset
     from ..common.targets import load_targets
@@ -184,8 +184,7 @@ def run_tune(options: TuneOptions, stream: Optional[TextIO] = None) -> int:
         f"{', '.join(str(s) if s else str(open_seqlen) for s in sizes)}")
     launchers = Launchers(list(launchable.values()), arch, spec, sources, params_of, options,
                            device, stream)
-    base = {k: (lambda key=v.key: launchers.get(key)) for k, v in support.items()
-            if v.key not in launchers.rejected}
+    base = {k: v for k, v in support.items() if v.key not in launchers.rejected}
 
     out = options.out or sources.kernels_dir / "tuning" / f"{arch.name}.json"
     header = file_header(options.command, torch, device, arch.name)

@@ -1,7 +1,8 @@
-"""How ``aotriton-rocm tune`` runs one candidate config: a backend that
-serves chosen variants to the runtime's own op code (attention.py,
-kvcache.py, dropout_masks.py: the same argument binding the interpreter
-uses), records the launches, and times one launch in isolation.
+"""How ``aotriton-rocm tune`` runs one candidate config: a backend whose
+calls libaotriton_rocm plans from the chosen variants (its host backend,
+:mod:`aotriton_rocm.core.host_kernels`: the same checks, binding, grids and
+splits as a shipped image gets), which runs each planned launch and times
+the tuned kernel's in isolation.
 
 On a GPU a variant runs as the build compiles it (same signature,
 constexprs and divisibility hints, through ``compile.compile_task``); on the
@@ -12,15 +13,36 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
 import torch
 
-from ...core.backends import Backend, FunctionalKey, KernelHandle, functional_key, pick
+from ...core.backends import HostBackend
+from ...core.host_kernels import host_runtime, interpreter_constexprs
 from ...core.kernel_spec import Variant, interpreted_function
 
-__all__ = ["Launcher", "compiled_launcher", "interpreted_launcher", "Launch", "TuneBackend",
-           "time_launch_us"]
+__all__ = ["FunctionalKey", "functional_key", "Launcher", "compiled_launcher",
+           "interpreted_launcher", "Launch", "TuneBackend", "time_launch_us"]
+
+
+class FunctionalKey(NamedTuple):
+    """A functional point of a kernel (what a tuning choice is for). The
+    preprocess, KV-cache and dropout-draw kernels have neither a masked head
+    dim axis nor bias or dropout: None on those axes."""
+    kernel: str
+    dtype: str
+    head_dim: int          # the padded tile width (BLOCK_D)
+    pad_head: bool | None  # masked head dim (the general variant)
+    has_bias: bool | None
+    enable_dropout: bool | None
+
+
+def functional_key(kernel: str, functional: dict) -> FunctionalKey:
+    """The key of a variant's functional values."""
+    def flag(name):
+        return None if name not in functional else bool(functional[name])
+    return FunctionalKey(kernel, functional["dtype"], int(functional["head_dim"]),
+                         flag("pad_head"), flag("has_bias"), flag("enable_dropout"))
 
 
 @dataclass
@@ -62,9 +84,7 @@ def compiled_launcher(v: Variant, kernel, params: List[str]) -> Launcher:
 def interpreted_launcher(v: Variant, kernel_spec_entry) -> Launcher:
     """``v`` through Triton's interpreter (bf16 needs UPCAST_DOT there)."""
     fn = interpreted_function(kernel_spec_entry)
-    constexprs = dict(v.constexprs)
-    if "UPCAST_DOT" in constexprs:
-        constexprs["UPCAST_DOT"] = True
+    constexprs = interpreter_constexprs(v)
 
     def run(grid, args):
         fn[grid](**args, **constexprs)
@@ -79,47 +99,54 @@ class Launch:
     args: Dict[str, Any]
 
 
-class TuneBackend(Backend):
-    """Serves ``launchers`` (one per functional key, replaced by
-    :meth:`force`) to the runtime's op code and records every launch. ``dry``: record
-    only, run nothing (for the grid a candidate config gets)."""
+class TuneBackend(HostBackend):
+    """Serves ``variants`` (one per functional key, replaced by :meth:`force`)
+    to the runtime's op code, their launchers loaded by ``get(variant key)``
+    on first use; the launches of ``timed`` are timed (:func:`time_launch_us`
+    with ``budget_ms``) where they run, into ``times``."""
 
     name = "tune"
-    native = False
 
-    def __init__(self, launchers: Dict[FunctionalKey, Callable[[], Launcher]]):
-        self._table = dict(launchers)  # loaders: a launcher is loaded on first use
-        self.launches: List[Launch] = []
-        self.dry = False
+    def __init__(self, variants: Dict[FunctionalKey, Variant], get: Callable[[str], Launcher],
+                 device: torch.device, *, timed: FunctionalKey | None = None,
+                 budget_ms: float = 2.0):
+        self._variants = dict(variants)
+        self._get = get
+        self.device = device
+        self.timed, self.budget_ms = timed, budget_ms
+        self.times: List[float] = []
+        self._reasons: dict = {}
+        self._planner = None
 
-    def force(self, key: FunctionalKey, launcher: Launcher) -> None:
-        """Serve ``launcher`` for ``key`` from now on."""
-        self._table[key] = lambda: launcher
+    def force(self, key: FunctionalKey, variant: Variant) -> None:
+        """Serve ``variant`` for ``key`` from now on."""
+        self._variants[key] = variant
+        self._planner = None
+        self._reasons.clear()
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
-        return None
+    @property
+    def runtime(self):
+        if self._planner is None:
+            cuda = self.device.type == "cuda"
+            units = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda \
+                else None
+            self._planner = host_runtime(list(self._variants.values()), self._run, "tune",
+                                         device_memory=cuda,
+                                         **({"compute_units": units} if units else {}))
+        return self._planner[0]
 
-    def kernel(self, kernel, *, dtype, head_dim, bias=False, dropout=False, seqlen_q=0,
-               seqlen_k=0, score_mods=False) -> KernelHandle:
-        load = pick(self._table, kernel, dtype, head_dim, bias, dropout, score_mods)
-        if load is None:
-            raise RuntimeError(f"tune: nothing compiled for {kernel} dtype={dtype} "
-                               f"head_dim={head_dim} bias={bias} dropout={dropout}")
-        launcher = load()
-        key = functional_key(launcher.variant.kernel, launcher.variant.functional)
+    @property
+    def _launcher(self):
+        return self._planner[1]
 
-        def launch(grid, device, args):
-            self.launches.append(Launch(kernel, key, tuple(grid), dict(args)))
-            if not self.dry:
-                launcher.launch(tuple(grid), args)
-
-        return KernelHandle(dict(launcher.variant.config), launch)
-
-    def last(self, key: FunctionalKey) -> Launch:
-        found = [x for x in self.launches if x.key == key]
-        if not found:
-            raise RuntimeError(f"tune: the workload launched no {key.kernel} of {key}")
-        return found[-1]
+    def _run(self, v: Variant, grid, args) -> None:
+        launcher = self._get(v.key)
+        key = functional_key(v.kernel, v.functional)
+        if key == self.timed:
+            self.times.append(time_launch_us(launcher, Launch(v.kernel, key, grid, args),
+                                             device=self.device, budget_ms=self.budget_ms))
+        else:
+            launcher.launch(grid, args)
 
 
 def time_launch_us(launcher: Launcher, launch: Launch, *, device: torch.device,

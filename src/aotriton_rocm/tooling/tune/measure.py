@@ -74,15 +74,14 @@ class Launchers:
         return self._made[key]
 
 
-def _scalars(args: Dict[str, Any], torch) -> Dict[str, Any]:
-    return {k: v for k, v in args.items() if not isinstance(v, torch.Tensor)}
-
-
 def tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launchers: Launchers,
                workload, sizes: Sequence[Optional[int]], budget_ms: float, torch,
                device, say) -> PointResult:
+    """Time each candidate of ``key`` in the workload (``base``: the variant
+    serving every other functional key), check the fastest, and return the
+    choices."""
     from ...core.backends import using
-    from .launch import Launch, TuneBackend, time_launch_us
+    from .launch import TuneBackend
 
     result = PointResult(cands[0].kernel, dict(cands[0].functional))
     failed = {v.key: launchers.rejected[v.key] for v in cands if v.key in launchers.rejected}
@@ -90,35 +89,32 @@ def tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launche
     if fallback.key in failed:
         result.error = f"the variants.toml config {fallback.key} cannot run: {failed[fallback.key]}"
         return result
+
+    def backend(v: Variant, **timing) -> TuneBackend:
+        tb = TuneBackend(base, launchers.get, device, **timing)
+        tb.force(key, v)
+        return tb
+
     per_size: List[Tuple[Optional[int], Dict[str, float]]] = []
     for size in sizes:
         inputs = workload.prepare(size)
         total = {v.key: 0.0 for v in live}
         for causal in workload.variants:
-            tb = TuneBackend(base)
-            tb.force(key, launchers.get(fallback.key))
-            with using(tb):
-                workload.run(inputs, causal)
-            real = tb.last(key)
-            real_scalars = _scalars(real.args, torch)
-            tb.dry = True
             for v in live:
                 if v.key in failed:
                     continue
-                tb.launches.clear()
-                tb.force(key, launchers.get(v.key))
-                with using(tb):
-                    workload.run(inputs, causal)
-                dry = tb.last(key)
-                if _scalars(dry.args, torch) != real_scalars:
-                    raise CommandError(f"tune: {v.key}: the op passes other scalar arguments with "
-                                       "this config; the workload cannot replay it")
+                # the op runs as the runtime plans it with this config; its
+                # last launch of the kernel is timed where it runs
+                tb = backend(v, timed=key, budget_ms=budget_ms)
                 try:
-                    total[v.key] += time_launch_us(launchers.get(v.key),
-                                                   Launch(real.kernel, key, dry.grid, real.args),
-                                                   device=device, budget_ms=budget_ms)
+                    with using(tb):
+                        workload.run(inputs, causal)
                 except Exception as exc:  # e.g. out of shared memory when the module loads
                     failed[v.key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+                    continue
+                if not tb.times:
+                    raise CommandError(f"tune: the workload launched no {key.kernel} of {key}")
+                total[v.key] += tb.times[-1]
         del inputs
         per_size.append((size, {k: t for k, t in total.items() if k not in failed}))
     if device.type == "cuda":
@@ -128,13 +124,10 @@ def tune_point(key, cands: List[Variant], fallback: Variant, base: Dict, launche
 
     def check(v: Variant, size) -> Tuple[bool, str]:
         if v.key not in checked:
-            tb = TuneBackend(base)
-            tb.force(key, launchers.get(v.key))
-            with using(tb):
+            with using(backend(v)):
                 ok, text, out = workload.check(size)
             if workload.same_bits and v.key != fallback.key:
-                tb.force(key, launchers.get(fallback.key))
-                with using(tb):
+                with using(backend(fallback)):
                     _, _, ref = workload.check(size)
                 same = bool(torch.equal(out, ref))
                 ok, text = ok and same, text + ("; same bits as the variants.toml config" if same
