@@ -15,7 +15,7 @@ import torch
 
 import aotriton_rocm
 from support import kvcache_reference as ref
-from aotriton_rocm.core import backends, kvcache
+from aotriton_rocm.core import backends
 from support import gpu
 from support.gpu import ours as _ours  # noqa: E402
 
@@ -113,8 +113,8 @@ def test_auto_splits_on_this_gpu():
     backends.reset_launch_counts()
     out = aotriton_rocm.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=8192)
     torch.cuda.synchronize()
-    assert _ours("attn_fwd_kvcache_combine") == 1  # 8 programs on `cus` compute units: split
-    assert kvcache.auto_num_splits(1, 8, 4, 8192, 16, 64, cus) > 1
+    # 8 programs leave most of `cus` compute units idle: the runtime splits
+    assert 8 * 5 < cus * 4 and _ours("attn_fwd_kvcache_combine") == 1
     want, _ = ref.attention_fast(q, kc, kc, torch.tensor([8192]))
     assert (out.float() - want).abs().max() <= 4e-3
 

@@ -275,7 +275,9 @@ def _backward(ctx, grad_out, _grad_lse, _grad_state, _grad_debug):
     dq, dk, dv = flash_attn_backward(
         grad_out.contiguous() if grad_out.stride(-1) != 1 else grad_out, q, k, v, out, lse, state,
         cu_q, cu_k, s["max_seqlen_q"], s["max_seqlen_k"], s["dropout_p"], s["softmax_scale"],
-        s["causal"], s["window_left"], s["window_right"], s["softcap"], alibi, ctx.deterministic)
+        s["causal"], s["window_left"], s["window_right"], s["softcap"], alibi,
+        # torch's deterministic mode asks for it too (the C++ kernel cannot see it)
+        ctx.deterministic or torch.are_deterministic_algorithms_enabled())
     return (dq, dk, dv) + (None,) * 13
 
 
