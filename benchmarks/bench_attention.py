@@ -270,15 +270,19 @@ def _triton_jit_forward(shape: Shape, q, k, v):
     by name from variants.toml, or why not (a string). Arguments this
     benchmark does not set are off: null-like pointers, zero scalars."""
     try:
-        from aotriton_rocm.core import attention, backends, kernel_spec
+        from aotriton_rocm.core import attention, kernel_sources, kernel_spec
         spec = kernel_spec.load_variants(kernel_spec.kernels_dir())
         kernel = spec.kernels["attn_fwd"]
-        fn = kernel_spec.jit_function(kernel)
+        fn = kernel_sources.jit_function(kernel)
     except (ImportError, OSError) as exc:
         return f"our kernel sources through the Triton JIT: {type(exc).__name__}: {exc}"
     # the variant the runtime would run: the unmasked one where the head dim is a tile width
-    table = backends.variant_table(spec.variants_for(kernel_spec.INTERPRETER_ARCH))
-    variant = backends.pick(table, "attn_fwd", shape.dtype, shape.head_dim)
+    tile = max(16, 1 << (shape.head_dim - 1).bit_length())
+    variant = next((v for masked in (tile != shape.head_dim, True)
+                    for v in spec.variants_for(kernel_spec.INTERPRETER_ARCH)
+                    if v.kernel == "attn_fwd" and v.functional == {
+                        "dtype": shape.dtype, "head_dim": tile, "pad_head": masked,
+                        "has_bias": False, "enable_dropout": False}), None)
     if variant is None:
         return "no attn_fwd variant for this dtype and head dim"
     qd, kd, vd = (t.detach() for t in (q, k, v))

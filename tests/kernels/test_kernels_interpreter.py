@@ -43,7 +43,7 @@ def _load_module():
     """kernels/flash_attention.py of this checkout, imported as a module of a
     package (it imports its helpers relatively) with the interpret knob set:
     every @triton.jit function is then an InterpretedFunction."""
-    from aotriton_rocm.core.kernel_spec import import_interpreted, kernels_package
+    from aotriton_rocm.core.kernel_sources import import_interpreted, kernels_package
 
     return import_interpreted(kernels_package("aotriton_rocm_kernels_under_test", KERNEL_DIR), "flash_attention")
 

@@ -394,7 +394,8 @@ class InterpreterBackend(HostBackend):
 
         from .host_kernels import host_runtime, interpreter_runner
         from .interpreter_compat import fix_scalar_index
-        from .kernel_spec import INTERPRETER_ARCH, interpreted_function, kernels_dir, load_variants
+        from .kernel_sources import interpreted_function
+        from .kernel_spec import INTERPRETER_ARCH, kernels_dir, load_variants
 
         fix_scalar_index()
         spec = load_variants(kernels_dir())

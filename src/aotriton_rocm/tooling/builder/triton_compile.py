@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ...core import kernel_spec
+from ...core import kernel_sources
 from .amdgcn import hot_loop_stats
 
 __all__ = [
@@ -121,7 +121,7 @@ def _kernels_package(kernels_dir: str) -> str:
     """A synthetic package whose __path__ is kernels_dir (relative imports work)."""
     kd = str(Path(kernels_dir).resolve())
     name = "_aotriton_rocm_kernels_" + hashlib.sha256(kd.encode()).hexdigest()[:12]
-    return kernel_spec.kernels_package(name, kd)
+    return kernel_sources.kernels_package(name, kd)
 
 
 def load_kernel_function(kernels_dir: str, module: str, function: str):

@@ -19,7 +19,8 @@ import torch
 
 from ...core.backends import HostBackend
 from ...core.host_kernels import host_runtime, interpreter_constexprs
-from ...core.kernel_spec import Variant, interpreted_function
+from ...core.kernel_sources import interpreted_function
+from ...core.kernel_spec import Variant
 
 __all__ = ["FunctionalKey", "functional_key", "Launcher", "compiled_launcher",
            "interpreted_launcher", "Launch", "TuneBackend", "time_launch_us"]
