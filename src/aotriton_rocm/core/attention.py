@@ -277,6 +277,13 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
+def _bottom_right(causal_alignment: str) -> bool:
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, "
+                         f"got {causal_alignment!r}")
+    return causal_alignment == "bottom_right"
+
+
 def mask_args(is_causal: bool, seqlen_q: int, seqlen_k: int,
               causal_alignment: str = "bottom_right",
               window_size: tuple[int, int] = (-1, -1)) -> tuple[int, int, int]:
@@ -287,11 +294,8 @@ def mask_args(is_causal: bool, seqlen_q: int, seqlen_k: int,
     (top-left), the sides as :func:`native.attn_window` gives them
     (flash-attn's ``window_size`` rule; causal is ``right = 0``).
     """
-    if causal_alignment not in CAUSAL_ALIGNMENTS:
-        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, "
-                         f"got {causal_alignment!r}")
     left, right = attn_window(*window_size, is_causal, seqlen_k)
-    return int(causal_alignment == "bottom_right"), left, right
+    return int(_bottom_right(causal_alignment)), left, right
 
 
 def flash_attn_window(window_size_left, window_size_right, seqlen_k: int) -> tuple[int, int]:
@@ -345,7 +349,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     if out.numel() == 0:
         lse.fill_(float("inf"))
         return out, lse
-    bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
+    bottom_right = _bottom_right(causal_alignment)
     sm_scale = default_scale(d) if scale is None else float(scale)
     q4, k4, v4 = (prepared(_view4(t, varlen)) for t in (q, k, v))
     o4 = _view4(out, varlen)
@@ -353,7 +357,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: boo
     bias4 = None if bias is None else _bias_prepared(bias, (b, h, sq, sk), q.dtype)
     backend.forward(*(_unview4(t, varlen) for t in (q4, k4, v4, o)), lse, bias=bias4,
                     debug_mask=debug_mask, rng=rng, varlen=varlen,
-                    bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
+                    causal=is_causal, bottom_right=bottom_right, window=window_size, scale=sm_scale,
                     dropout_p=float(dropout_p), softcap=float(softcap),
                     alibi_slopes=alibi_slopes)
     if o is not o4:
@@ -400,7 +404,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
         for g in grads:
             g.zero_()
         return grads
-    bottom_right, left, right = mask_args(is_causal, sq, sk, causal_alignment, window_size)
+    bottom_right = _bottom_right(causal_alignment)
     sm_scale = default_scale(d) if scale is None else float(scale)
     q4, k4, v4, o4, do4 = (prepared(_view4(t, varlen)) for t in (q, k, v, out, grad_out))
     # the kernels read Delta with the logsumexp's strides
@@ -412,7 +416,7 @@ def backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     backend.backward(*(_unview4(t, varlen) for t in (do4, q4, k4, v4, o4)), lse, delta,
                      tuple(_unview4(t, varlen) for t in (dq, dk, dv)), bias=bias4,
                      bias_grad=bias_grad, rng=rng, varlen=varlen,
-                     bottom_right=bool(bottom_right), window=(left, right), scale=sm_scale,
+                     causal=is_causal, bottom_right=bottom_right, window=window_size, scale=sm_scale,
                      dropout_p=float(dropout_p), softcap=float(softcap),
                      alibi_slopes=alibi_slopes,
                      deterministic=deterministic or torch.are_deterministic_algorithms_enabled())

@@ -21,7 +21,7 @@ from .native import (DTYPES as NATIVE_DTYPES, NEED_BACKWARD, NEED_DEBUG_MASK, NE
                      OK as NATIVE_OK, UNSUPPORTED as NATIVE_UNSUPPORTED, BwdParams, DropoutUniformParams,
                      FwdParams, KvcacheParams, NativeError, Problem as NativeProblem,
                      Runtime as NativeRuntime, check as check_status, error as native_error,
-                     make_problem, tensor_view)
+                     make_problem, tensor_view, window_sides)
 from .torch_native import launch_count as torch_native_launch_count
 from .._version import ABI_VERSION
 
@@ -46,7 +46,6 @@ def kvcache_workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen
 DROPOUT_UNIFORM = "dropout_uniform"
 _COUNTED = KERNELS + FUSED_BACKWARD_KERNELS + (DROPOUT_UNIFORM,) + KVCACHE_KERNELS
 INTERPRETER = "interpreter:cpu"
-INT32_MAX = 2**31 - 1
 # The interpreter executes every block op in numpy: keep CPU work bounded.
 INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
 
@@ -202,14 +201,14 @@ class NativeBackend(Backend):
             return e.message or str(e)
         return None
 
-    def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, bottom_right,
+    def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, causal, bottom_right,
                 window, scale, dropout_p, softcap=0.0, alibi_slopes=None) -> None:
         """Launch the forward on tensors the kernels can read in place: q/k/v/out
         (B, H, S, D), or packed (total, H, D) with ``varlen``."""
         params = FwdParams()
         params.device = self.device_index
         params.stream = self._stream()
-        params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
+        params.problem = _native_problem(q, k, v, bias, rng, varlen, causal, bottom_right, window,
                                          scale, dropout_p)
         params.out, params.lse = tensor_view(out), tensor_view(lse)
         if debug_mask is not None:
@@ -236,8 +235,7 @@ class NativeBackend(Backend):
                 setattr(p, name, tensor_view(t))
         p.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
         p.scale, p.softcap = scale, softcap
-        p.window_left, p.window_right = (-1 if w is None else max(-1, min(int(w), INT32_MAX))
-                                         for w in window)
+        p.window_left, p.window_right = window_sides(window)
         p.causal = int(bool(causal))
         p.num_splits = num_splits
         splits = self.runtime.kvcache_splits(p)
@@ -253,12 +251,12 @@ class NativeBackend(Backend):
         return out, lse, splits
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
-                 varlen, bottom_right, window, scale, dropout_p, softcap=0.0,
+                 varlen, causal, bottom_right, window, scale, dropout_p, softcap=0.0,
                  alibi_slopes=None, deterministic=False) -> None:
         params = BwdParams()
         params.device = self.device_index
         params.stream = self._stream()
-        params.problem = _native_problem(q, k, v, bias, rng, varlen, bottom_right, window,
+        params.problem = _native_problem(q, k, v, bias, rng, varlen, causal, bottom_right, window,
                                          scale, dropout_p)
         for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out), ("delta", delta),
                         ("grad_q", grads[0]), ("grad_k", grads[1]), ("grad_v", grads[2]),
@@ -353,9 +351,9 @@ def _placement(params, varlen) -> None:
             setattr(params, name, tensor_view(t))
 
 
-def _native_problem(q, k, v, bias, rng, varlen, bottom_right, window, scale, dropout_p):
+def _native_problem(q, k, v, bias, rng, varlen, causal, bottom_right, window, scale, dropout_p):
     return make_problem(
-        q, k, v, scale=scale, bottom_right=bottom_right, window=window, bias=bias,
+        q, k, v, scale=scale, causal=causal, bottom_right=bottom_right, window=window, bias=bias,
         dropout_p=dropout_p, rng=rng,
         cu_seqlens=None if varlen is None else (varlen.cu_seqlens_q, varlen.cu_seqlens_k),
         max_seqlens=(0, 0) if varlen is None else (varlen.max_seqlen_q, varlen.max_seqlen_k))

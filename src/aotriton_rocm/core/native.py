@@ -32,6 +32,7 @@ CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT = 0, 1
 # aotr_dtype by torch dtype name
 DTYPES = {"float16": 1, "bfloat16": 2, "float32": 3, "int32": 4, "int64": 5, "uint64": 5}
 MAX_RANK = 4
+INT32_MAX = 2**31 - 1
 
 
 class NativeError(RuntimeError):
@@ -330,5 +331,13 @@ def make_problem(q, k, v, *, scale: float, causal: bool = False, bottom_right: b
         p.philox_seed, p.philox_offset = (tensor_view(t, DTYPES["int64"]) for t in rng)
     p.causal = int(causal)
     p.causal_alignment = CAUSAL_BOTTOM_RIGHT if bottom_right else CAUSAL_TOP_LEFT
-    p.window_left, p.window_right = window
+    p.window_left, p.window_right = window_sides(window)
     return p
+
+
+def window_sides(window) -> tuple[int, int]:
+    """flash-attn's window sides as the C structs take them: as given (None:
+    unbounded, -1), in int32 (a side that large is unbounded anyway);
+    ``aotr_attn_window`` applies the rule."""
+    left, right = (-1 if w is None else max(-1, min(int(w), INT32_MAX)) for w in window)
+    return left, right
