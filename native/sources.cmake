@@ -11,6 +11,8 @@ set(AOTR_CORE_SOURCES
   src/archive.c
   src/find.c
   src/driver.c
+  src/driver_cuda.c
+  src/driver_hip.c
   src/driver_host.c
   src/slots.c
   src/runtime.c

@@ -1,189 +1,21 @@
-/* The CUDA driver / HIP runtime, opened with dlopen: module loads and
- * launches with a packed argument buffer.
- *
- * No CUDA or ROCm header is used: the prototypes and constants below follow
- * cuda.h and hip_runtime_api.h (all handles are pointers, CUdevice and the
- * result codes are ints). */
+/* The GPU drivers, opened with dlopen (the CUDA driver, the HIP runtime;
+ * their vendor-specific parts in driver_cuda.c and driver_hip.c, the host
+ * backend's in driver_host.c): module loads and launches with a packed
+ * argument buffer, stream-ordered memory, copies and queries. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
 #include <link.h>
-#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "driver_api.h"
 
 _Static_assert(sizeof(void *) == sizeof(void (*)(void)),
                "function pointers are stored through void *");
-
-typedef int drv_result;
-
-/* ------------------------------------------------------------ constants */
-
-#define CUDA_SUCCESS 0
-#define CUDA_ERROR_INVALID_VALUE 1
-#define CUDA_ERROR_INSUFFICIENT_DRIVER 35
-#define CUDA_ERROR_NO_DEVICE 100
-#define CUDA_ERROR_INVALID_DEVICE 101
-#define CUDA_ERROR_INVALID_IMAGE 200
-#define CUDA_ERROR_INVALID_CONTEXT 201
-#define CUDA_ERROR_NO_BINARY_FOR_GPU 209
-#define CUDA_ERROR_UNSUPPORTED_PTX_VERSION 222
-#define CUDA_ERROR_INVALID_HANDLE 400
-#define CUDA_ERROR_NOT_FOUND 500
-#define CUDA_ERROR_ILLEGAL_ADDRESS 700
-#define CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES 701
-#define CUDA_ERROR_LAUNCH_FAILED 719
-
-#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
-#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
-#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
-#define CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN 97
-#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
-#define CU_MEM_ALLOCATION_TYPE_PINNED 1
-#define CU_MEM_LOCATION_TYPE_DEVICE 1
-#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
-
-/* CUmemPoolProps (CUDA 11.2 on; later fields live in the zeroed tail). */
-struct cu_mem_pool_props {
-    int alloc_type;
-    int handle_types;
-    int location_type;
-    int location_id;
-    void *win32_security_attributes;
-    unsigned char tail[64];
-};
-
-/* CUDA_MEMCPY2D (cuMemcpy2DAsync_v2): the enum fields are 4 bytes, padded
- * before the pointers. */
-struct cu_memcpy2d {
-    size_t src_x_bytes, src_y;
-    int src_memory_type;
-    const void *src_host;
-    uint64_t src_device;
-    void *src_array;
-    size_t src_pitch;
-    size_t dst_x_bytes, dst_y;
-    int dst_memory_type;
-    void *dst_host;
-    uint64_t dst_device;
-    void *dst_array;
-    size_t dst_pitch;
-    size_t width_bytes, height;
-};
-
-/* Bytes of freed global scratch the runtime's pool keeps mapped across
- * synchronisations. The device's default pool keeps none, so the first
- * launch after every synchronisation waited for its scratch to be mapped
- * again (0.1-0.15 ms on the H100). */
-#define SCRATCH_POOL_KEEP ((uint64_t)64 << 20)
-/* Dynamic shared memory above this needs the opt-in attribute. */
-#define CUDA_DEFAULT_MAX_DYNAMIC_SHARED 49152u
-
-#define CU_LAUNCH_PARAM_END ((void *)0)
-#define CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
-#define CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
-
-#define hipSuccess 0
-/* hipDeviceAttribute_t (hip_runtime_api.h, ROCm 5.x to 7.x) */
-#define hipDeviceAttributeMultiprocessorCount 63
-#define hipErrorInvalidValue 1
-#define hipErrorInsufficientDriver 35
-#define hipErrorInvalidDeviceFunction 98
-#define hipErrorNoDevice 100
-#define hipErrorInvalidDevice 101
-#define hipErrorInvalidImage 200
-#define hipErrorNoBinaryForGpu 209
-#define hipErrorSharedObjectInitFailed 303
-#define hipErrorInvalidHandle 400
-#define hipErrorNotFound 500
-#define hipErrorIllegalAddress 700
-#define hipErrorLaunchOutOfResources 701
-#define hipErrorLaunchFailure 719
-
-#define HIP_LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
-#define HIP_LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
-#define HIP_LAUNCH_PARAM_END ((void *)3)
-
-/* Byte offset of `char gcnArchName[256]` in hipDeviceProp_t on LP64:
- * - hipDeviceProp_tR0600 (hipGetDevicePropertiesR0600, ROCm 6.0 to 7.x): 1160
- *   (the struct is 1472 bytes);
- * - the older layout (hipGetDeviceProperties, ROCm 4.5 to 5.7): 396 (792).
- * Both computed with offsetof from the public hip_runtime_api.h (ROCm/HIP
- * tags rocm-4.5.0 .. rocm-6.2.0 and amd-staging; ROCm 7's copy in
- * ROCm/rocm-systems has the same members before gcnArchName). */
-#define HIP_PROPS_R0600_GCN_ARCH_NAME 1160
-#define HIP_PROPS_R0000_GCN_ARCH_NAME 396
-#define HIP_GCN_ARCH_NAME_SIZE 256
-#define HIP_PROPS_BUFFER 4096
-
-/* ---------------------------------------------------------------- tables */
-
-typedef void *drv_handle;
-
-struct cuda_api {
-    drv_result (*Init)(unsigned);
-    drv_result (*GetErrorName)(drv_result, const char **);
-    drv_result (*GetErrorString)(drv_result, const char **);
-    drv_result (*DeviceGet)(int *, int);
-    drv_result (*DeviceGetAttribute)(int *, int, int);
-    drv_result (*DevicePrimaryCtxRetain)(drv_handle *, int);
-    drv_result (*DevicePrimaryCtxRelease)(int);
-    drv_result (*CtxGetCurrent)(drv_handle *);
-    drv_result (*CtxSetCurrent)(drv_handle);
-    drv_result (*CtxPushCurrent)(drv_handle);
-    drv_result (*CtxPopCurrent)(drv_handle *);
-    drv_result (*ModuleLoadData)(drv_handle *, const void *);
-    drv_result (*ModuleUnload)(drv_handle);
-    drv_result (*ModuleGetFunction)(drv_handle *, drv_handle, const char *);
-    drv_result (*FuncSetAttribute)(drv_handle, int, int);
-    drv_result (*LaunchKernel)(drv_handle, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               unsigned, unsigned, drv_handle, void **, void **);
-    /* Optional (CUDA 11.2+): only kernels that need global scratch use them. */
-    drv_result (*MemAllocAsync)(uint64_t *, size_t, drv_handle);
-    drv_result (*MemFreeAsync)(uint64_t, drv_handle);
-    /* Optional (CUDA 11.2+): the scratch pool; without it, the default one. */
-    drv_result (*MemPoolCreate)(drv_handle *, const struct cu_mem_pool_props *);
-    drv_result (*MemPoolSetAttribute)(drv_handle, int, void *);
-    drv_result (*MemPoolDestroy)(drv_handle);
-    drv_result (*MemAllocFromPoolAsync)(uint64_t *, size_t, drv_handle, drv_handle);
-    /* Optional: stream-ordered fills, copies and queries (stage.c,
-     * device_ops.c); their callers fail without them. */
-    drv_result (*MemsetD8Async)(uint64_t, unsigned char, size_t, drv_handle);
-    drv_result (*Memcpy2DAsync)(const struct cu_memcpy2d *, drv_handle);
-    drv_result (*CtxGetDevice)(int *);
-    drv_result (*StreamIsCapturing)(drv_handle, int *);
-    drv_result (*StreamSynchronize)(drv_handle);
-};
-
-struct hip_api {
-    drv_result (*Init)(unsigned);
-    const char *(*GetErrorName)(drv_result);
-    const char *(*GetErrorString)(drv_result);
-    drv_result (*GetDevice)(int *);
-    drv_result (*SetDevice)(int);
-    drv_result (*ModuleLoadData)(drv_handle *, const void *);
-    drv_result (*ModuleUnload)(drv_handle);
-    drv_result (*ModuleGetFunction)(drv_handle *, drv_handle, const char *);
-    drv_result (*ModuleLaunchKernel)(drv_handle, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                     unsigned, unsigned, drv_handle, void **, void **);
-    /* Optional: at most one is used (see HIP_PROPS_*). */
-    drv_result (*GetDevicePropertiesR0600)(void *, int);
-    drv_result (*GetDeviceProperties)(void *, int);
-    drv_result (*DeviceGetAttribute)(int *, int, int); /* optional */
-    /* Optional: stream-ordered memory, fills, copies and queries (stage.c,
-     * device_ops.c); their callers fail without them. */
-    drv_result (*MallocAsync)(void **, size_t, drv_handle);
-    drv_result (*FreeAsync)(void *, drv_handle);
-    drv_result (*MemsetAsync)(void *, int, size_t, drv_handle);
-    drv_result (*Memcpy2DAsync)(void *, size_t, const void *, size_t, size_t, size_t, int,
-                                drv_handle);
-    drv_result (*StreamIsCapturing)(drv_handle, int *);
-    drv_result (*StreamSynchronize)(drv_handle);
-};
 
 struct symbol {
     const char *name;
@@ -257,123 +89,18 @@ static const struct symbol hip_symbols[] = {
 };
 #undef HIP
 
-struct loaded_module {
-    drv_handle module;
-    int32_t device;
-    struct loaded_module *next;
-};
-
-struct aotr_driver {
-    aotr_backend backend;
-    aotr_host_launcher host; /* AOTR_BACKEND_HOST */
-    void *lib;
-    char library[512]; /* what was opened, for messages */
-    struct cuda_api cu;
-    struct hip_api hip;
-    pthread_mutex_t lock; /* guards modules and contexts */
-    struct loaded_module *modules;
-    /* CUDA: the primary context of device i (retained once), or NULL;
-     * the scratch pool of device i (created on first use), or NULL. */
-    drv_handle *contexts;
-    drv_handle *pools;
-    size_t num_contexts; /* entries of both */
-};
-
 /* ---------------------------------------------------------------- errors */
 
-static const char cuda_no_driver_hint[] =
+const char aotr_cuda_no_driver_hint[] =
     "the CUDA backend needs an NVIDIA GPU and its driver (libcuda.so.1 comes with the "
     "NVIDIA driver, not with torch): install the NVIDIA driver, or load the process's "
     "CUDA (import torch) first";
-static const char hip_no_runtime_hint[] =
+const char aotr_hip_no_runtime_hint[] =
     "the HIP backend needs an AMD GPU and the HIP runtime (libamdhip64): install ROCm, put "
     "ROCm's lib directory on LD_LIBRARY_PATH, or load a ROCm build of torch first";
-static const char not_in_image_hint[] =
+const char aotr_not_in_image_hint[] =
     "the kernel symbol is not in the code object: the archive's index does not match its "
     "code objects; reinstall the kernel archive";
-
-static const char *cuda_hint(const char *function, drv_result code)
-{
-    if (strcmp(function, "cuLaunchKernel") == 0) {
-        switch (code) {
-        case CUDA_ERROR_INVALID_CONTEXT:
-            return "no CUDA context of the kernel's device is current on this thread: make "
-                   "the device current (torch.cuda.device(index)) before the call";
-        case CUDA_ERROR_INVALID_HANDLE:
-            return "the stream or function belongs to another device: pass that device's "
-                   "stream and make it current";
-        case CUDA_ERROR_INVALID_VALUE:
-            return "invalid launch configuration (grid y/z above 65535, block above 1024 "
-                   "threads, or shared memory above the function's limit)";
-        case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
-            return "the kernel needs more registers or shared memory than the GPU offers for "
-                   "this block size: the kernel variant does not fit this GPU";
-        case CUDA_ERROR_ILLEGAL_ADDRESS:
-            return "a kernel accessed invalid memory; the CUDA context is now unusable, "
-                   "restart the process. Please report it with the shapes, dtypes and strides";
-        case CUDA_ERROR_LAUNCH_FAILED:
-            return "a kernel failed; the CUDA context is now unusable, restart the process";
-        default: return NULL;
-        }
-    }
-    switch (code) {
-    case CUDA_ERROR_NO_BINARY_FOR_GPU:
-        return "the cubin was compiled for another GPU architecture: install the kernel "
-               "archive built for this GPU";
-    case CUDA_ERROR_INVALID_IMAGE:
-        return "the code object is not a valid cubin for this driver: the archive may be "
-               "damaged or built for another backend; reinstall it";
-    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
-        return "the code object needs a newer NVIDIA driver: update the driver";
-    case CUDA_ERROR_NOT_FOUND: return not_in_image_hint;
-    case CUDA_ERROR_INVALID_DEVICE: return "no such device index (check CUDA_VISIBLE_DEVICES)";
-    case CUDA_ERROR_NO_DEVICE: return cuda_no_driver_hint;
-    case CUDA_ERROR_INSUFFICIENT_DRIVER: return "the installed NVIDIA driver is too old: update it";
-    default: return strcmp(function, "cuInit") == 0 ? cuda_no_driver_hint : NULL;
-    }
-}
-
-static const char *hip_hint(const char *function, drv_result code)
-{
-    if (strcmp(function, "hipModuleLaunchKernel") == 0) {
-        switch (code) {
-        case hipErrorInvalidValue:
-            return "invalid launch configuration (block above 1024 threads, or shared memory "
-                   "above the LDS per workgroup: 64 KiB, 160 KiB on gfx950)";
-        case hipErrorInvalidDeviceFunction:
-            return "the function does not belong to the stream's device or this GPU's arch: "
-                   "make the device current (torch.cuda.device(index)) and pass its stream";
-        case hipErrorInvalidHandle:
-            return "the stream or function belongs to another device: pass that device's "
-                   "stream and make it current";
-        case hipErrorLaunchOutOfResources:
-            return "the kernel needs more registers or LDS than the GPU offers for this block "
-                   "size: the kernel variant does not fit this GPU";
-        case hipErrorIllegalAddress:
-            return "a kernel accessed invalid memory; the HIP context is now unusable, "
-                   "restart the process. Please report it with the shapes, dtypes and strides";
-        case hipErrorLaunchFailure: return "a kernel failed; restart the process";
-        default: return NULL;
-        }
-    }
-    switch (code) {
-    case hipErrorNoBinaryForGpu:
-        return "the code object was compiled for another GPU architecture: install the "
-               "kernel archive for this GPU's gfx arch";
-    case hipErrorInvalidImage:
-        return "the code object is not a valid HSACO for this runtime: the archive may be "
-               "damaged, or built for another arch or code object version; reinstall it";
-    case hipErrorSharedObjectInitFailed:
-        return "the runtime could not load the code object: it may target another arch or "
-               "need a newer ROCm";
-    case hipErrorNotFound: return not_in_image_hint;
-    case hipErrorInvalidDevice: return "no such device index (check HIP_VISIBLE_DEVICES)";
-    case hipErrorNoDevice: return hip_no_runtime_hint;
-    case hipErrorInsufficientDriver:
-        return "the amdgpu kernel driver is too old for this ROCm runtime";
-    default: return strcmp(function, "hipInit") == 0 ? hip_no_runtime_hint : NULL;
-    }
-}
 
 static void error_name_string(const aotr_driver *d, drv_result code, const char **name,
                               const char **text)
@@ -399,14 +126,14 @@ static void error_name_string(const aotr_driver *d, drv_result code, const char 
 
 /* "<function> failed: <name>: <string> (code N; <hint>)" plus, when given,
  * " [<context>]". `hint` NULL: the backend's hint for the code, if any. */
-static aotr_status driver_error(const aotr_driver *d, aotr_status status, const char *function,
-                                drv_result code, const char *hint, const char *context)
+aotr_status aotr_driver_error(const aotr_driver *d, aotr_status status, const char *function,
+                              drv_result code, const char *hint, const char *context)
 {
     const char *name, *text;
     error_name_string(d, code, &name, &text);
     if (!hint)
-        hint =
-            d->backend == AOTR_BACKEND_CUDA ? cuda_hint(function, code) : hip_hint(function, code);
+        hint = d->backend == AOTR_BACKEND_CUDA ? aotr_cuda_hint(function, code)
+                                               : aotr_hip_hint(function, code);
     return aotr_fail(status, "%s failed: %s: %s (code %d%s%s)%s%s%s", function, name, text,
                      (int)code, hint ? "; " : "", hint ? hint : "", context ? " [" : "",
                      context ? context : "", context ? "]" : "");
@@ -468,7 +195,7 @@ static aotr_status open_library(aotr_driver *d, const char *library)
                                                "libamdhip64.so.6", "libamdhip64.so.5"};
     const int cuda = d->backend == AOTR_BACKEND_CUDA;
     const char *what = cuda ? "the CUDA driver" : "the HIP runtime";
-    const char *hint = cuda ? cuda_no_driver_hint : hip_no_runtime_hint;
+    const char *hint = cuda ? aotr_cuda_no_driver_hint : aotr_hip_no_runtime_hint;
     const char *const *defaults = cuda ? cuda_sonames : hip_defaults;
     size_t num_defaults = cuda ? 1 : sizeof hip_defaults / sizeof hip_defaults[0];
     char failures[1024];
@@ -561,7 +288,7 @@ aotr_status aotr_driver_open(aotr_backend backend, const char *library, aotr_dri
         if (rc != 0) {
             char context[600];
             snprintf(context, sizeof context, "%s", d->library);
-            st = driver_error(d, AOTR_DRIVER_UNAVAILABLE, fn, rc, NULL, context);
+            st = aotr_driver_error(d, AOTR_DRIVER_UNAVAILABLE, fn, rc, NULL, context);
         }
     }
     if (st != AOTR_OK) {
@@ -602,81 +329,6 @@ const aotr_host_launcher *aotr_driver_host(const aotr_driver *d)
     return d->backend == AOTR_BACKEND_HOST ? &d->host : NULL;
 }
 
-/* -------------------------------------------------------- CUDA contexts */
-
-/* The primary context of `device`, retained on first use. */
-static aotr_status cuda_primary_context(aotr_driver *d, int32_t device, drv_handle *ctx)
-{
-    aotr_status st = AOTR_OK;
-    pthread_mutex_lock(&d->lock);
-    if ((size_t)device >= d->num_contexts) {
-        size_t n = (size_t)device + 1;
-        drv_handle *grown = realloc(d->contexts, n * sizeof *grown);
-        if (grown)
-            d->contexts = grown;
-        drv_handle *pools = grown ? realloc(d->pools, n * sizeof *pools) : NULL;
-        if (!pools) {
-            pthread_mutex_unlock(&d->lock);
-            return aotr_fail(AOTR_OUT_OF_MEMORY, "out of memory");
-        }
-        for (size_t i = d->num_contexts; i < n; i++)
-            grown[i] = pools[i] = NULL;
-        d->pools = pools;
-        d->num_contexts = n;
-    }
-    *ctx = d->contexts[device];
-    if (!*ctx) {
-        int dev = 0;
-        drv_result rc = d->cu.DeviceGet(&dev, device);
-        if (rc != CUDA_SUCCESS) {
-            st = driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGet", rc, NULL, NULL);
-        } else {
-            rc = d->cu.DevicePrimaryCtxRetain(ctx, dev);
-            if (rc != CUDA_SUCCESS)
-                st = driver_error(d, AOTR_DRIVER_ERROR, "cuDevicePrimaryCtxRetain", rc, NULL, NULL);
-            else
-                d->contexts[device] = *ctx;
-        }
-    }
-    pthread_mutex_unlock(&d->lock);
-    return st;
-}
-
-/* Make `device`'s primary context current: set when the thread has none,
- * pushed (*pushed = 1) when another one is current. */
-static aotr_status cuda_enter(aotr_driver *d, int32_t device, int *pushed)
-{
-    drv_handle ctx, current = NULL;
-    drv_result rc;
-    aotr_status st = cuda_primary_context(d, device, &ctx);
-    *pushed = 0;
-    if (st != AOTR_OK)
-        return st;
-    rc = d->cu.CtxGetCurrent(&current);
-    if (rc != CUDA_SUCCESS)
-        return driver_error(d, AOTR_DRIVER_ERROR, "cuCtxGetCurrent", rc, NULL, NULL);
-    if (current == ctx)
-        return AOTR_OK;
-    if (!current) {
-        rc = d->cu.CtxSetCurrent(ctx);
-        if (rc != CUDA_SUCCESS)
-            return driver_error(d, AOTR_DRIVER_ERROR, "cuCtxSetCurrent", rc, NULL, NULL);
-        return AOTR_OK;
-    }
-    rc = d->cu.CtxPushCurrent(ctx);
-    if (rc != CUDA_SUCCESS)
-        return driver_error(d, AOTR_DRIVER_ERROR, "cuCtxPushCurrent", rc, NULL, NULL);
-    *pushed = 1;
-    return AOTR_OK;
-}
-
-static void cuda_leave(aotr_driver *d, int pushed)
-{
-    drv_handle popped = NULL;
-    if (pushed)
-        (void)d->cu.CtxPopCurrent(&popped);
-}
-
 /* ------------------------------------------------------------------ arch */
 
 aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch, size_t capacity)
@@ -696,15 +348,15 @@ aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch, 
         drv_result rc = d->cu.DeviceGet(&dev, device);
         if (rc != CUDA_SUCCESS)
             return aotr_fail_prefix(
-                driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGet", rc, NULL, NULL), "device %d",
+                aotr_driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGet", rc, NULL, NULL), "device %d",
                 (int)device);
         rc = d->cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
         if (rc == CUDA_SUCCESS)
             rc =
                 d->cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
         if (rc != CUDA_SUCCESS)
-            return aotr_fail_prefix(driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute", rc,
-                                                 NULL, "compute capability"),
+            return aotr_fail_prefix(aotr_driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute",
+                                                      rc, NULL, "compute capability"),
                                     "device %d", (int)device);
         w = snprintf(name, sizeof name, "sm_%d%d", major, minor);
     } else {
@@ -732,7 +384,7 @@ aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch, 
         rc = get(props, device);
         if (rc != hipSuccess) {
             free(props);
-            return aotr_fail_prefix(driver_error(d, AOTR_DRIVER_ERROR, fn, rc, NULL, NULL),
+            return aotr_fail_prefix(aotr_driver_error(d, AOTR_DRIVER_ERROR, fn, rc, NULL, NULL),
                                     "device %d", (int)device);
         }
         gcn = (const char *)props + offset;
@@ -762,7 +414,7 @@ aotr_status aotr_driver_device_arch(aotr_driver *d, int32_t device, char *arch, 
 
 /* ------------------------------------------------------------------ load */
 
-static aotr_status remember_module(aotr_driver *d, drv_handle module, int32_t device)
+aotr_status aotr_driver_remember_module(aotr_driver *d, drv_handle module, int32_t device)
 {
     struct loaded_module *m = malloc(sizeof *m);
     if (!m)
@@ -774,103 +426,6 @@ static aotr_status remember_module(aotr_driver *d, drv_handle module, int32_t de
     d->modules = m;
     pthread_mutex_unlock(&d->lock);
     return AOTR_OK;
-}
-
-static aotr_status cuda_load(aotr_driver *d, int32_t device, const void *image, size_t size,
-                             const char *symbol, uint32_t shared, void **function)
-{
-    char context[512];
-    drv_handle module = NULL, fn = NULL;
-    drv_result rc;
-    int pushed;
-    aotr_status st = cuda_enter(d, device, &pushed);
-    if (st != AOTR_OK)
-        return aotr_fail_prefix(st, "loading %s on device %d", symbol, (int)device);
-    snprintf(context, sizeof context, "%s, %zu bytes, device %d", symbol, size, (int)device);
-    rc = d->cu.ModuleLoadData(&module, image);
-    if (rc != CUDA_SUCCESS) {
-        st = driver_error(d, AOTR_DRIVER_ERROR, "cuModuleLoadData", rc, NULL, context);
-        goto done;
-    }
-    rc = d->cu.ModuleGetFunction(&fn, module, symbol);
-    if (rc != CUDA_SUCCESS) {
-        st = driver_error(d, AOTR_DRIVER_ERROR, "cuModuleGetFunction", rc,
-                          rc == CUDA_ERROR_NOT_FOUND ? not_in_image_hint : NULL, context);
-        goto done;
-    }
-    if (shared > CUDA_DEFAULT_MAX_DYNAMIC_SHARED) {
-        rc = d->cu.FuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    (int)shared);
-        if (rc != CUDA_SUCCESS) {
-            char hint[256];
-            int dev = 0, limit = 0;
-            if (d->cu.DeviceGet(&dev, device) == CUDA_SUCCESS &&
-                d->cu.DeviceGetAttribute(&limit,
-                                         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                                         dev) == CUDA_SUCCESS)
-                snprintf(hint, sizeof hint,
-                         "the kernel needs %u bytes of shared memory, device %d allows at most "
-                         "%d per block: the kernel variant does not fit this GPU",
-                         (unsigned)shared, (int)device, limit);
-            else
-                snprintf(hint, sizeof hint,
-                         "the kernel needs %u bytes of shared memory, more than this GPU "
-                         "allows per block",
-                         (unsigned)shared);
-            st = driver_error(d, AOTR_DRIVER_ERROR, "cuFuncSetAttribute", rc, hint, context);
-            goto done;
-        }
-    }
-    st = remember_module(d, module, device);
-done:
-    if (st != AOTR_OK && module)
-        (void)d->cu.ModuleUnload(module);
-    cuda_leave(d, pushed);
-    if (st == AOTR_OK)
-        *function = fn;
-    return st;
-}
-
-static aotr_status hip_load(aotr_driver *d, int32_t device, const void *image, size_t size,
-                            const char *symbol, void **function)
-{
-    char context[512];
-    drv_handle module = NULL, fn = NULL;
-    int current = 0, switched = 0;
-    drv_result rc;
-    aotr_status st;
-    snprintf(context, sizeof context, "%s, %zu bytes, device %d", symbol, size, (int)device);
-    rc = d->hip.GetDevice(&current);
-    if (rc != hipSuccess)
-        return driver_error(d, AOTR_DRIVER_ERROR, "hipGetDevice", rc, NULL, context);
-    if (current != device) {
-        rc = d->hip.SetDevice(device);
-        if (rc != hipSuccess)
-            return driver_error(d, AOTR_DRIVER_ERROR, "hipSetDevice", rc, NULL, context);
-        switched = 1;
-    }
-    rc = d->hip.ModuleLoadData(&module, image);
-    if (rc != hipSuccess) {
-        st = driver_error(d, AOTR_DRIVER_ERROR, "hipModuleLoadData", rc, NULL, context);
-        goto done;
-    }
-    rc = d->hip.ModuleGetFunction(&fn, module, symbol);
-    if (rc != hipSuccess) {
-        st = driver_error(d, AOTR_DRIVER_ERROR, "hipModuleGetFunction", rc,
-                          rc == hipErrorNotFound ? not_in_image_hint : NULL, context);
-        goto done;
-    }
-    /* No opt-in on HIP: dynamic LDS up to the hardware limit is accepted at
-     * launch. */
-    st = remember_module(d, module, device);
-done:
-    if (st != AOTR_OK && module)
-        (void)d->hip.ModuleUnload(module);
-    if (switched)
-        (void)d->hip.SetDevice(current);
-    if (st == AOTR_OK)
-        *function = fn;
-    return st;
 }
 
 aotr_status aotr_driver_compute_units(aotr_driver *d, int32_t device, int32_t *out)
@@ -887,15 +442,15 @@ aotr_status aotr_driver_compute_units(aotr_driver *d, int32_t device, int32_t *o
         if (rc == CUDA_SUCCESS)
             rc = d->cu.DeviceGetAttribute(&n, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
         if (rc != CUDA_SUCCESS)
-            return driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute", rc, NULL,
-                                "multiprocessor count");
+            return aotr_driver_error(d, AOTR_DRIVER_ERROR, "cuDeviceGetAttribute", rc, NULL,
+                                     "multiprocessor count");
     } else {
         if (!d->hip.DeviceGetAttribute)
             return aotr_fail(AOTR_UNSUPPORTED, "%s has no hipDeviceGetAttribute", d->library);
         rc = d->hip.DeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, device);
         if (rc != hipSuccess)
-            return driver_error(d, AOTR_DRIVER_ERROR, "hipDeviceGetAttribute", rc, NULL,
-                                "multiprocessor count");
+            return aotr_driver_error(d, AOTR_DRIVER_ERROR, "hipDeviceGetAttribute", rc, NULL,
+                                     "multiprocessor count");
     }
     *out = n;
     return AOTR_OK;
@@ -913,8 +468,8 @@ aotr_status aotr_driver_load(aotr_driver *d, int32_t device, const void *image, 
         return aotr_fail(AOTR_INVALID_ARGUMENT, "device index %d is negative", (int)device);
     *function = NULL;
     if (d->backend == AOTR_BACKEND_CUDA)
-        return cuda_load(d, device, image, size, symbol, shared, function);
-    return hip_load(d, device, image, size, symbol, function);
+        return aotr_cuda_load(d, device, image, size, symbol, shared, function);
+    return aotr_hip_load(d, device, image, size, symbol, function);
 }
 
 /* ---------------------------------------------------------------- launch */
@@ -929,20 +484,7 @@ static aotr_status launch_failed(aotr_driver *d, int32_t device, const char *fun
              "bytes, device %d",
              (unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2], (unsigned)block_x,
              (unsigned)shared, stream, args_size, (int)device);
-    return driver_error(d, AOTR_DRIVER_ERROR, function, rc, NULL, context);
-}
-
-/* After CUDA_ERROR_INVALID_CONTEXT: 1 when the thread had no current
- * context and now has `device`'s primary context (the launch is retried). */
-static int cuda_recover(aotr_driver *d, int32_t device)
-{
-    drv_handle current = NULL, ctx = NULL;
-    if (d->cu.CtxGetCurrent(&current) != CUDA_SUCCESS || current)
-        return 0;
-    /* The message of a failure here is replaced by the launch's. */
-    if (cuda_primary_context(d, device, &ctx) != AOTR_OK)
-        return 0;
-    return d->cu.CtxSetCurrent(ctx) == CUDA_SUCCESS;
+    return aotr_driver_error(d, AOTR_DRIVER_ERROR, function, rc, NULL, context);
 }
 
 aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
@@ -960,7 +502,7 @@ aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
                                 NULL, extra);
         if (rc == CUDA_SUCCESS)
             return AOTR_OK;
-        if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device)) {
+        if (rc == CUDA_ERROR_INVALID_CONTEXT && aotr_cuda_recover(d, device)) {
             size = args_size;
             rc = d->cu.LaunchKernel(function, grid[0], grid[1], grid[2], block_x, 1, 1, shared,
                                     stream, NULL, extra);
@@ -984,57 +526,6 @@ aotr_status aotr_driver_launch(aotr_driver *d, int32_t device, void *function,
 
 /* --------------------------------------------------------------- scratch */
 
-/* The runtime's own pool of device memory for `device`, which keeps up to
- * SCRATCH_POOL_KEEP freed bytes mapped; NULL (use the default pool) where
- * the driver has no pools or creating one failed. Created once: after a
- * failure the slot holds the pool-less marker and nothing is retried. */
-static char no_pool; /* a pools[] slot's marker: no pool for this device */
-
-static drv_handle scratch_pool(aotr_driver *d, int32_t device)
-{
-    drv_handle ctx, pool = NULL;
-    int dev = 0;
-    pthread_mutex_lock(&d->lock); /* every launch after the first: made already */
-    if ((size_t)device < d->num_contexts && d->pools[device])
-        pool = d->pools[device];
-    pthread_mutex_unlock(&d->lock);
-    if (pool)
-        return pool == (drv_handle)&no_pool ? NULL : pool;
-    if (!d->cu.MemPoolCreate || !d->cu.MemPoolSetAttribute || !d->cu.MemPoolDestroy ||
-        !d->cu.MemAllocFromPoolAsync || cuda_primary_context(d, device, &ctx) != AOTR_OK)
-        return NULL; /* (the context also sizes the pools' slots) */
-    pthread_mutex_lock(&d->lock);
-    if (!d->pools[device] && d->cu.DeviceGet(&dev, device) == CUDA_SUCCESS) {
-        struct cu_mem_pool_props props;
-        uint64_t keep = SCRATCH_POOL_KEEP;
-        memset(&props, 0, sizeof props);
-        props.alloc_type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.location_type = CU_MEM_LOCATION_TYPE_DEVICE;
-        props.location_id = dev;
-        if (d->cu.MemPoolCreate(&pool, &props) == CUDA_SUCCESS) {
-            if (d->cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep) !=
-                CUDA_SUCCESS) {
-                (void)d->cu.MemPoolDestroy(pool);
-                pool = NULL;
-            }
-        } else {
-            pool = NULL;
-        }
-        d->pools[device] = pool ? pool : (drv_handle)&no_pool;
-    }
-    pool = d->pools[device] == (drv_handle)&no_pool ? NULL : d->pools[device];
-    pthread_mutex_unlock(&d->lock);
-    return pool;
-}
-
-/* pool: the runtime's (scratch_pool), or NULL for the device's default one */
-static drv_result scratch_alloc_from(aotr_driver *d, drv_handle pool, uint64_t *ptr, size_t bytes,
-                                     void *stream)
-{
-    return pool ? d->cu.MemAllocFromPoolAsync(ptr, bytes, pool, stream)
-                : d->cu.MemAllocAsync(ptr, bytes, stream);
-}
-
 aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t bytes, void *stream,
                                       uint64_t *ptr)
 {
@@ -1053,18 +544,19 @@ aotr_status aotr_driver_scratch_alloc(aotr_driver *d, int32_t device, size_t byt
                          "%s has no cuMemAllocAsync, which this kernel's global scratch needs: "
                          "update the NVIDIA driver (CUDA 11.2 or newer)",
                          d->library);
-    drv_handle pool = scratch_pool(d, device);
-    rc = scratch_alloc_from(d, pool, ptr, bytes, stream);
-    if (rc == CUDA_ERROR_INVALID_CONTEXT && cuda_recover(d, device))
-        rc = scratch_alloc_from(d, pool, ptr, bytes, stream);
+    drv_handle pool = aotr_cuda_scratch_pool(d, device);
+    rc = aotr_cuda_alloc_from(d, pool, ptr, bytes, stream);
+    if (rc == CUDA_ERROR_INVALID_CONTEXT && aotr_cuda_recover(d, device))
+        rc = aotr_cuda_alloc_from(d, pool, ptr, bytes, stream);
     if (rc == CUDA_SUCCESS)
         return AOTR_OK;
     *ptr = 0; /* the caller frees nothing after a failure */
     char context[128];
     snprintf(context, sizeof context, "%zu bytes of global scratch, stream %p, device %d", bytes,
              stream, (int)device);
-    return driver_error(d, AOTR_DRIVER_ERROR, pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync",
-                        rc, NULL, context);
+    return aotr_driver_error(d, AOTR_DRIVER_ERROR,
+                             pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync", rc, NULL,
+                             context);
 }
 
 void aotr_driver_scratch_free(aotr_driver *d, uint64_t ptr, void *stream)
@@ -1091,8 +583,8 @@ static aotr_status missing(const aotr_driver *d, const char *function)
 /* CUDA_ERROR_OUT_OF_MEMORY and hipErrorOutOfMemory are both 2. */
 static aotr_status op_failed(aotr_driver *d, const char *function, drv_result rc)
 {
-    return driver_error(d, rc == 2 ? AOTR_OUT_OF_MEMORY : AOTR_DRIVER_ERROR, function, rc, NULL,
-                        NULL);
+    return aotr_driver_error(d, rc == 2 ? AOTR_OUT_OF_MEMORY : AOTR_DRIVER_ERROR, function, rc,
+                             NULL, NULL);
 }
 
 static aotr_status enter(aotr_driver *d, int32_t device, int *pushed)
@@ -1100,13 +592,13 @@ static aotr_status enter(aotr_driver *d, int32_t device, int *pushed)
     *pushed = 0;
     if (device < 0)
         return aotr_fail(AOTR_INVALID_ARGUMENT, "device index %d is negative", (int)device);
-    return d->backend == AOTR_BACKEND_CUDA ? cuda_enter(d, device, pushed) : AOTR_OK;
+    return d->backend == AOTR_BACKEND_CUDA ? aotr_cuda_enter(d, device, pushed) : AOTR_OK;
 }
 
 static aotr_status leave(aotr_driver *d, int pushed, const char *function, drv_result rc)
 {
     if (d->backend == AOTR_BACKEND_CUDA)
-        cuda_leave(d, pushed);
+        aotr_cuda_leave(d, pushed);
     return rc == 0 ? AOTR_OK : op_failed(d, function, rc);
 }
 
@@ -1129,9 +621,9 @@ aotr_status aotr_driver_mem_alloc(aotr_driver *d, int32_t device, size_t bytes, 
     if (st != AOTR_OK)
         return st;
     if (d->backend == AOTR_BACKEND_CUDA) {
-        drv_handle pool = scratch_pool(d, device);
+        drv_handle pool = aotr_cuda_scratch_pool(d, device);
         function = pool ? "cuMemAllocFromPoolAsync" : "cuMemAllocAsync";
-        rc = scratch_alloc_from(d, pool, ptr, bytes, stream);
+        rc = aotr_cuda_alloc_from(d, pool, ptr, bytes, stream);
     } else {
         void *p = NULL;
         function = "hipMallocAsync";
@@ -1295,24 +787,14 @@ void aotr_driver_close(aotr_driver *d)
             if (ctx && d->cu.CtxPushCurrent(ctx) == CUDA_SUCCESS)
                 pushed = 1;
             (void)d->cu.ModuleUnload(m->module);
-            cuda_leave(d, pushed);
+            aotr_cuda_leave(d, pushed);
         } else {
             (void)d->hip.ModuleUnload(m->module);
         }
         free(m);
     }
-    if (d->backend == AOTR_BACKEND_CUDA) {
-        for (size_t i = 0; i < d->num_contexts; i++) {
-            /* outstanding allocations keep a destroyed pool alive until freed */
-            if (d->pools[i] && d->pools[i] != (drv_handle)&no_pool)
-                (void)d->cu.MemPoolDestroy(d->pools[i]);
-        }
-        for (size_t i = 0; i < d->num_contexts; i++) {
-            int dev = 0;
-            if (d->contexts[i] && d->cu.DeviceGet(&dev, (int)i) == CUDA_SUCCESS)
-                (void)d->cu.DevicePrimaryCtxRelease(dev);
-        }
-    }
+    if (d->backend == AOTR_BACKEND_CUDA)
+        aotr_cuda_release(d);
     free(d->contexts);
     free(d->pools);
     pthread_mutex_destroy(&d->lock);
