@@ -234,22 +234,15 @@ def compare_models(old: CModel, new: CModel, label: str) -> List[Tuple[bool, str
     """(breaking?, what) for each change between two models, by the rules of
     docs/ABI.md "C library"."""
     out: List[Tuple[bool, str]] = []
-    of, nf = old.functions, new.functions
-    for n in sorted(set(of) - set(nf)):
-        out.append((True, f"{label}: function {n} removed (was {of[n]})"))
-    for n in sorted(set(nf) - set(of)):
-        out.append((False, f"{label}: new function {n}: {nf[n]}"))
-    for n in sorted(set(of) & set(nf)):
-        if of[n] != nf[n]:
-            out.append((True, f"{label}: function {n} prototype changed: {of[n]} -> {nf[n]}"))
-    oc, nc = old.callbacks, new.callbacks
-    for n in sorted(set(oc) - set(nc)):
-        out.append((True, f"{label}: function-pointer type {n} removed (was {oc[n]})"))
-    for n in sorted(set(nc) - set(oc)):
-        out.append((False, f"{label}: new function-pointer type {n}: {nc[n]}"))
-    for n in sorted(set(oc) & set(nc)):
-        if oc[n] != nc[n]:
-            out.append((True, f"{label}: function-pointer type {n} changed: {oc[n]} -> {nc[n]}"))
+    for kind, changed, o, n in (("function", "prototype changed", old.functions, new.functions),
+                                ("function-pointer type", "changed", old.callbacks, new.callbacks)):
+        for name in sorted(set(o) - set(n)):
+            out.append((True, f"{label}: {kind} {name} removed (was {o[name]})"))
+        for name in sorted(set(n) - set(o)):
+            out.append((False, f"{label}: new {kind} {name}: {n[name]}"))
+        for name in sorted(set(o) & set(n)):
+            if o[name] != n[name]:
+                out.append((True, f"{label}: {kind} {name} {changed}: {o[name]} -> {n[name]}"))
     for s in sorted(set(old.structs) - set(new.structs)):
         out.append((True, f"{label}: struct {s} removed"))
     for s in sorted(set(new.structs) - set(old.structs)):
