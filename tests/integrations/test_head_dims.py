@@ -42,8 +42,6 @@ def test_coverage_is_one_to_512():
     for d in (0, 513):
         q = torch.zeros(1, 1, 4, d, dtype=torch.float16)
         assert f"head_dim {d} is not covered (1 to 512 are)" in attention.unsupported_reason(q, q, q)
-    assert [attention.kernel_head_dim(d) for d in (1, 8, 9, 59, 111, 203, 505, 512)] == \
-        [8, 8, 16, 64, 112, 208, 512, 512]
 
 
 @pytest.mark.parametrize("d", HEAD_DIMS)

@@ -29,8 +29,8 @@ from .native import library as native_library, make_problem
 from .philox_state import next_state
 
 # Head dims covered: 1 to this. The kernels take multiples of 8 (padded to a
-# power of two >= 16 inside them, never in memory); any other head dim runs on
-# copies zero-padded to the next multiple of 8 (:func:`kernel_head_dim`).
+# power of two >= 16 inside them, never in memory); libaotriton_rocm runs any
+# other head dim on copies zero-padded to the next multiple of 8.
 MAX_HEAD_DIM = 512
 # torch's CUDA flash op (and flash-attn) align a causal mask to the bottom
 # right when seqlen_q != seqlen_k; torch's math backend and CPU flash op to the
@@ -39,8 +39,6 @@ CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 INT32_MAX = 2**31 - 1
-# The largest BLOCK_M / BLOCK_N any config uses.
-MAX_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -125,7 +123,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     if backend is None:
         return f"no backend for device {q.device}"
     return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[dtype],
-                                      head_dim=kernel_head_dim(d),
+                                      head_dim=d,
                                       bias=attn_mask is not None,
                                       dropout=bool(dropout_p) or return_debug_mask,
                                       work=b * h * sq * sk * d)
@@ -212,26 +210,6 @@ def fresh_like(t: torch.Tensor) -> torch.Tensor:
     d = t.shape[-1]
     padded = -(-d // 16) * 16
     return torch.empty((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)[..., :d]
-
-
-def kernel_head_dim(d: int) -> int:
-    """The head dim the kernels run for a real one: the next multiple of 8."""
-    return -(-int(d) // 8) * 8
-
-
-def zero_padded(t: torch.Tensor, width: int) -> torch.Tensor:
-    """A copy of t with its last dim zero-padded to ``width``, laid out as
-    :func:`fresh_like` lays rows out (so it meets the kernels' assumptions).
-
-    The kernels read head dims in runs of 8 (16-byte vectors); at a head dim
-    that is not a multiple of 8 they run at the next multiple on these
-    copies: zero columns add nothing to Q K^T, dP or the rows of Delta, and
-    the columns they produce past the real head dim are dropped."""
-    d = t.shape[-1]
-    buf = torch.empty((*t.shape[:-1], -(-width // 16) * 16), dtype=t.dtype, device=t.device)
-    buf[..., :d].copy_(t)
-    buf[..., d:].zero_()
-    return buf[..., :width]
 
 
 def _bias_prepared(mask: torch.Tensor, shape: tuple[int, int, int, int],

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import (INT32_MAX, default_scale, fresh_like, kernel_head_dim, meets_assumptions,
-                        prepared)
+from .attention import INT32_MAX, default_scale, fresh_like, meets_assumptions, prepared
 from .backends import KVCACHE_KERNELS, backend_for
 
 # Head dims covered (1 to this; the kernels take multiples of 8, others run on
@@ -105,7 +104,7 @@ def unsupported_reason(q, k_cache, v_cache, *, k_end, k_start=None, cache_batch_
         return f"no backend for device {q.device}"
     dtype = DTYPES[q.dtype]
     for kernel in KVCACHE_KERNELS:
-        reason = backend.unsupported_reason(kernel, dtype=dtype, head_dim=kernel_head_dim(d))
+        reason = backend.unsupported_reason(kernel, dtype=dtype, head_dim=d)
         if reason:
             return reason
     return None
