@@ -1,11 +1,12 @@
 """FlashAttention forward and backward through our kernels.
 
-This is the one implementation every route into torch ends in. It checks that
-the request is covered (returning the reason when it is not, so the caller can
-fall back to torch's own kernel), prepares tensors so they meet the
-specialization assumptions the kernels were compiled with, allocates outputs,
-and hands each kernel launch to the backend of the tensors' device: the AOT
-archive on a GPU, Triton's interpreter on the CPU.
+The Python routes into torch end here. It asks whether the request is
+covered (returning the reason when it is not, so the caller can fall back
+to torch's own kernel), prepares tensors so they meet the specialization
+assumptions the kernels were compiled with, allocates outputs, and hands
+the call to the backend of the tensors' device, where libaotriton_rocm
+plans and launches it: the AOT archive on a GPU, Triton's interpreter on
+the CPU.
 
 Dense inputs are (B, H, S, D). Variable-length batches (:class:`Varlen`) are
 packed (total, H, D) tensors whose sequences start at ``cu_seqlens``.

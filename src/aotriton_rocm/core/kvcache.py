@@ -1,6 +1,6 @@
 """Attention over a KV cache through ``attn_fwd_kvcache`` (kernels/flash_decode.py).
 
-The one launcher behind :func:`aotriton_rocm.flash_attn_with_kvcache`,
+The Python route behind :func:`aotriton_rocm.flash_attn_with_kvcache`,
 ``block_table`` in :func:`aotriton_rocm.flash_attn_varlen_func` and torch's
 ``_flash_attention_forward`` with ``seqused_k`` / ``block_table`` /
 ``num_splits``. Queries are flash-attn's (B, Sq, H, D) or packed (total_q,
