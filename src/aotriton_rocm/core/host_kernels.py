@@ -94,8 +94,12 @@ def interpreter_constexprs(v) -> dict:
 def interpreter_runner(functions):
     """Runs a planned launch of a variant through ``functions`` (kernel name
     -> the kernel source as Triton's interpreter runs it)."""
+    constexprs: dict = {}  # per variant key, built on its first launch
+
     def run(v, grid, args):
-        functions[v.kernel][grid](**args, **interpreter_constexprs(v))
+        if v.key not in constexprs:
+            constexprs[v.key] = interpreter_constexprs(v)
+        functions[v.kernel][grid](**args, **constexprs[v.key])
     return run
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 import torch
 
 from ...core.backends import HostBackend
-from ...core.host_kernels import host_runtime, interpreter_constexprs
+from ...core.host_kernels import HOST_COMPUTE_UNITS, host_runtime, interpreter_constexprs
 from ...core.kernel_sources import interpreted_function
 from ...core.kernel_spec import Variant
 
@@ -129,11 +129,10 @@ class TuneBackend(HostBackend):
     def runtime(self):
         if self._planner is None:
             cuda = self.device.type == "cuda"
-            units = torch.cuda.get_device_properties(self.device).multi_processor_count if cuda \
-                else None
+            units = (torch.cuda.get_device_properties(self.device).multi_processor_count if cuda
+                     else HOST_COMPUTE_UNITS)
             self._planner = host_runtime(list(self._variants.values()), self._run, "tune",
-                                         device_memory=cuda,
-                                         **({"compute_units": units} if units else {}))
+                                         device_memory=cuda, compute_units=units)
         return self._planner[0]
 
     @property
