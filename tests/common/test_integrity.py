@@ -74,7 +74,7 @@ def test_loader_refuses_other_arch_and_other_abi(isolated_images, monkeypatch):
     RA.copy_as(src, isolated_images, "gfx942")
     b = backends.AOTBackend(0)
     assert b.problem and "the device is gfx942" in b.problem and "gfx90a" in b.problem
-    reason = b.unsupported_reason("attn_fwd", dtype="fp16", head_dim=64)
+    reason = b.unsupported_reason(dtype="fp16", head_dim=64)
     assert reason == b.problem  # torch's kernel runs; no gfx90a code reaches the device
     assert not hasattr(b, "runtime")  # never handed to libaotriton_rocm
     RA.write(isolated_images, "gfx942", version="0.2.0")

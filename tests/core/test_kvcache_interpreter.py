@@ -268,14 +268,14 @@ def _base(**kw):
     (dict(k=torch.zeros(2, 1, 3, 64).half(), v=torch.zeros(2, 1, 3, 64).half(), cache_seqlens=3),
      "nheads_k"),
     (dict(q=torch.zeros(2, 1, 4, 264).half(), k_cache=torch.zeros(4, 32, 2, 264).half(),
-          v_cache=torch.zeros(4, 32, 2, 264).half()), "headdim 264"),
+          v_cache=torch.zeros(4, 32, 2, 264).half()), "head_dim 264"),
     (dict(q=torch.zeros(2, 1, 4, 64), k_cache=torch.zeros(4, 32, 2, 64),
           v_cache=torch.zeros(4, 32, 2, 64)), "fp16 and bf16"),
-    (dict(q=torch.zeros(2, 1, 3, 64).half()), "multiple of nheads_k"),
+    (dict(q=torch.zeros(2, 1, 3, 64).half()), "multiple of key/value heads"),
     (dict(alibi_slopes=torch.zeros(3)), "alibi_slopes"),
     (dict(cache_seqlens=torch.zeros(2, dtype=torch.int64)), "int32"),
     (dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), "(batch,)"),
-    (dict(v_cache=torch.zeros(4, 16, 2, 64).half()), "differ in shape"),
+    (dict(v_cache=torch.zeros(4, 16, 2, 64).half()), "one shape"),
     (dict(k=torch.zeros(2, 5, 2, 64).half(), v=torch.zeros(2, 5, 2, 64).half(), cache_seqlens=30),
      "past the cache"),
     (dict(rotary_cos=torch.zeros(40, 8)), "given together"),
@@ -288,6 +288,18 @@ def test_refusals(kw, message):
     with pytest.raises(ValueError, match="flash_attn_with_kvcache") as info:
         aotriton_rocm.flash_attn_with_kvcache(**_base(**kw))
     assert message in str(info.value)
+
+
+def test_a_refused_append_leaves_the_caches_alone():
+    """The library's rules (here: the page size) refuse the call before the
+    new keys are written."""
+    kc, vc = torch.zeros(4, 40, 2, 64).half(), torch.zeros(4, 40, 2, 64).half()
+    new = torch.ones(2, 1, 2, 64).half()
+    with pytest.raises(ValueError, match="multiple of 16"):
+        aotriton_rocm.flash_attn_with_kvcache(
+            **_base(k_cache=kc, v_cache=vc), k=new, v=new, cache_seqlens=3,
+            block_table=torch.zeros(2, 2, dtype=torch.int32))
+    assert not kc.any() and not vc.any()
 
 
 # torch's _flash_attention_forward with seqused_k / block_table / num_splits

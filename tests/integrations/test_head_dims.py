@@ -225,5 +225,5 @@ def test_kvcache(d, paged):
 def test_kvcache_refuses_past_256():
     q = torch.zeros(1, 1, 1, 257, dtype=torch.float16)
     cache = torch.zeros(1, 16, 1, 257, dtype=torch.float16)
-    with pytest.raises(ValueError, match="headdim 257 is not covered"):
+    with pytest.raises(ValueError, match="head_dim 257 is not covered"):
         aotriton_rocm.flash_attn_with_kvcache(q, cache, cache)

@@ -241,9 +241,13 @@ def test_the_python_gpu_route_is_the_native_one(stub, setup, monkeypatch):
     monkeypatch.setattr(backends, "_added_archives", {str(archive)})
     monkeypatch.setattr(backends.AOTBackend, "_stream", lambda self: 0x77)
     aot = backends.AOTBackend(0)
-    assert aot.unsupported_reason("attn_fwd_kvcache", dtype="fp16", head_dim=64) is None
-    assert "head_dim=32" in aot.unsupported_reason("attn_fwd_kvcache", dtype="fp16", head_dim=32)
     monkeypatch.setattr(kvcache, "backend_for", lambda t: aot)
+    # the archive has no head dim 32: the library refuses the call, before the append
+    q32, kc32 = torch.zeros(1, 1, 2, 32).half(), torch.zeros(1, 64, 2, 32).half()
+    with pytest.raises(ValueError, match="head_dim=32"):
+        aotriton_rocm.flash_attn_with_kvcache(q32, kc32, kc32.clone(), torch.ones(1, 1, 2, 32).half(),
+                                              torch.ones(1, 1, 2, 32).half(), cache_seqlens=3)
+    assert not kc32.any() and launches(lib) == []
     b, h, hk, d = 1, 8, 2, 128
     q = torch.randn(b, 1, h, d).half()
     kc, vc = torch.zeros(b, 8192, hk, d).half(), torch.zeros(b, 8192, hk, d).half()

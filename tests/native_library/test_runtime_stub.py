@@ -297,9 +297,9 @@ def test_the_python_gpu_route_is_the_native_one(stub, tmp_path, monkeypatch):
     monkeypatch.setattr(backends.AOTBackend, "_stream", lambda self: 0x77)
     aot = backends.AOTBackend(0)
     assert aot.problem is None
-    assert aot.unsupported_reason("attn_fwd", dtype="fp16", head_dim=64) is None
-    assert "head_dim=128" in aot.unsupported_reason("attn_fwd", dtype="fp16", head_dim=128)
-    assert "with dropout" in aot.unsupported_reason("attn_fwd", dtype="fp16", head_dim=64, dropout=True)
+    assert aot.unsupported_reason(dtype="fp16", head_dim=64) is None
+    assert "head_dim=128" in aot.unsupported_reason(dtype="fp16", head_dim=128)
+    assert "with dropout" in aot.unsupported_reason(dtype="fp16", head_dim=64, dropout=True)
     monkeypatch.setattr(attention, "backend_for", lambda t: aot)
     q = torch.empty(2, 3, 50, 40, dtype=torch.float16)  # rows of 40: copied into padded rows
     out, lse = attention.forward(q, q, q, is_causal=True, scale=0.5)

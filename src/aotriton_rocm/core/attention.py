@@ -123,7 +123,7 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     backend = backend_for(q)
     if backend is None:
         return f"no backend for device {q.device}"
-    return backend.unsupported_reason("attn_fwd", dtype=DTYPE_NAMES[dtype],
+    return backend.unsupported_reason(dtype=DTYPE_NAMES[dtype],
                                       head_dim=d,
                                       bias=attn_mask is not None,
                                       dropout=bool(dropout_p) or return_debug_mask,

@@ -46,6 +46,9 @@ def kvcache_workspace_shapes(batch: int, heads: int, num_splits: int, max_seqlen
 DROPOUT_UNIFORM = "dropout_uniform"
 _COUNTED = KERNELS + FUSED_BACKWARD_KERNELS + (DROPOUT_UNIFORM,) + KVCACHE_KERNELS
 INTERPRETER = "interpreter:cpu"
+# A tensor's address in a request that only asks whether a call is covered:
+# aligned for every rule, never dereferenced.
+_STAND_IN_ADDRESS = 16
 # The interpreter executes every block op in numpy: keep CPU work bounded.
 INTERPRETER_MAX_WORK = 1 << 28  # batch*heads*seqlen_q*seqlen_k*head_dim
 
@@ -101,8 +104,10 @@ def reset_launch_counts() -> None:
 class Backend:
     name = "?"
 
-    def unsupported_reason(self, kernel: str, *, dtype: str, head_dim: int, bias: bool = False,
+    def unsupported_reason(self, *, dtype: str, head_dim: int, bias: bool = False,
                            dropout: bool = False, work: int = 0) -> str | None:
+        """Why this backend cannot run an attention forward and backward at
+        this functional point (its images, its limits), or None."""
         raise NotImplementedError
 
 
@@ -143,14 +148,9 @@ class NativeBackend(Backend):
     def _check(self, status: int) -> None:
         check_status(status)
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
+    def unsupported_reason(self, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if self.problem:
             return self.problem
-        if kernel in KVCACHE_KERNELS:
-            key = ("kvcache", dtype, head_dim)
-            if key not in self._reasons:
-                self._reasons[key] = self._probe_kvcache(dtype, head_dim)
-            return self._reasons[key]
         key = (dtype, head_dim, bias, dropout)
         try:
             return self._reasons[key]
@@ -158,17 +158,22 @@ class NativeBackend(Backend):
             reason = self._reasons[key] = self._probe(*key)
             return reason
 
+    def _ready(self) -> None:
+        """NativeError (AOTR_UNSUPPORTED) where this backend cannot run at all."""
+        if self.problem:
+            raise NativeError(NATIVE_UNSUPPORTED, "AOTR_UNSUPPORTED", self.problem)
+
     def _probe(self, dtype: str, head_dim: int, bias: bool, dropout: bool) -> str | None:
         """Whether the archive has every kernel of a forward and backward at
         this functional point (a shape-only problem: nothing is read)."""
         code = NATIVE_DTYPES[{"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[dtype]]
         p = NativeProblem()
         for view in (p.q, p.k, p.v):
-            view.data, view.dtype, view.rank = 16, code, 4
+            view.data, view.dtype, view.rank = _STAND_IN_ADDRESS, code, 4
             view.sizes[:] = (1, 1, 1, head_dim)
             view.strides[:] = (head_dim, head_dim, head_dim, 1)
         if bias:
-            p.bias.data, p.bias.dtype, p.bias.rank = 16, code, 4
+            p.bias.data, p.bias.dtype, p.bias.rank = _STAND_IN_ADDRESS, code, 4
             p.bias.sizes[:] = (1, 1, 1, 1)
             p.bias.strides[:] = (0, 0, 0, 1)
         p.scale, p.dropout_p = 1.0, 0.5 if dropout else 0.0
@@ -176,30 +181,6 @@ class NativeBackend(Backend):
         needs = NEED_BACKWARD | (NEED_DEBUG_MASK if dropout else 0)
         status = self.runtime.supported(self.device_index, p, needs)
         return None if status == NATIVE_OK else native_error(status).message
-
-    def _probe_kvcache(self, dtype: str, head_dim: int) -> str | None:
-        """Whether the archive has the KV-cache kernels for this dtype and
-        head dim (a shape-only request to the library: nothing is read)."""
-        code = NATIVE_DTYPES[{"fp16": "float16", "bf16": "bfloat16"}.get(dtype, "float32")]
-        row = -(-head_dim // 16) * 16
-        p = KvcacheParams()
-        for name, sizes in (("q", (1, 1, 1, head_dim)), ("out", (1, 1, 1, head_dim)),
-                            ("k_cache", (1, 16, 1, head_dim)), ("v_cache", (1, 16, 1, head_dim))):
-            view = getattr(p, name)
-            view.data, view.dtype, view.rank = 16, code, 4
-            view.sizes[:] = sizes
-            view.strides[:] = (16 * row, row, row, 1)
-        p.lse.data, p.lse.dtype, p.lse.rank = 16, NATIVE_DTYPES["float32"], 3
-        p.lse.sizes[:3], p.lse.strides[:3] = (1, 1, 1), (1, 1, 1)
-        p.k_end.data, p.k_end.dtype, p.k_end.rank = 16, NATIVE_DTYPES["int32"], 1
-        p.k_end.sizes[0], p.k_end.strides[0] = 1, 1
-        p.scale, p.num_splits = 1.0, 1
-        p.window_left = p.window_right = -1
-        try:
-            self.runtime.kvcache_splits(p)
-        except NativeError as e:
-            return e.message or str(e)
-        return None
 
     def forward(self, q, k, v, out, lse, *, bias, debug_mask, rng, varlen, causal, bottom_right,
                 window, scale, dropout_p, softcap=0.0, alibi_slopes=None) -> None:
@@ -218,26 +199,30 @@ class NativeBackend(Backend):
         _placement(params, varlen)
         self._check(self.runtime.fwd(params))
 
+    def kvcache_splits(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
+                       block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
+                       causal, softcap, num_splits, shapes_only=False) -> int:
+        """The split count libaotriton_rocm runs this KV-cache call with (see
+        kvcache.forward); NativeError where it refuses the call. Launches
+        nothing; ``shapes_only``: nothing is read either (every tensor's
+        address is a stand-in, so empty tensors are checked too)."""
+        self._ready()
+        p = self._kvcache_params(q, k_cache, v_cache, out, lse, k_end, k_start, cache_batch_idx,
+                                 block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale,
+                                 window, causal, softcap, num_splits, shapes_only)
+        return self.runtime.kvcache_splits(p)
+
     def forward_kvcache(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
                         block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
-                        causal, softcap, num_splits):
+                        causal, softcap, num_splits) -> int:
         """The KV-cache forward in libaotriton_rocm (see kvcache.forward):
         the split count from the library, the workspace allocated here.
-        Returns (out, lse, splits)."""
-        p = KvcacheParams()
-        p.device = self.device_index
-        p.stream = self._stream()
-        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
-                        ("lse", lse), ("k_end", k_end), ("k_start", k_start),
-                        ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
-                        ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q)):
-            if t is not None:
-                setattr(p, name, tensor_view(t))
-        p.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
-        p.scale, p.softcap = scale, softcap
-        p.window_left, p.window_right = window_sides(window)
-        p.causal = int(bool(causal))
-        p.num_splits = num_splits
+        Returns the split count; NativeError where the library refuses the
+        call (then nothing ran)."""
+        self._ready()
+        p = self._kvcache_params(q, k_cache, v_cache, out, lse, k_end, k_start, cache_batch_idx,
+                                 block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale,
+                                 window, causal, softcap, num_splits, False)
         splits = self.runtime.kvcache_splits(p)
         if splits > 1:
             heads, d = q.shape[-2], q.shape[-1]
@@ -248,7 +233,29 @@ class NativeBackend(Backend):
             p.out_partial, p.lse_partial = tensor_view(o_part), tensor_view(l_part)
             p.num_splits = splits
         self._check(self.runtime.fwd_kvcache(p))
-        return out, lse, splits
+        return splits
+
+    def _kvcache_params(self, q, k_cache, v_cache, out, lse, k_end, k_start, cache_batch_idx,
+                        block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
+                        causal, softcap, num_splits, shapes_only) -> KvcacheParams:
+        p = KvcacheParams()
+        p.device = self.device_index
+        p.stream = self._stream()
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out),
+                        ("lse", lse), ("k_end", k_end), ("k_start", k_start),
+                        ("cache_batch_idx", cache_batch_idx), ("block_table", block_table),
+                        ("alibi_slopes", alibi_slopes), ("cu_seqlens_q", cu_seqlens_q)):
+            if t is not None:
+                view = tensor_view(t)
+                if shapes_only:
+                    view.data = _STAND_IN_ADDRESS
+                setattr(p, name, view)
+        p.max_seqlen_q = max_seqlen_q if cu_seqlens_q is not None else 0
+        p.scale, p.softcap = scale, softcap
+        p.window_left, p.window_right = window_sides(window)
+        p.causal = int(bool(causal))
+        p.num_splits = num_splits
+        return p
 
     def backward(self, grad_out, q, k, v, out, lse, delta, grads, *, bias, bias_grad, rng,
                  varlen, causal, bottom_right, window, scale, dropout_p, softcap=0.0,
@@ -281,8 +288,7 @@ class NativeBackend(Backend):
     def dropout_uniform(self, out, seed, offset, *, dropout_p, encode_keep) -> None:
         """The attention kernels' dropout draws into ``out`` (see
         :func:`aotriton_rocm.core.dropout_masks.fill_dropout_uniform`)."""
-        if self.problem:
-            raise NativeError(NATIVE_UNSUPPORTED, "AOTR_UNSUPPORTED", self.problem)
+        self._ready()
         params = DropoutUniformParams()
         params.device = self.device_index
         params.stream = self._stream()
@@ -404,10 +410,10 @@ class InterpreterBackend(HostBackend):
                                                     triton.__version__)
         self._reasons: dict[tuple, str | None] = {}
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
+    def unsupported_reason(self, *, dtype, head_dim, bias=False, dropout=False, work=0):
         if work > INTERPRETER_MAX_WORK:
             return "too large for the CPU interpreter backend"
-        return super().unsupported_reason(kernel, dtype=dtype, head_dim=head_dim, bias=bias,
+        return super().unsupported_reason(dtype=dtype, head_dim=head_dim, bias=bias,
                                           dropout=dropout)
 
 
@@ -422,7 +428,7 @@ class UnavailableBackend(Backend):
     def __init__(self, name: str, reason: str):
         self.name, self.reason = name, reason
 
-    def unsupported_reason(self, kernel, *, dtype, head_dim, bias=False, dropout=False, work=0):
+    def unsupported_reason(self, *, dtype, head_dim, bias=False, dropout=False, work=0):
         return self.reason
 
 

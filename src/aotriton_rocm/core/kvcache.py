@@ -18,96 +18,53 @@ from __future__ import annotations
 
 import torch
 
-from .attention import INT32_MAX, default_scale, fresh_like, meets_assumptions, prepared
-from .backends import KVCACHE_KERNELS, backend_for
-
-# Head dims covered (1 to this; the kernels take multiples of 8, others run on
-# zero-padded copies, caches included), and the dtypes.
-MAX_HEAD_DIM = 256
-DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-# Page sizes are multiples of this (the kernels' row vectors stay aligned).
-PAGE_MULTIPLE = 16
-def _int32_vector(name: str, t, batch: int, device) -> str | None:
-    if not isinstance(t, torch.Tensor):
-        return f"{name} must be an int32 tensor"
-    if t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != batch:
-        return f"{name} must be an int32 tensor of shape (batch,) = ({batch},), got {t.dtype} {tuple(t.shape)}"
-    if t.device != device:
-        return f"{name} must be on the query's device ({device})"
-    return None
+from .attention import default_scale, fresh_like, meets_assumptions, prepared
+from .backends import backend_for
+from .native import UNSUPPORTED, NativeError
 
 
-def unsupported_reason(q, k_cache, v_cache, *, k_end, k_start=None, cache_batch_idx=None,
-                       block_table=None, alibi_slopes=None, cu_seqlens_q=None) -> str | None:
-    """Why the KV-cache kernels cannot run this call, or None."""
-    varlen = cu_seqlens_q is not None
-    rank = 3 if varlen else 4
-    if q.dim() != rank:
-        return ("q must be 3-D packed (total_q, nheads, headdim) with cu_seqlens_q" if varlen
-                else "q must be 4-D (batch, seqlen_q, nheads, headdim)")
-    if k_cache.dim() != 4 or v_cache.dim() != 4:
-        return ("k_cache and v_cache must be 4-D: (batch_cache, seqlen_cache, nheads_k, headdim), "
-                "or (num_blocks, page_block_size, nheads_k, headdim) with block_table")
-    if k_cache.shape != v_cache.shape:
-        return f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape"
-    if q.dtype not in DTYPES:
-        return f"dtype {q.dtype} is not covered (fp16 and bf16 are)"
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        return "q, k_cache and v_cache must share a dtype"
-    if k_cache.device != q.device or v_cache.device != q.device:
-        return "q, k_cache and v_cache must be on one device"
-    d, h, hk = q.shape[-1], q.shape[-2], k_cache.shape[2]
-    if k_cache.shape[3] != d:
-        return f"k_cache's headdim ({k_cache.shape[3]}) differs from q's ({d})"
-    if not 1 <= d <= MAX_HEAD_DIM:
-        return f"headdim {d} is not covered (1 to {MAX_HEAD_DIM} are)"
-    if hk == 0 or h % hk:
-        return f"nheads ({h}) must be a multiple of nheads_k ({hk})"
-    batch = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    if varlen:
-        cu = cu_seqlens_q
-        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1 or cu.device != q.device:
-            return "cu_seqlens_q must be a 1-D int32 tensor (batch + 1) on the query's device"
-    for name, t in (("cache_seqlens", k_end), ("cache_leftpad", k_start),
-                    ("cache_batch_idx", cache_batch_idx)):
-        if t is not None:
-            reason = _int32_vector(name, t, batch, q.device)
-            if reason:
-                return reason
-    if block_table is not None:
-        if cache_batch_idx is not None:
-            return "cache_batch_idx cannot be used with block_table (a paged cache)"
-        bt = block_table
-        if bt.dtype != torch.int32 or bt.dim() != 2 or bt.shape[0] != batch or bt.device != q.device:
-            return (f"block_table must be an int32 (batch, max_num_blocks) = ({batch}, ...) tensor "
-                    f"on the query's device, got {bt.dtype} {tuple(bt.shape)}")
-        if bt.stride(1) != 1 and bt.shape[1] > 1:
-            return "block_table needs a unit stride along its blocks"
-        page = k_cache.shape[1]
-        if page % PAGE_MULTIPLE or page == 0:
-            return (f"the page size (k_cache.shape[1] = {page}) must be a positive multiple of "
-                    f"{PAGE_MULTIPLE}")
-    elif cache_batch_idx is None and k_cache.shape[0] < batch:
-        return f"k_cache holds {k_cache.shape[0]} batch rows, the query {batch}"
-    if alibi_slopes is not None:
-        a = alibi_slopes
-        if a.dtype != torch.float32 or a.device != q.device or a.shape not in ((h,), (batch, h)):
-            return (f"alibi_slopes must be fp32 of shape (nheads,) or (batch, nheads) = ({h},) or "
-                    f"({batch}, {h}), got {a.dtype} {tuple(a.shape)}")
-        if a.stride(-1) != 1:
-            return "alibi_slopes needs a unit last stride"
-    for t in (q, k_cache, v_cache):
-        if max(t.stride(), default=0) > INT32_MAX:
-            return "strides too large for the kernels' 32-bit stride arguments"
+def _backend(q: torch.Tensor):
     backend = backend_for(q)
     if backend is None:
-        return f"no backend for device {q.device}"
-    dtype = DTYPES[q.dtype]
-    for kernel in KVCACHE_KERNELS:
-        reason = backend.unsupported_reason(kernel, dtype=dtype, head_dim=d)
-        if reason:
-            return reason
-    return None
+        raise NativeError(UNSUPPORTED, "AOTR_UNSUPPORTED", f"no backend for device {q.device}")
+    return backend
+
+
+def _batch(q: torch.Tensor, cu_seqlens_q) -> int:
+    return cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
+
+
+def _lse_like(q: torch.Tensor, cu_seqlens_q, max_seqlen_q: int) -> torch.Tensor:
+    """The fp32 logsumexp of a call: (B, H, Sq), or (H, total_q) packed. Of any
+    q (the C core judges q's rank, so a wrong one gets an empty tensor)."""
+    if q.dim() != (3 if cu_seqlens_q is not None else 4):
+        shape = (0,)
+    elif cu_seqlens_q is not None:
+        shape = (q.shape[1], q.shape[0])
+    else:
+        shape = (q.shape[0], q.shape[2], q.shape[1])
+    return torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
+def check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end: torch.Tensor,
+          **kw) -> None:
+    """Raises NativeError where libaotriton_rocm refuses :func:`forward`'s call
+    with these arguments (its rules; nothing is read or launched), so that a
+    caller can refuse before it changes anything (the append of new keys)."""
+    lse = _lse_like(q, kw.get("cu_seqlens_q"), kw.get("max_seqlen_q", 0))
+    _call(_backend(q).kvcache_splits, q, k_cache, v_cache, q, lse, k_end, shapes_only=True, **kw)
+
+
+def _call(run, q, k_cache, v_cache, out, lse, k_end, *, k_start=None, cache_batch_idx=None,
+          block_table=None, alibi_slopes=None, scale=None, causal=False, window_size=(-1, -1),
+          softcap=0.0, num_splits=0, cu_seqlens_q=None, max_seqlen_q=0, **extra):
+    sq = int(max_seqlen_q) if cu_seqlens_q is not None else (q.shape[1] if q.dim() == 4 else 0)
+    return run(q, k_cache, v_cache, out, lse, k_end=k_end, k_start=k_start,
+               cache_batch_idx=cache_batch_idx, block_table=block_table,
+               alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=sq,
+               scale=float(scale) if scale is not None else default_scale(q.shape[-1]) if q.dim() else 1.0,
+               window=window_size, causal=causal, softcap=float(softcap),
+               num_splits=int(num_splits), **extra)
 
 
 def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end: torch.Tensor,
@@ -119,37 +76,35 @@ def forward(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end
             out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(out like q, fp32 logsumexp, the number of splits used).
 
-    The logsumexp is (B, H, Sq), or (H, total_q) with ``cu_seqlens_q``. The
-    caller has checked :func:`unsupported_reason`; ``window_size`` is
+    The logsumexp is (B, H, Sq), or (H, total_q) with ``cu_seqlens_q``.
+    NativeError where libaotriton_rocm refuses the call (its rules: shapes,
+    dtypes, head dims, pages, vectors; nothing has run then); the caller
+    checks the tensors' devices (torch's). ``window_size`` is
     flash-attn's (-1: unbounded; ``causal`` sets the right side to 0),
     aligned bottom-right with each batch's key range.
     """
-    varlen = cu_seqlens_q is not None
-    b = cu_seqlens_q.numel() - 1 if varlen else q.shape[0]
-    sq = int(max_seqlen_q) if varlen else q.shape[1]
-    h, d = q.shape[-2], q.shape[-1]
     if out is None:
         out = torch.empty_like(q)
-    lse = torch.empty((h, q.shape[0]) if varlen else (b, h, sq), dtype=torch.float32,
-                      device=q.device)
-    if b * h * sq == 0 or q.numel() == 0:
-        lse.fill_(float("inf"))
-        return out, lse, 1
-    sm_scale = default_scale(d) if scale is None else float(scale)
-    backend = backend_for(q)
+    lse = _lse_like(q, cu_seqlens_q, max_seqlen_q)
+    args = dict(k_start=k_start, cache_batch_idx=cache_batch_idx, block_table=block_table,
+                alibi_slopes=alibi_slopes, scale=scale, causal=causal, window_size=window_size,
+                softcap=softcap, num_splits=num_splits, cu_seqlens_q=cu_seqlens_q,
+                max_seqlen_q=max_seqlen_q)
+    if q.numel() == 0 or lse.numel() == 0 or _batch(q, cu_seqlens_q) == 0 or (
+            cu_seqlens_q is not None and not max_seqlen_q):
+        # nothing to compute (and empty tensors have no address): the rules
+        # are checked on stand-ins
+        check(q, k_cache, v_cache, k_end, **args)
+        return out, lse.fill_(float("inf")), 1
     # Tensors the kernels read in place (copies where the layout does not
     # meet their assumptions; the caches only then: a large cache should be
     # laid out so that it does), unit-stride index vectors.
     q_k, kc, vc = (prepared(t) for t in (q, k_cache, v_cache))
     o = out if meets_assumptions(out) else fresh_like(out)
-    k_end, k_start, cache_batch_idx, block_table, alibi_slopes = (
-        None if t is None else t.contiguous()
-        for t in (k_end, k_start, cache_batch_idx, block_table, alibi_slopes))
-    _, _, splits = backend.forward_kvcache(
-        q_k, kc, vc, o, lse, k_end=k_end, k_start=k_start, cache_batch_idx=cache_batch_idx,
-        block_table=block_table, alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q,
-        max_seqlen_q=sq, scale=sm_scale, window=window_size, causal=causal, softcap=float(softcap),
-        num_splits=int(num_splits))
+    k_end, *vectors = (None if t is None else t.contiguous()
+                       for t in (k_end, k_start, cache_batch_idx, block_table, alibi_slopes))
+    args.update(zip(("k_start", "cache_batch_idx", "block_table", "alibi_slopes"), vectors))
+    splits = _call(_backend(q).forward_kvcache, q_k, kc, vc, o, lse, k_end, **args)
     if o is not out:
         out.copy_(o)
     return out, lse, splits

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from pathlib import Path
@@ -19,7 +20,7 @@ from .._version import ABI_VERSION
 
 __all__ = ["ENV_VAR", "NativeError", "library", "library_path", "Tensor", "Problem", "FwdParams",
            "BwdParams", "KvcacheParams", "DropoutUniformParams", "RuntimeOptions", "Runtime", "OK",
-           "UNSUPPORTED", "NEEDS_LAYOUT",
+           "UNSUPPORTED", "NEEDS_LAYOUT", "refusal",
            "BACKEND_AUTO", "BACKEND_HIP", "BACKEND_CUDA", "BACKEND_HOST", "HOST_LAUNCH", "DTYPES"]
 
 ENV_VAR = "AOTRITON_ROCM_NATIVE_LIB"
@@ -195,6 +196,15 @@ def error(status: int) -> NativeError:
     lib = library()
     return NativeError(status, lib.aotr_status_name(status).decode(),
                        lib.aotr_last_error().decode(errors="replace"))
+
+
+def refusal(exc: NativeError) -> str | None:
+    """The reason libaotriton_rocm gave for refusing a request (a call it
+    judged out of its rules launches nothing), without the C function's
+    name; None for any other failure."""
+    if exc.status not in (UNSUPPORTED, INVALID_ARGUMENT):
+        return None
+    return re.sub(r"^aotr_\w+: ", "", exc.message or exc.args[0])
 
 
 def check(status: int) -> None:

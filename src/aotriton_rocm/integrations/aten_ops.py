@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from ..core.native import NativeError
+from ..core.native import NativeError, refusal
 from ..core.philox_state import efficient_dims, flash_dims, next_state_and_values
 
 
@@ -206,7 +206,8 @@ def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
     if dropout_p or return_debug_mask:
         raise Unsupported("dropout or a debug mask with seqused_k, block_table or num_splits "
                           "is not covered")
-    for name, t in (("seqused_k", seqused_k), ("block_table", block_table)):
+    for name, t in (("key", key), ("value", value), ("seqused_k", seqused_k),
+                    ("block_table", block_table), ("alibi_slopes", alibi_slopes)):
         if t is not None and t.device != query.device:
             raise Unsupported(f"{name} must be on the query's device")
     paged = block_table is not None
@@ -223,19 +224,20 @@ def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
     if k_end is None:  # dense keys, num_splits alone: every key
         k_end = torch.full((query.shape[0],), key.shape[1], dtype=torch.int32, device=key.device)
     cu_q = None if varlen is None else varlen.cu_seqlens_q
-    reason = kvcache.unsupported_reason(query, k_cache, v_cache, k_end=k_end, k_start=k_start,
-                                        cache_batch_idx=batch_idx, block_table=block_table,
-                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_q)
-    if reason:
-        raise Unsupported(reason)
     capacity = block_table.shape[1] * key.shape[1] if paged else k_cache.shape[1]
     window = attention.flash_attn_window(window_size_left, window_size_right,
                                          max_k if max_k > 0 else capacity)
-    out, lse, _ = kvcache.forward(
-        query, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=batch_idx,
-        block_table=block_table, alibi_slopes=alibi_slopes, scale=scale, causal=bool(is_causal),
-        window_size=window, num_splits=int(num_splits or 0), cu_seqlens_q=cu_q,
-        max_seqlen_q=varlen.max_seqlen_q if varlen is not None else 0)
+    try:
+        out, lse, _ = kvcache.forward(
+            query, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=batch_idx,
+            block_table=block_table, alibi_slopes=alibi_slopes, scale=scale,
+            causal=bool(is_causal), window_size=window, num_splits=int(num_splits or 0),
+            cu_seqlens_q=cu_q, max_seqlen_q=varlen.max_seqlen_q if varlen is not None else 0)
+    except NativeError as exc:
+        reason = refusal(exc)
+        if reason is None:
+            raise
+        raise Unsupported(reason) from None
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
     return out, lse, seed, offset, debug
 

@@ -30,13 +30,14 @@ from ..common.operator_schemas import FLASH_ATTN_BACKWARD, FLASH_ATTN_FORWARD, F
 from ..core.attention import MAX_HEAD_DIM, Varlen, new_rng_state, problem_dims
 from ..core.attention import backward as attention_backward, forward as attention_forward
 from ..core.attention import unsupported_reason as attention_unsupported_reason
-from ..core.kvcache import forward as kvcache_forward, unsupported_reason as kvcache_unsupported_reason
+from ..core.kvcache import forward as kvcache_forward
+from ..core.native import NativeError, refusal
 from ..core.philox_state import efficient_dims
 from ..core.torch_native import (activate as activate_torch_native, is_active as torch_native_active,
                                  process_archives as torch_native_archives,
                                  wanted as torch_native_wanted)
 
-__all__ = ["KVCACHE_SUPPORTED", "PYTHON_ROUTES", "SUPPORTED", "check_operands", "fail",
+__all__ = ["KVCACHE_SUPPORTED", "PYTHON_ROUTES", "SUPPORTED", "check_operands", "fail", "refuse",
            "flash_attn_backward", "flash_attn_forward", "flash_attn_kvcache", "forward",
            "forward_state", "refusal_kept"]
 
@@ -58,6 +59,15 @@ KVCACHE_SUPPORTED = ("fp16/bf16 tensors, headdim 1 to 256, nheads a multiple of 
 def fail(api: str, reason: str):
     supported = KVCACHE_SUPPORTED if api == "flash_attn_with_kvcache" else SUPPORTED
     raise ValueError(f"aotriton_rocm.{api}: {reason} (supported: {supported})")
+
+
+def refuse(api: str, exc: NativeError):
+    """libaotriton_rocm's refusal of a call as the API's error (its reason,
+    in the library's words); any other failure as it came."""
+    reason = refusal(exc)
+    if reason is None:
+        raise exc
+    fail(api, reason)
 
 
 def check_operands(api: str, q: Tensor, **tensors) -> None:
@@ -281,25 +291,24 @@ def _backward(ctx, grad_out, _grad_lse, _grad_state, _grad_debug):
     return (dq, dk, dv) + (None,) * 13
 
 
-
-
 def _kvcache_impl(q, k_cache, v_cache, k_end, k_start, cache_batch_idx, block_table, alibi_slopes,
                   softmax_scale, causal, window_left, window_right, softcap, num_splits,
                   cu_seqlens_q, max_seqlen_q, api):
     """(out, softmax_lse) of queries against KV caches (see
-    :func:`aotriton_rocm.kvcache.forward`; the window is flash-attn's,
-    normalised). Inference only: no autograd. ``api`` names the caller in
+    :func:`aotriton_rocm.core.kvcache.forward`; the window is flash-attn's,
+    as given). Inference only: no autograd. ``api`` names the caller in
     refusals."""
-    reason = kvcache_unsupported_reason(q, k_cache, v_cache, k_end=k_end, k_start=k_start,
-                                        cache_batch_idx=cache_batch_idx, block_table=block_table,
-                                        alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q)
-    if reason:
-        fail(api, reason)
-    out, lse, _ = kvcache_forward(
-        q, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=cache_batch_idx,
-        block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale, causal=causal,
-        window_size=(window_left, window_right), softcap=softcap, num_splits=num_splits,
-        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    check_operands(api, q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=k_end,
+                   cache_leftpad=k_start, cache_batch_idx=cache_batch_idx, block_table=block_table,
+                   alibi_slopes=alibi_slopes, cu_seqlens_q=cu_seqlens_q)
+    try:
+        out, lse, _ = kvcache_forward(
+            q, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=cache_batch_idx,
+            block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale,
+            causal=causal, window_size=(window_left, window_right), softcap=softcap,
+            num_splits=num_splits, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
+    except NativeError as exc:
+        refuse(api, exc)
     return out, lse
 
 

@@ -13,8 +13,9 @@ import operator
 import torch
 
 from ..core.attention import flash_attn_window
-from ..core.kvcache import PAGE_MULTIPLE
-from .flash_attn_ops import check_operands, fail, flash_attn_kvcache, refusal_kept
+from ..core.kvcache import check as kvcache_check
+from ..core.native import NativeError
+from .flash_attn_ops import check_operands, fail, flash_attn_kvcache, refusal_kept, refuse
 
 __all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
 
@@ -196,24 +197,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     except (TypeError, ValueError):
         _fail(f"window_size must be a pair of ints and num_splits an int, got {window_size!r}, "
               f"{num_splits!r}")
-    if num_splits < 0:
-        _fail(f"num_splits={num_splits} must be >= 0 (0: automatic)")
     try:
         softcap = float(softcap)
     except (TypeError, ValueError):
         _fail(f"softcap must be a float, got {softcap!r}")
-    if not softcap >= 0.0:
-        _fail(f"softcap={softcap} must be >= 0 (0: none)")
     batch = q.shape[0]
-    if block_table is not None and cache_batch_idx is not None:
-        _fail("cache_batch_idx cannot be used with block_table (a paged cache)")
     paged = block_table is not None
     if paged and (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2):
-        _fail(VARLEN_API, "block_table must be an int32 (batch, max_num_blocks) tensor")
+        _fail("block_table must be an int32 (batch, max_num_blocks) tensor")
     page = k_cache.shape[1]
-    if paged and (page == 0 or page % PAGE_MULTIPLE):
-        _fail(f"the page size (k_cache.shape[1] = {page}) must be a positive multiple of "
-              f"{PAGE_MULTIPLE}")
     capacity = block_table.shape[1] * page if paged else page
     seqlen_new = _check_new(k, v, k_cache, batch)
     if seqlen_new and cache_seqlens is None:
@@ -224,6 +216,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     check_operands(API, q, k_cache=k_cache, v_cache=v_cache, cache_leftpad=cache_leftpad,
                    cache_batch_idx=cache_batch_idx, block_table=block_table,
                    alibi_slopes=alibi_slopes)
+    call = dict(k_start=cache_leftpad, cache_batch_idx=cache_batch_idx,
+                block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale,
+                causal=bool(causal), window_size=(left, right), softcap=softcap,
+                num_splits=num_splits)
+    if seqlen_new and not torch.compiler.is_compiling():
+        try:  # the library's verdict before the append changes the caches
+            kvcache_check(q, k_cache, v_cache, k_end, **call)
+        except NativeError as exc:
+            refuse(API, exc)
     with torch.no_grad():
         if seqlen_new:
             positions = seqlens.long()[:, None]
