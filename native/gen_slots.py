@@ -29,8 +29,8 @@ except ImportError:  # Python 3.10
         sys.exit("gen_slots: reading variants.toml needs Python >= 3.11 or the tomli package")
 
 # Arguments appended to these kernels after images had shipped: the library
-# binds the kernels of older images without them (attention.c refuses the calls
-# that need them). Every other argument is required.
+# binds the kernels of older images without them (attention_values.c refuses the
+# calls that need them). Every other argument is required.
 SCORE_MODS = ("ALIBI", "stride_az", "stride_ah", "has_alibi", "softcap")
 OPTIONAL_ARGS = {
     "attn_fwd": SCORE_MODS,

@@ -16,7 +16,10 @@ set(AOTR_CORE_SOURCES
   src/driver_host.c
   src/slots.c
   src/runtime.c
+  src/attention_check.c
+  src/attention_values.c
   src/attention.c
+  src/dropout.c
   src/stage.c
   src/kvcache.c
   src/varlen.c

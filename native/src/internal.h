@@ -228,7 +228,7 @@ AOTR_HIDDEN aotr_status aotr_driver_stream_synchronize(aotr_driver *d, int32_t d
 /* The runtime's driver (opened on first use, as for a device). */
 AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out);
 
-/* ---------------------------------------------- runtime.c / attention.c */
+/* --------------------------------------------- runtime.c / attention*.c */
 /* The value of every kernel argument name (slots.h numbers the names, the
  * kernels and their argument lists); a launch packs the ones a kernel
  * declares, in its order. */
@@ -272,11 +272,17 @@ AOTR_HIDDEN aotr_status aotr_placement_begin(aotr_runtime *rt, int32_t device, v
                                              const aotr_tensor *starts_k, const aotr_tensor *lens_k,
                                              aotr_placement *pl);
 AOTR_HIDDEN aotr_status aotr_placement_end(aotr_placement *pl, aotr_status st);
-/* -- request helpers shared by the entry points (attention.c) ------------ */
+/* -- request helpers shared by the entry points (attention_check.c and
+ * attention_values.c define them; kvcache.c uses them too) -------------- */
 
 static inline int aotr_present(const aotr_tensor *t) { return t->data != NULL; }
 /* AOTR_NEEDS_LAYOUT naming `name` unless aotr_layout_ok(t). */
 AOTR_HIDDEN aotr_status aotr_need_layout(const aotr_tensor *t, const char *name);
+/* 1 where a logsumexp (or Delta) meets the kernels' layout: a 16-byte
+ * aligned base and a unit last stride (free where that dim has one row), its
+ * other strides free; then `strides` holds its (z, h) strides, z = 0 for a
+ * packed (heads, total_q) one. */
+AOTR_HIDDEN int aotr_lse_layout(const aotr_tensor *lse, int varlen, int64_t strides[2]);
 /* The (x, y, z) grid of `blocks` row blocks times `programs` (batch x heads)
  * programs, y capped at 65535 and the rest along z; AOTR_UNSUPPORTED when it
  * cannot be launched. */

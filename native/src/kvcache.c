@@ -225,11 +225,9 @@ static aotr_status check_outputs(const aotr_attn_kvcache_params *p, const kv_dim
                          "aotr_attn_fwd_kvcache: lse must be an fp32 %s "
                          "tensor",
                          d->varlen ? "(heads, total_q)" : "(batch, heads, >= seqlen_q)");
-    if (l->strides[l->rank - 1] != 1 || ((uintptr_t)l->data & 15u))
+    if (!aotr_lse_layout(l, d->varlen, lse_strides))
         return aotr_fail(AOTR_NEEDS_LAYOUT, "aotr_attn_fwd_kvcache: lse needs a unit last "
                                             "stride and a 16-byte aligned base");
-    lse_strides[0] = d->varlen ? 0 : l->strides[0];
-    lse_strides[1] = d->varlen ? l->strides[0] : l->strides[1];
     if (d->d % 8)
         return AOTR_OK; /* zero-padded copies take their place (staged) */
     aotr_status st;

@@ -1,8 +1,8 @@
 /* The kernels and their argument slots (slots.c), generated from
  * kernels/variants.toml: every argument name has a slot AOTR_SLOT_<name> in a
  * call's aotr_arg_value array; a launch packs the slots its kernel declares.
- * A leaf: the runtime binds archive records with it, attention.c and
- * kvcache.c fill the values. */
+ * A leaf: the runtime binds archive records with it, attention_values.c,
+ * attention.c, dropout.c and kvcache.c fill the values. */
 #ifndef AOTR_SLOTS_H
 #define AOTR_SLOTS_H
 

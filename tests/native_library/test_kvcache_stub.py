@@ -229,6 +229,24 @@ def test_refusals(setup):
     assert lib.aotr_stub_launch_count() == 0 and rt.launch_count() == 0
 
 
+def test_a_one_row_lse_takes_any_last_stride(setup):
+    """As in the attention entry points (one lse layout rule): the lse's last
+    stride is free where that dim has one row (seqlen_q = 1), not elsewhere."""
+    rt, lib, records, _ = setup
+    b, h, d = 2, 4, 64
+    q, out, k_end = _t(b, 1, h, d), _t(b, 1, h, d), torch.zeros(b, dtype=torch.int32)
+    kc = _t(4, 48, 2, d)
+    lse = torch.empty(b * h * 4).as_strided((b, h, 1), (h * 4, 4, 4))
+    assert rt.fwd_kvcache(_params(q, kc, kc, out, lse, k_end)) == native.OK, _last_error()
+    (sym, _, _, _, raw), = launches(lib)
+    values = decode(records[sym].args, raw)
+    assert (values["stride_lz"], values["stride_lh"]) == (h * 4, 4)
+    q2, out2 = _t(b, 2, h, d), _t(b, 2, h, d)
+    lse2 = torch.empty(b * h * 4).as_strided((b, h, 2), (h * 4, 4, 2))
+    assert rt.fwd_kvcache(_params(q2, kc, kc, out2, lse2, k_end)) == native.NEEDS_LAYOUT
+    assert "lse needs a unit last stride" in _last_error()
+
+
 def test_the_python_gpu_route_is_the_native_one(stub, setup, monkeypatch):
     """flash_attn_with_kvcache on an AOT backend: the append runs as torch
     ops, the attention in libaotriton_rocm (its automatic split count, the
