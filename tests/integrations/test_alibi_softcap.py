@@ -282,16 +282,15 @@ def test_packed_variants_keep_flash_attn_positional_order():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(alibi_slopes=torch.ones(2, dtype=torch.float16)), "alibi_slopes must be float32"),
-    (dict(alibi_slopes=torch.ones(3)), r"shape \(nheads,\) = \(2,\) or \(batch, nheads\) = "
-                                       r"\(1, 2\), got \(3,\)"),
-    (dict(alibi_slopes=torch.ones(2, 2)), r"got \(2, 2\)"),
-    (dict(alibi_slopes=torch.ones(1, 1, 2)), r"got \(1, 1, 2\)"),
+    (dict(alibi_slopes=torch.ones(2, dtype=torch.float16)), "alibi_slopes must be fp32"),
+    (dict(alibi_slopes=torch.ones(3)), r"alibi_slopes must be \(heads,\) = \(2,\) or "),
+    (dict(alibi_slopes=torch.ones(2, 2)), r"alibi_slopes must be \(heads,\)"),
+    (dict(alibi_slopes=torch.ones(1, 1, 2)), r"alibi_slopes must be \(heads,\)"),
     (dict(alibi_slopes=[0.5, 0.5]), "alibi_slopes must be a tensor"),
     (dict(alibi_slopes=torch.ones(2, device="meta")), "on the query's device"),
-    (dict(softcap=float("nan")), "softcap must be a finite float >= 0"),
-    (dict(softcap=float("inf")), "softcap must be a finite float >= 0"),
-    (dict(softcap=-2.0), "softcap must be a finite float >= 0"),
+    (dict(softcap=float("nan")), "softcap=nan: must be finite and >= 0"),
+    (dict(softcap=float("inf")), "softcap=inf: must be finite and >= 0"),
+    (dict(softcap=-2.0), "softcap=-2: must be finite and >= 0"),
 ])
 def test_bad_slopes_and_softcaps_say_why(kwargs, match):
     q = torch.randn(1, 8, 2, 16).half()

@@ -600,7 +600,7 @@ def test_refusals_keep_their_reason_through_the_cpp_route(ours_route):
     import aotriton_rocm
 
     q, k, v = _qkv(1, 2, 2, 32, 32, 64, bshd=True)
-    with pytest.raises(ValueError, match="alibi_slopes must be float32"):
+    with pytest.raises(ValueError, match="alibi_slopes must be fp32"):
         aotriton_rocm.flash_attn_func(q, k, v, alibi_slopes=torch.ones(2, dtype=torch.float16))
     cache = torch.empty(1, 64, 2, 64, dtype=torch.float16)
     with pytest.raises(ValueError, match="alibi_slopes"):

@@ -39,7 +39,6 @@ MAX_HEAD_DIM = 512
 CAUSAL_ALIGNMENTS = ("bottom_right", "top_left")
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
-INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -75,8 +74,7 @@ def problem_dims(q: torch.Tensor, k: torch.Tensor, varlen: Varlen | None):
 def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                        dropout_p: float = 0.0, is_causal: bool = False,
                        attn_mask=None, return_debug_mask: bool = False,
-                       varlen: Varlen | None = None, softcap: float = 0.0,
-                       alibi_slopes: torch.Tensor | None = None) -> str | None:
+                       varlen: Varlen | None = None) -> str | None:
     """Why our kernels cannot compute this attention, or None if they can.
 
     The rules of shapes, dtypes, heads, head dims, dropout and 32-bit limits
@@ -85,9 +83,9 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     types) and the backend's images are checked here.
 
     ``attn_mask`` is an additive float mask of q's dtype (or a boolean mask)
-    broadcastable to (B, H, Sq, Sk). ``softcap``: 0 (off) or a positive
-    float; ``alibi_slopes``: fp32 (H,) or (B, H) on q's device (see
-    :func:`forward`).
+    broadcastable to (B, H, Sq, Sk). flash-attn's ``softcap`` and
+    ``alibi_slopes`` are judged by the forward call itself (NativeError,
+    nothing launched).
     """
     rank = 4 if varlen is None else 3
     layout = "(batch, heads, seqlen, head_dim)" if varlen is None else "(total, heads, head_dim)"
@@ -117,9 +115,6 @@ def unsupported_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
             torch.broadcast_shapes(attn_mask.shape, (b, h, sq, sk))
         except RuntimeError:
             return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {(b, h, sq, sk)}"
-    reason = score_mod_reason(softcap, alibi_slopes, q, b, h)
-    if reason:
-        return reason
     backend = backend_for(q)
     if backend is None:
         return f"no backend for device {q.device}"
@@ -141,34 +136,6 @@ def _core_reason(q, k, v, is_causal, dropout_p, varlen) -> str | None:
                                   cu_seqlens=cu, max_seqlens=seqlens)
     status = native_library().aotr_attn_check(problem)
     return None if status == NATIVE_OK else native_error(status).message
-
-
-def score_mod_reason(softcap, alibi_slopes, q: torch.Tensor, batch: int,
-                     heads: int) -> str | None:
-    """Why ``softcap`` / ``alibi_slopes`` are not usable as given, or None."""
-    try:
-        cap = float(softcap)
-    except (TypeError, ValueError):
-        return f"softcap must be a float (0: off), got {softcap!r}"
-    if not (math.isfinite(cap) and cap >= 0.0):
-        return f"softcap must be a finite float >= 0 (0: off), got {softcap!r}"
-    if alibi_slopes is None:
-        return None
-    if not isinstance(alibi_slopes, torch.Tensor):
-        return f"alibi_slopes must be a tensor, got {type(alibi_slopes).__name__}"
-    if alibi_slopes.dtype != torch.float32:
-        return (f"alibi_slopes must be float32 (flash-attn's convention), got "
-                f"{alibi_slopes.dtype}: pass alibi_slopes.float()")
-    shape = tuple(alibi_slopes.shape)
-    if shape not in ((heads,), (batch, heads)):
-        return (f"alibi_slopes must have shape (nheads,) = ({heads},) or (batch, nheads) = "
-                f"({batch}, {heads}), got {shape}")
-    if alibi_slopes.device != q.device:
-        return (f"alibi_slopes must be on the query's device ({q.device}), not "
-                f"{alibi_slopes.device}")
-    if max(alibi_slopes.stride(), default=0) > INT32_MAX:
-        return "alibi_slopes strides too large for the kernels' 32-bit stride arguments"
-    return None
 
 
 def _varlen_reason(varlen: Varlen, q: torch.Tensor, k: torch.Tensor) -> str | None:

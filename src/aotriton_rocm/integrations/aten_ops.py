@@ -9,6 +9,7 @@ hand to torch's kernel. The kernels' modules load on the first call
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import threading
 import types
@@ -102,13 +103,26 @@ class Unsupported(Exception):
     the message is the reason (the override falls back to torch's kernel)."""
 
 
+@contextlib.contextmanager
+def _refusals_fall_back():
+    """libaotriton_rocm's refusal of a call (nothing launched) as
+    :class:`Unsupported`: torch's kernel takes the call."""
+    try:
+        yield
+    except NativeError as exc:
+        reason = refusal(exc)
+        if reason is None:
+            raise
+        raise Unsupported(reason) from None
+
+
 def _bhsd(t: torch.Tensor, varlen) -> torch.Tensor:
     """flash-attn's (B, S, H, D) as (B, H, S, D); packed (total, H, D) stays."""
     return t if varlen is not None else t.transpose(1, 2)
 
 
 def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
-               alibi_slopes=None, **unsupported_kwargs) -> str | None:
+               **unsupported_kwargs) -> str | None:
     attention = _route().attention
     for name, val in unsupported_kwargs.items():
         if val is not None:
@@ -117,7 +131,7 @@ def _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask=False,
         return "query/key/value must be 4-D (batch, seqlen, heads, head_dim)"
     return attention.unsupported_reason(
         _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), dropout_p=dropout_p,
-        return_debug_mask=return_debug_mask, varlen=varlen, alibi_slopes=alibi_slopes)
+        return_debug_mask=return_debug_mask, varlen=varlen)
 
 
 def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k,
@@ -143,8 +157,9 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
                                    seqused_k, alibi_slopes, block_table, num_splits)
     # num_splits 0 (automatic) or 1: the one-pass kernel (it does not split;
     # the result is the same)
-    reason = _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask,
-                        alibi_slopes=alibi_slopes)
+    reason = _fa_reason(query, key, value, varlen, dropout_p, return_debug_mask)
+    if alibi_slopes is not None and alibi_slopes.device != query.device:
+        reason = "alibi_slopes must be on the query's device"
     if reason:
         raise Unsupported(reason)
     window = (window_size_left, window_size_right)  # attention.mask_args applies the rule
@@ -161,12 +176,13 @@ def flash_attention_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_
         b, h, _, sq, sk, _ = attention.problem_dims(_bhsd(query, varlen), _bhsd(key, varlen),
                                                     varlen)
         debug = torch.zeros((b, h, sq, sk), dtype=query.dtype, device=query.device)
-    _, lse = attention.forward(_bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen),
-                               is_causal=is_causal, scale=scale, out=_bhsd(out, varlen),
-                               causal_alignment="bottom_right", window_size=window,
-                               dropout_p=dropout_p, rng=rng,
-                               debug_mask=debug if return_debug_mask else None, varlen=varlen,
-                               alibi_slopes=alibi_slopes)
+    with _refusals_fall_back():  # the slopes are judged by the call
+        _, lse = attention.forward(
+            _bhsd(query, varlen), _bhsd(key, varlen), _bhsd(value, varlen), is_causal=is_causal,
+            scale=scale, out=_bhsd(out, varlen), causal_alignment="bottom_right",
+            window_size=window, dropout_p=dropout_p, rng=rng,
+            debug_mask=debug if return_debug_mask else None, varlen=varlen,
+            alibi_slopes=alibi_slopes)
     return out, lse, seed, offset, debug
 
 
@@ -227,17 +243,12 @@ def _fa_kvcache_forward(query, key, value, varlen, max_k, dropout_p, is_causal,
     capacity = block_table.shape[1] * key.shape[1] if paged else k_cache.shape[1]
     window = attention.flash_attn_window(window_size_left, window_size_right,
                                          max_k if max_k > 0 else capacity)
-    try:
+    with _refusals_fall_back():
         out, lse, _ = kvcache.forward(
             query, k_cache, v_cache, k_end, k_start=k_start, cache_batch_idx=batch_idx,
             block_table=block_table, alibi_slopes=alibi_slopes, scale=scale,
             causal=bool(is_causal), window_size=window, num_splits=int(num_splits or 0),
             cu_seqlens_q=cu_q, max_seqlen_q=varlen.max_seqlen_q if varlen is not None else 0)
-    except NativeError as exc:
-        reason = refusal(exc)
-        if reason is None:
-            raise
-        raise Unsupported(reason) from None
     seed, offset, debug = _aux_outputs(query.device, query.dtype)
     return out, lse, seed, offset, debug
 

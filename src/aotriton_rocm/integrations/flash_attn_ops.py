@@ -134,6 +134,7 @@ class _Call:
     packed rows its offsets cover, its Varlen and its window (flash-attn's
     sizes as given: the C core's rule applies when it runs)."""
 
+    api: str  # the flash-attn function named in refusals
     q: Tensor
     k: Tensor
     v: Tensor
@@ -144,22 +145,21 @@ class _Call:
 
     @classmethod
     def of(cls, q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, causal, window_left,
-           window_right, softcap, alibi_slopes, return_debug_mask) -> "_Call":
+           window_right, alibi_slopes, return_debug_mask) -> "_Call":
+        api = "flash_attn_func" if cu_q is None else "flash_attn_varlen_func"
+        check_operands(api, q, alibi_slopes=alibi_slopes)
         if cu_q is None:
-            api = "flash_attn_func"
             qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             reason = attention_unsupported_reason(
                 qt, kt, vt, dropout_p=dropout_p, is_causal=causal,
-                return_debug_mask=return_debug_mask, softcap=softcap, alibi_slopes=alibi_slopes)
+                return_debug_mask=return_debug_mask)
             if reason:
                 fail(api, reason)
-            return cls(qt, kt, vt, None, (window_left, window_right),
-                       0, 0)
-        api = "flash_attn_varlen_func"
+            return cls(api, qt, kt, vt, None, (window_left, window_right), 0, 0)
         varlen = Varlen(cu_q, cu_k, max_q, max_k)
         reason = attention_unsupported_reason(
-            q, k, v, dropout_p=dropout_p, is_causal=causal, varlen=varlen, softcap=softcap,
-            alibi_slopes=alibi_slopes, return_debug_mask=return_debug_mask)
+            q, k, v, dropout_p=dropout_p, is_causal=causal, varlen=varlen,
+            return_debug_mask=return_debug_mask)
         if reason:
             fail(api, reason)
         ends = varlen_bounds(api, cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
@@ -169,8 +169,7 @@ class _Call:
             # never touch them, so run on the rows that do (slices: no copy);
             # their output and gradients are zeros.
             q, k, v = q[:ends[0]], k[:ends[1]], v[:ends[1]]
-        return cls(q, k, v, varlen, (window_left, window_right),
-                   total_q, total_k)
+        return cls(api, q, k, v, varlen, (window_left, window_right), total_q, total_k)
 
     def rows_q(self, t: Tensor) -> Tensor:
         """A tensor of the caller's query rows in the kernels' terms."""
@@ -203,13 +202,16 @@ def forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     kernels' debug mask (see ``AttentionFunction``) or an empty (0,) tensor.
     ``deterministic`` is the backward's."""
     call = _Call.of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                    causal, window_left, window_right, softcap, alibi_slopes, return_debug_mask)
+                    causal, window_left, window_right, alibi_slopes, return_debug_mask)
     state, debug = forward_state(call.q, call.k, call.varlen, dropout_p, return_debug_mask)
-    out, lse = attention_forward(
-        call.q, call.k, call.v, is_causal=causal, scale=softmax_scale,
-        causal_alignment="bottom_right", window_size=call.window, dropout_p=dropout_p,
-        rng=None if state is None else (state[0], state[1]), debug_mask=debug,
-        varlen=call.varlen, softcap=softcap, alibi_slopes=alibi_slopes)
+    try:
+        out, lse = attention_forward(
+            call.q, call.k, call.v, is_causal=causal, scale=softmax_scale,
+            causal_alignment="bottom_right", window_size=call.window, dropout_p=dropout_p,
+            rng=None if state is None else (state[0], state[1]), debug_mask=debug,
+            varlen=call.varlen, softcap=softcap, alibi_slopes=alibi_slopes)
+    except NativeError as exc:
+        refuse(call.api, exc)
     if call.varlen is None:
         out = out.transpose(1, 2)
     out = call.padded(out, call.total_q)
@@ -244,13 +246,16 @@ def _backward_impl(grad_out, q, k, v, out, softmax_lse, rng_state, cu_seqlens_q,
                    window_right, softcap, alibi_slopes, deterministic):
     """(dq, dk, dv) of :func:`flash_attn_forward`'s out."""
     call = _Call.of(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                    causal, window_left, window_right, softcap, alibi_slopes, False)
-    dq, dk, dv = attention_backward(
-        call.rows_q(grad_out), call.q, call.k, call.v, call.rows_q(out),
-        call.lse_in(softmax_lse), is_causal=causal, scale=softmax_scale,
-        causal_alignment="bottom_right", window_size=call.window, dropout_p=dropout_p,
-        rng=(rng_state[0], rng_state[1]) if dropout_p else None, varlen=call.varlen,
-        softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic)
+                    causal, window_left, window_right, alibi_slopes, False)
+    try:
+        dq, dk, dv = attention_backward(
+            call.rows_q(grad_out), call.q, call.k, call.v, call.rows_q(out),
+            call.lse_in(softmax_lse), is_causal=causal, scale=softmax_scale,
+            causal_alignment="bottom_right", window_size=call.window, dropout_p=dropout_p,
+            rng=(rng_state[0], rng_state[1]) if dropout_p else None, varlen=call.varlen,
+            softcap=softcap, alibi_slopes=alibi_slopes, deterministic=deterministic)
+    except NativeError as exc:
+        refuse(call.api, exc)
     if call.varlen is None:
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
     return (call.padded(dq, call.total_q), call.padded(dk, call.total_k),
