@@ -9,6 +9,7 @@ set(AOTR_CORE_SOURCES
   src/sha256.c
   src/xz.c
   src/archive.c
+  src/archive_index.c
   src/find.c
   src/driver.c
   src/driver_cuda.c
@@ -16,6 +17,8 @@ set(AOTR_CORE_SOURCES
   src/driver_host.c
   src/slots.c
   src/runtime.c
+  src/kernel_tables.c
+  src/launch.c
   src/attention_check.c
   src/attention_values.c
   src/attention.c

@@ -100,7 +100,7 @@ AOTR_HIDDEN int aotr_hex_to_digest(const char *hex, uint8_t digest[32]);
 AOTR_HIDDEN aotr_status aotr_xz_decode(const uint8_t *in, size_t in_size, uint8_t *out,
                                        size_t out_size);
 
-/* ---------------------------------------------------------- archive.c */
+/* ------------------------------------------- archive.c / archive_index.c */
 /* Kernel argument types as recorded in the archive ("*fp16", "i32", ...). */
 typedef enum aotr_arg_kind {
     AOTR_ARG_POINTER = 1, /* "*<anything>": 8 bytes */
@@ -228,7 +228,7 @@ AOTR_HIDDEN aotr_status aotr_driver_stream_synchronize(aotr_driver *d, int32_t d
 /* The runtime's driver (opened on first use, as for a device). */
 AOTR_HIDDEN aotr_status aotr_runtime_driver(aotr_runtime *rt, aotr_driver **out);
 
-/* --------------------------------------------- runtime.c / attention*.c */
+/* ------------------------ runtime.c, kernel_tables.c, launch.c and callers */
 /* The value of every kernel argument name (slots.h numbers the names, the
  * kernels and their argument lists); a launch packs the ones a kernel
  * declares, in its order. */
