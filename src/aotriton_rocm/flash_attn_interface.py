@@ -149,6 +149,20 @@ def _check_common(api, q, k, v, dropout_p, window_size, softcap):
     return dropout_p, (left, right), softcap
 
 
+def _plain_operands(q, k, v, window_size, alibi_slopes) -> bool:
+    """Tensors of flash_attn_func's rank, on one device, and a pair of window
+    sides: the call may go to the operator at once (a few microseconds of
+    host time saved)."""
+    Tensor = torch.Tensor
+    if not (isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+            and isinstance(window_size, (tuple, list)) and len(window_size) == 2):
+        return False
+    device = q.device
+    return (q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and k.device == device
+            and v.device == device and (alibi_slopes is None or (
+                isinstance(alibi_slopes, Tensor) and alibi_slopes.device == device)))
+
+
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                     softmax_scale: float | None = None, causal: bool = False,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
@@ -191,6 +205,15 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     :mod:`aotriton_rocm.dropout_masks`). For testing, as in flash-attn: it
     costs batch * nheads * seqlen_q * seqlen_k elements.
     """
+    if not return_attn_probs and _plain_operands(q, k, v, window_size, alibi_slopes):
+        try:
+            return flash_attn_forward(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
+                                      *window_size, softcap, alibi_slopes, False, deterministic)[0]
+        except (TypeError, RuntimeError) as exc:
+            # a scalar the operator's schema does not take as it is: the
+            # conversions and checks below take it or name it
+            if not isinstance(exc, TypeError) and "Expected a value of type" not in str(exc):
+                raise
     api = "flash_attn_func"
     dropout_p, window, softcap = _check_common(api, q, k, v, dropout_p, window_size, softcap)
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
