@@ -142,6 +142,39 @@ def _check_room(positions, slots, k_cache, block_table, capacity):
         _fail(f"{what} outside k_cache's {k_cache.shape[0]}")
 
 
+def _append_new(q, k, v, k_cache, v_cache, seqlens, k_end, rotary_cos, rotary_sin,
+                rotary_interleaved, cache_leftpad, cache_batch_idx, block_table, alibi_slopes,
+                softmax_scale, causal, window, softcap, num_splits) -> torch.Tensor:
+    """The new keys and values (rotated with the tables, if given) written
+    into the caches, once the library has accepted the call; returns q
+    (rotated where rotary asks for it)."""
+    if not torch.compiler.is_compiling():
+        try:  # the library's verdict before the append changes the caches
+            kvcache_check(q, k_cache, v_cache, k_end, k_start=cache_leftpad,
+                          cache_batch_idx=cache_batch_idx, block_table=block_table,
+                          alibi_slopes=alibi_slopes, scale=softmax_scale, causal=bool(causal),
+                          window_size=window, softcap=softcap, num_splits=num_splits)
+        except NativeError as exc:
+            refuse(API, exc)
+    batch, seqlen_new, page = q.shape[0], k.shape[1], k_cache.shape[1]
+    capacity = block_table.shape[1] * page if block_table is not None else page
+    positions = seqlens.long()[:, None]
+    if seqlen_new > 1:
+        positions = positions + torch.arange(seqlen_new, device=q.device)
+    if rotary_cos is not None:
+        # flash-attn rotates q per position when the attention is local
+        local = bool(causal) or flash_attn_window(*window, capacity) != (-1, -1)
+        k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        q_pos = seqlens.long()[:, None] + (torch.arange(q.shape[1], device=q.device)
+                                           if local else 0)
+        q = apply_rotary(q, rotary_cos, rotary_sin, q_pos.expand(batch, q.shape[1]),
+                         rotary_interleaved)
+    slots = _cache_slots(positions, cache_batch_idx, block_table, batch, page)
+    _check_room(positions, slots, k_cache, block_table, capacity)
+    _append(k_cache, v_cache, k, v, slots)
+    return q
+
+
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None,
                             block_table=None, softmax_scale=None, causal=False,
@@ -216,34 +249,20 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     check_operands(API, q, k_cache=k_cache, v_cache=v_cache, cache_leftpad=cache_leftpad,
                    cache_batch_idx=cache_batch_idx, block_table=block_table,
                    alibi_slopes=alibi_slopes)
-    call = dict(k_start=cache_leftpad, cache_batch_idx=cache_batch_idx,
-                block_table=block_table, alibi_slopes=alibi_slopes, scale=softmax_scale,
-                causal=bool(causal), window_size=(left, right), softcap=softcap,
-                num_splits=num_splits)
-    if seqlen_new and not torch.compiler.is_compiling():
-        try:  # the library's verdict before the append changes the caches
-            kvcache_check(q, k_cache, v_cache, k_end, **call)
-        except NativeError as exc:
-            refuse(API, exc)
-    with torch.no_grad():
-        if seqlen_new:
-            positions = seqlens.long()[:, None]
-            if seqlen_new > 1:
-                positions = positions + torch.arange(seqlen_new, device=q.device)
-            if rotary_cos is not None:
-                # flash-attn rotates q per position when the attention is local
-                local = bool(causal) or flash_attn_window(left, right, capacity) != (-1, -1)
-                k = apply_rotary(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
-                q_pos = seqlens.long()[:, None] + (torch.arange(q.shape[1], device=q.device)
-                                                   if local else 0)
-                q = apply_rotary(q, rotary_cos, rotary_sin, q_pos.expand(batch, q.shape[1]),
-                                 rotary_interleaved)
-            slots = _cache_slots(positions, cache_batch_idx, block_table, batch, page)
-            _check_room(positions, slots, k_cache, block_table, capacity)
-            _append(k_cache, v_cache, k, v, slots)
-        out, lse = refusal_kept(flash_attn_kvcache, q, k_cache, v_cache, k_end, cache_leftpad,
-                                cache_batch_idx, block_table, alibi_slopes, softmax_scale,
-                                bool(causal), left, right, softcap, num_splits, None, 0, API)
+    if seqlen_new:
+        with torch.no_grad():
+            q = _append_new(q, k, v, k_cache, v_cache, seqlens, k_end, rotary_cos, rotary_sin,
+                            rotary_interleaved, cache_leftpad, cache_batch_idx, block_table,
+                            alibi_slopes, softmax_scale, causal, (left, right), softcap,
+                            num_splits)
+    args = (q, k_cache, v_cache, k_end, cache_leftpad, cache_batch_idx, block_table, alibi_slopes,
+            softmax_scale, bool(causal), left, right, softcap, num_splits, None, 0, API)
+    if torch.is_grad_enabled() and (q.requires_grad or k_cache.requires_grad
+                                    or v_cache.requires_grad):
+        with torch.no_grad():  # inference only: outputs outside any graph
+            out, lse = refusal_kept(flash_attn_kvcache, *args)
+    else:
+        out, lse = refusal_kept(flash_attn_kvcache, *args)
     return (out, lse) if return_softmax_lse else out
 
 
