@@ -95,7 +95,7 @@ def test_dropin_installs_the_same_line_and_undo_restores(tmp_path, version, line
     assert read_dynamic(lib / name).soname == ours.name
     # what smoke and info report once that library is loaded
     code = ("import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); "
-            "from aotriton_rocm.commands.torch_dropin import loaded_aotriton; print(loaded_aotriton())")
+            "from aotriton_rocm.commands.torch_lib_state import loaded_aotriton; print(loaded_aotriton())")
     p = subprocess.run([sys.executable, "-c", code, str(lib / "libtorch_hip.so")],
                        capture_output=True, text=True)
     assert p.stdout.startswith(f"aotriton-rocm's drop-in (AOTriton API line {line}): {lib / name}"), \

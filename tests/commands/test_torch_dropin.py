@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_aotriton_api_co
 from test_aotriton_api_commands import CC, _shared  # noqa: E402
 
 from aotriton_rocm.commands import torch_dropin as D  # noqa: E402
+from aotriton_rocm.commands import torch_lib_state as state  # noqa: E402
 from aotriton_rocm.commands.cli import main as cli_main  # noqa: E402
 from aotriton_rocm.common.paths import aotriton_api_library  # noqa: E402
 
@@ -52,10 +53,10 @@ def wheels(tmp_path_factory) -> dict:
         name = f"libaotriton_v2.so.{aotriton}"
         _shared(build / name, name, f'const char *torch_build = "{version}";\n'
                 "int upstream_aotriton(void){return 7;}\n")
-        _shared(build / D.TORCH_HIP, D.TORCH_HIP, "int torch_hip(void){return 1;}\n",
+        _shared(build / state.TORCH_HIP, state.TORCH_HIP, "int torch_hip(void){return 1;}\n",
                 "-Wl,--no-as-needed", f"-L{build}", f"-l:{name}", "-lc")
         out[version] = {f"torch/lib/{name}": build / name,
-                        f"torch/lib/{D.TORCH_HIP}": build / D.TORCH_HIP}
+                        f"torch/lib/{state.TORCH_HIP}": build / state.TORCH_HIP}
     return out
 
 
@@ -97,7 +98,7 @@ def dropin(lib: Path, *extra: str, capsys=None):
 
 
 def record(lib: Path) -> dict:
-    return json.loads((lib / D.RECORD).read_text())
+    return json.loads((lib / state.RECORD).read_text())
 
 
 def hidden(lib: Path) -> list:
@@ -105,20 +106,20 @@ def hidden(lib: Path) -> list:
 
 
 def backups(lib: Path) -> list:
-    return sorted(f.name for f in lib.iterdir() if f.name.endswith(D.BACKUP_SUFFIX))
+    return sorted(f.name for f in lib.iterdir() if f.name.endswith(state.BACKUP_SUFFIX))
 
 
 def assert_installed(lib: Path, wheels: dict, version: str) -> None:
     name = _name(version)
     assert (lib / name).read_bytes() == ours(version)
-    assert backups(lib) == [name + D.BACKUP_SUFFIX]
-    assert (lib / (name + D.BACKUP_SUFFIX)).read_bytes() == original(wheels, version)
+    assert backups(lib) == [name + state.BACKUP_SUFFIX]
+    assert (lib / (name + state.BACKUP_SUFFIX)).read_bytes() == original(wheels, version)
     r = record(lib)
     assert (r["torch_version"], r["file"], r["aotriton_api_line"]) == \
         (version, name, LINE[WHEELS[version]])
     assert r["original_sha256"] == hashlib.sha256(original(wheels, version)).hexdigest()
     assert r["sha256"] == hashlib.sha256(ours(version)).hexdigest()
-    assert hidden(lib) == [D.RECORD]
+    assert hidden(lib) == [state.RECORD]
 
 
 def assert_restored(lib: Path, wheels: dict, version: str) -> None:
@@ -131,7 +132,7 @@ def test_upgrade_to_another_file_name(tmp_path, wheels, capsys):
     assert dropin(lib, capsys=capsys)[0] == 0
     assert_installed(lib, wheels, "2.11.0")
     pip_install(tmp_path, wheels, "2.13.0")
-    assert not (lib / _name("2.11.0")).exists() and (lib / D.RECORD).exists()
+    assert not (lib / _name("2.11.0")).exists() and (lib / state.RECORD).exists()
     rc, out, err = dropin(lib, capsys=capsys)
     assert rc == 0, err
     assert ("retired the drop-in record of torch 2.11.0 (libaotriton_v2.so.0.11.2): torch 2.13.0 "
@@ -179,7 +180,7 @@ def test_reinstalled_same_version_is_backed_up_anew(tmp_path, wheels, capsys):
     pip_install(tmp_path, rebuilt, "2.11.0")
     rc, out, err = dropin(lib, capsys=capsys)
     assert rc == 0 and "was reinstalled since" in out, err
-    assert (lib / (_name("2.11.0") + D.BACKUP_SUFFIX)).read_bytes() == original(wheels, "2.11.1")
+    assert (lib / (_name("2.11.0") + state.BACKUP_SUFFIX)).read_bytes() == original(wheels, "2.11.1")
     assert dropin(lib, "--undo", capsys=capsys)[0] == 0
     assert (lib / _name("2.11.0")).read_bytes() == original(wheels, "2.11.1")
 
@@ -189,12 +190,12 @@ def test_no_record_never_backs_up_ours(tmp_path, wheels, capsys):
     name = _name("2.11.0")
     assert dropin(lib, capsys=capsys)[0] == 0
     # record gone: the backup matches pip's RECORD of this torch, so it is adopted
-    (lib / D.RECORD).unlink()
+    (lib / state.RECORD).unlink()
     rc, out, err = dropin(lib, capsys=capsys)
     assert rc == 0, err
     assert_installed(lib, wheels, "2.11.0")
     # record gone and nothing vouches for the backup (no pip metadata): refused, nothing touched
-    (lib / D.RECORD).unlink()
+    (lib / state.RECORD).unlink()
     shutil.rmtree(tmp_path / "torch-2.11.0.dist-info")
     before = {f.name: f.read_bytes() for f in lib.iterdir()}
     for extra in ((), ("--undo",)):
@@ -214,7 +215,7 @@ def test_a_record_of_no_use_is_retired(tmp_path, wheels, capsys, old, says):
     lib = pip_install(tmp_path, wheels, "2.11.0")
     assert dropin(lib, capsys=capsys)[0] == 0
     fields = ("file", "backup", "original_sha256", "sha256", "aotriton_api_line", "source")
-    (lib / D.RECORD).write_text(json.dumps({k: record(lib)[k] for k in fields})
+    (lib / state.RECORD).write_text(json.dumps({k: record(lib)[k] for k in fields})
                                 if old == "older" else "{not json")
     rc, out, err = dropin(lib, capsys=capsys)
     assert rc == 0 and says in out, err
@@ -224,7 +225,7 @@ def test_a_record_of_no_use_is_retired(tmp_path, wheels, capsys, old, says):
 def test_lost_backup_is_never_claimed(tmp_path, wheels, capsys):
     lib = pip_install(tmp_path, wheels, "2.11.0")
     assert dropin(lib, capsys=capsys)[0] == 0
-    (lib / (_name("2.11.0") + D.BACKUP_SUFFIX)).unlink()
+    (lib / (_name("2.11.0") + state.BACKUP_SUFFIX)).unlink()
     for extra in ((), ("--undo",)):
         rc, out, err = dropin(lib, *extra, capsys=capsys)
         assert rc == 1 and out == "", out
@@ -239,7 +240,7 @@ def test_lost_backup_is_never_claimed(tmp_path, wheels, capsys):
 
 
 def test_reinstall_line_names_the_rocm_index():
-    assert D.reinstall_line("2.11.0+rocm7.1") == ("pip install --force-reinstall --no-deps "
+    assert state.reinstall_line("2.11.0+rocm7.1") == ("pip install --force-reinstall --no-deps "
                                                   "torch==2.11.0+rocm7.1 --index-url "
                                                   "https://download.pytorch.org/whl/rocm7.1")
 
@@ -256,7 +257,7 @@ def test_parallel_runs_serialise(tmp_path, wheels, capsys):
         results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
         for m, (rc, out, err) in zip(mix, results):
             assert "Traceback" not in err and (rc == 0 or (m == "--undo" and rc == 2)), err
-        if (lib / D.RECORD).exists():
+        if (lib / state.RECORD).exists():
             assert_installed(lib, wheels, "2.11.0")
         else:
             assert_restored(lib, wheels, "2.11.0")
@@ -285,7 +286,7 @@ def scenario(name: str, site: Path, wheels: dict, capsys) -> tuple:
         older = wheels["2.11.1"][f"torch/lib/{_name('2.11.1')}"]
         shutil.copy2(older, lib / _name("2.11.0"))
         sha = D.file_sha256(older)
-        (lib / D.RECORD).write_text(json.dumps({**record(lib), "sha256": sha,
+        (lib / state.RECORD).write_text(json.dumps({**record(lib), "sha256": sha,
                                                 "ours_sha256": {sha: "0.11"}}))
         return lib, "2.11.0", ()
     pip_install(site, wheels, "2.13.0")
@@ -327,7 +328,7 @@ def test_interrupt_at_every_step(tmp_path, wheels, capsys, monkeypatch, name, st
         assert rc == 130 and "interrupted" in err
         assert not [f for f in hidden(lib) if f.endswith(D.TMP_SUFFIX) or f == D.LOCK]
     # torch's own is on disk: in place, or as the backup
-    target, backup = lib / _name(version), lib / (_name(version) + D.BACKUP_SUFFIX)
+    target, backup = lib / _name(version), lib / (_name(version) + state.BACKUP_SUFFIX)
     assert original(wheels, version) in [f.read_bytes() for f in (target, backup) if f.exists()]
     other = tmp_path / "b"
     shutil.copytree(tmp_path / "a", other)
@@ -369,7 +370,7 @@ def test_os_errors_are_clean(tmp_path, wheels, capsys, monkeypatch, name, step, 
         assert f"{target} is torch {version}'s own, as before." in err and "kept as" not in err
     else:
         assert f"{target} is aotriton-rocm's; torch {version}'s own is kept as" in err
-        assert (lib / (_name(version) + D.BACKUP_SUFFIX)).read_bytes() == original(wheels, version)
+        assert (lib / (_name(version) + state.BACKUP_SUFFIX)).read_bytes() == original(wheels, version)
     assert not [f for f in hidden(lib) if f.endswith(D.TMP_SUFFIX) or f == D.LOCK]
     if name == "undo":   # an undo whose rename happened: what is left is tidied by the next one
         assert dropin(lib, "--undo", capsys=capsys)[0] == 0
@@ -381,11 +382,11 @@ def test_os_errors_are_clean(tmp_path, wheels, capsys, monkeypatch, name, step, 
 # --- which library smoke and info say torch loaded ----------------------------------------------
 
 LOADED = ("import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW); "
-          "from aotriton_rocm.commands.torch_dropin import loaded_aotriton; print(loaded_aotriton())")
+          "from aotriton_rocm.commands.torch_lib_state import loaded_aotriton; print(loaded_aotriton())")
 
 
 def loaded(lib: Path) -> str:
-    p = subprocess.run([sys.executable, "-c", LOADED, str(lib / D.TORCH_HIP)], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", LOADED, str(lib / state.TORCH_HIP)], capture_output=True,
                        text=True, env=ENV, timeout=120)
     assert p.returncode == 0, p.stderr
     return p.stdout.strip()
@@ -398,14 +399,14 @@ def test_loaded_aotriton_goes_by_the_hash(tmp_path, wheels, capsys):
     drop = f"aotriton-rocm's drop-in (AOTriton API line 0.11): {target}"
     # a stale record (another torch, another hash) or none: ours is still ours
     stale = {**record(lib), "torch_version": "2.9.0", "sha256": "0" * 64, "ours_sha256": {}}
-    (lib / D.RECORD).write_text(json.dumps(stale))
+    (lib / state.RECORD).write_text(json.dumps(stale))
     assert loaded(lib) == drop
-    (lib / D.RECORD).unlink()
+    (lib / state.RECORD).unlink()
     assert loaded(lib) == drop
     # a library of ours no longer shipped (an older aotriton-rocm) is known by the record
     older = wheels["2.11.1"][f"torch/lib/{_name('2.11.1')}"]
     shutil.copy2(older, target)
-    (lib / D.RECORD).write_text(json.dumps({**stale, "sha256": D.file_sha256(older)}))
+    (lib / state.RECORD).write_text(json.dumps({**stale, "sha256": D.file_sha256(older)}))
     assert loaded(lib) == f"aotriton-rocm's drop-in (AOTriton API line 0.11): {target}"
-    (lib / D.RECORD).unlink()
+    (lib / state.RECORD).unlink()
     assert loaded(lib) == f"torch's own AOTriton: {target}"

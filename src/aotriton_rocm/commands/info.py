@@ -34,7 +34,7 @@ def run_info(options: InfoOptions) -> int:
     from ..common.archive_index import clip
     from .install_checks import (archive_note, archive_problems, check_library,
                                  check_torch_extension, library_error)
-    from .torch_dropin import loaded_aotriton
+    from .torch_lib_state import loaded_aotriton
 
     print(f"aotriton-rocm {__version__} (ABI {ABI_VERSION}, kernels built with triton "
           f"{TRITON_VERSION})")

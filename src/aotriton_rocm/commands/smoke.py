@@ -32,7 +32,7 @@ from .._version import __version__
 from ..common.errors import CommandError, UsageError
 from ..common.files import describe_os_error
 from .install_checks import check_archives, installation_rows  # noqa: F401 (smoke.check_archives)
-from .torch_dropin import DROPIN_PREFIX, loaded_aotriton
+from .torch_lib_state import DROPIN_PREFIX, loaded_aotriton
 
 # Fudge factors of PyTorch's test_transformers for ROCm's AOTriton flash kernels.
 FUDGE = {"out": 6.0, "dq": 360.0, "dk": 45.0, "dv": 6.0}
