@@ -7,59 +7,6 @@
 #include "attention_internal.h"
 #include "slots.h"
 
-static uint32_t kernels_needed(uint32_t needs, int kernels[AOTR_KERNEL_COUNT])
-{
-    uint32_t n = 0;
-    kernels[n++] = AOTR_KERNEL_FWD;
-    if (needs & AOTR_NEED_BACKWARD) {
-        kernels[n++] = AOTR_KERNEL_BWD_PRE;
-        kernels[n++] = AOTR_KERNEL_BWD_DKDV;
-        kernels[n++] = AOTR_KERNEL_BWD_DQ;
-    }
-    if (needs & AOTR_NEED_DQ_ACCUM) {
-        kernels[n++] = AOTR_KERNEL_BWD_FUSED;
-        kernels[n++] = AOTR_KERNEL_BWD_DQ_CONVERT;
-    }
-    if (needs & AOTR_NEED_PHILOX_STATE)
-        kernels[n++] = AOTR_KERNEL_PHILOX_STATE;
-    return n;
-}
-
-static unsigned pick_features(int bias, int dropout, const aotr_score_mod *mod)
-{
-    return (bias ? AOTR_PICK_BIAS : 0u) | (dropout ? AOTR_PICK_DROPOUT : 0u) |
-           (mod && (mod->alibi || mod->softcap > 0.0f) ? AOTR_PICK_SCORE_MODS : 0u);
-}
-
-aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_attn_problem *p,
-                                uint32_t needs)
-{
-    if (!rt)
-        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_supported: `runtime` is NULL");
-    aotr_status st = aotr_attn_check(p);
-    if (st != AOTR_OK)
-        return st;
-    aotr_device *dev = NULL;
-    if ((st = aotr_runtime_device(rt, device, &dev)) != AOTR_OK)
-        return st;
-    aotr_attn_dims d;
-    aotr_problem_dims(p, &d);
-    int dropout = p->dropout_p > 0.0f || (needs & AOTR_NEED_DEBUG_MASK);
-    if ((d.d % 8 || d.dv != d.d) && (needs & AOTR_NEED_DQ_ACCUM))
-        return aotr_fail(AOTR_UNSUPPORTED,
-                         "head_dim %lld (value %lld): the fused backward (a dQ "
-                         "accumulator) serves one head dim, a multiple of 8",
-                         (long long)d.d, (long long)d.dv);
-    int kernels[AOTR_KERNEL_COUNT];
-    uint32_t n = kernels_needed(needs, kernels);
-    for (uint32_t i = 0; i < n; i++)
-        if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype,
-                              (int32_t)aotr_kernel_head_dim(d.d > d.dv ? d.d : d.dv),
-                              pick_features(aotr_present(&p->bias), dropout, NULL), d.sq, d.sk))
-            return AOTR_UNSUPPORTED;
-    return AOTR_OK;
-}
-
 /* The caller's params, its struct_size kept, fields past it zero. */
 static void params_copy(void *dst, const void *src, size_t size, uint32_t struct_size)
 {
@@ -187,7 +134,7 @@ static aotr_status attn_fwd(aotr_runtime *rt, const aotr_attn_fwd_params *params
     aotr_device *dev = NULL;
     if ((st = aotr_runtime_device(rt, params->device, &dev)) != AOTR_OK)
         return st;
-    unsigned features = pick_features(aotr_present(&p->bias), dropout, &mod);
+    unsigned features = aotr_pick_features(aotr_present(&p->bias), dropout, &mod);
     const aotr_launchable *k = aotr_device_pick(dev, AOTR_KERNEL_FWD, (aotr_dtype)p->q.dtype,
                                                 (int32_t)d.d, features, d.sq, d.sk);
     if (!k)
@@ -416,7 +363,7 @@ static aotr_status attn_bwd(aotr_runtime *rt, const aotr_attn_bwd_params *params
     aotr_placement pl;
     if ((st = place(rt, params->device, params->stream, p, fields, &pl, v)) != AOTR_OK)
         return st;
-    st = bwd_launches(rt, dev, p, &d, pick_features(aotr_present(&p->bias), dropout, &mod), acc,
-                      params->stream, v);
+    st = bwd_launches(rt, dev, p, &d, aotr_pick_features(aotr_present(&p->bias), dropout, &mod),
+                      acc, params->stream, v);
     return aotr_placement_end(&pl, st);
 }

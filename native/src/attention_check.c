@@ -1,9 +1,15 @@
-/* FlashAttention requests: the checks of the problem and of the tensors a
- * call passes, before any argument value is bound. */
+/* FlashAttention requests: the checks of the problem (aotr_attn_check, and
+ * aotr_attn_supported, which asks the device's kernel tables too) and of the
+ * tensors a call passes, before any argument value is bound. aotr_attn_check's
+ * callers stay in this file: abidw keeps the record of a function from the
+ * first file by path that names it, and a call from attention.c would make
+ * that a declaration without its symbol (abi-check: "aotr_attn_check
+ * removed"). */
 #include <math.h>
 #include <stdio.h>
 
 #include "attention_internal.h"
+#include "slots.h"
 
 #define INT32_LIMIT 2147483647LL
 #define MAX_HEAD_DIM 512
@@ -218,6 +224,54 @@ aotr_status aotr_attn_check(const aotr_attn_problem *p)
     return AOTR_OK;
 }
 
+static uint32_t kernels_needed(uint32_t needs, int kernels[AOTR_KERNEL_COUNT])
+{
+    uint32_t n = 0;
+    kernels[n++] = AOTR_KERNEL_FWD;
+    if (needs & AOTR_NEED_BACKWARD) {
+        kernels[n++] = AOTR_KERNEL_BWD_PRE;
+        kernels[n++] = AOTR_KERNEL_BWD_DKDV;
+        kernels[n++] = AOTR_KERNEL_BWD_DQ;
+    }
+    if (needs & AOTR_NEED_DQ_ACCUM) {
+        kernels[n++] = AOTR_KERNEL_BWD_FUSED;
+        kernels[n++] = AOTR_KERNEL_BWD_DQ_CONVERT;
+    }
+    if (needs & AOTR_NEED_PHILOX_STATE)
+        kernels[n++] = AOTR_KERNEL_PHILOX_STATE;
+    return n;
+}
+
+aotr_status aotr_attn_supported(aotr_runtime *rt, int32_t device, const aotr_attn_problem *p,
+                                uint32_t needs)
+{
+    if (!rt)
+        return aotr_fail(AOTR_INVALID_ARGUMENT, "aotr_attn_supported: `runtime` is NULL");
+    aotr_status st = aotr_attn_check(p);
+    if (st != AOTR_OK)
+        return st;
+    aotr_device *dev = NULL;
+    if ((st = aotr_runtime_device(rt, device, &dev)) != AOTR_OK)
+        return st;
+    aotr_attn_dims d;
+    aotr_problem_dims(p, &d);
+    int dropout = p->dropout_p > 0.0f || (needs & AOTR_NEED_DEBUG_MASK);
+    if ((d.d % 8 || d.dv != d.d) && (needs & AOTR_NEED_DQ_ACCUM))
+        return aotr_fail(AOTR_UNSUPPORTED,
+                         "head_dim %lld (value %lld): the fused backward (a dQ "
+                         "accumulator) serves one head dim, a multiple of 8",
+                         (long long)d.d, (long long)d.dv);
+    int kernels[AOTR_KERNEL_COUNT];
+    uint32_t n = kernels_needed(needs, kernels);
+    for (uint32_t i = 0; i < n; i++)
+        if (!aotr_device_pick(dev, kernels[i], (aotr_dtype)p->q.dtype,
+                              (int32_t)aotr_kernel_head_dim(d.d > d.dv ? d.d : d.dv),
+                              aotr_pick_features(aotr_present(&p->bias), dropout, NULL), d.sq,
+                              d.sk))
+            return AOTR_UNSUPPORTED;
+    return AOTR_OK;
+}
+
 /* -- the tensors of a call ------------------------------------------------- */
 
 aotr_status aotr_need_layout(const aotr_tensor *t, const char *name)
@@ -319,7 +373,6 @@ aotr_status aotr_check_call(const aotr_runtime *rt, const void *params, uint32_t
     return AOTR_OK;
 }
 
-/* aotr_check_call, then the problem; fills `d`. */
 aotr_status aotr_attn_begin(aotr_runtime *rt, const void *params, uint32_t struct_size,
                             size_t minimum, const aotr_attn_problem *p, aotr_attn_dims *d,
                             const char *what)

@@ -30,6 +30,7 @@ AOTR_HIDDEN aotr_status aotr_problem_dims(const aotr_attn_problem *p, aotr_attn_
 AOTR_HIDDEN void aotr_zhm(const aotr_tensor *t, int varlen, int64_t out[3]);
 AOTR_HIDDEN aotr_status aotr_check_call(const aotr_runtime *rt, const void *params,
                                         uint32_t struct_size, size_t minimum, const char *what);
+/* aotr_check_call, then the problem; fills `d`. */
 AOTR_HIDDEN aotr_status aotr_attn_begin(aotr_runtime *rt, const void *params, uint32_t struct_size,
                                         size_t minimum, const aotr_attn_problem *p,
                                         aotr_attn_dims *d, const char *what);
@@ -51,6 +52,13 @@ typedef struct aotr_score_mod {
     const aotr_tensor *alibi; /* NULL: absent */
     float softcap;
 } aotr_score_mod;
+
+/* The AOTR_PICK_* features of a call. */
+static inline unsigned aotr_pick_features(int bias, int dropout, const aotr_score_mod *mod)
+{
+    return (bias ? AOTR_PICK_BIAS : 0u) | (dropout ? AOTR_PICK_DROPOUT : 0u) |
+           (mod && (mod->alibi || mod->softcap > 0.0f) ? AOTR_PICK_SCORE_MODS : 0u);
+}
 
 /* The slot's 32-bit value, UNSUPPORTED where it does not fit; _strides fills
  * `count` consecutive slots, _zhm a q/k/v-like tensor's (z, h, row) ones. */
