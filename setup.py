@@ -51,6 +51,7 @@ SOURCES = {name: words.split() for name, words in
                       re.sub(r"#.*", "", (HERE / NATIVE / "sources.cmake").read_text()))}
 CORE_SOURCES = [f"{NATIVE}/{path}" for path in SOURCES["AOTR_CORE_SOURCES"]]
 API_SOURCES = [f"{NATIVE}/aotriton_api/{path}" for path in SOURCES["AOTR_API_SOURCES"]]
+TORCH_SOURCES = [f"{NATIVE}/torch/{path}" for path in SOURCES["AOTR_TORCH_SOURCES"]]
 API_CXX_FLAGS = ["-std=c++17", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
                  *SOURCES["AOTR_API_CXX_WARNINGS"], "-Werror"]
 WARNINGS = [*SOURCES["AOTR_WARNINGS"], "-Werror"]
@@ -110,7 +111,8 @@ def torch_extension():
         return None
     return Extension(
         TORCH_LIBRARY,
-        sources=[f"{NATIVE}/torch/aotriton_rocm_torch.cpp"],
+        sources=TORCH_SOURCES,
+        depends=[f"{NATIVE}/torch/torch_internal.h", f"{NATIVE}/torch/aotriton_rocm_torch.h"],
         language="c++",
         include_dirs=[f"{NATIVE}/include"],
         # the oldest torch served: 2.10, encoded as torch/headeronly/version.h does

@@ -40,3 +40,12 @@ set(AOTR_API_SOURCES
 )
 set(AOTR_API_CXX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion
     -Wformat=2)
+
+# libaotriton_rocm_torch (native/torch/); aotriton_rocm_torch.cpp registers the
+# kernels (torch's dispatch dump names it).
+set(AOTR_TORCH_SOURCES
+  aotriton_rocm_torch.cpp
+  tensors.cpp
+  aten_kernels.cpp
+  flash_attn_kernels.cpp
+)

@@ -100,9 +100,12 @@ def test_an_optional_argument_must_exist(tmp_path):
 
 
 def test_one_source_list():
-    """setup.py and CMake read native/sources.cmake: every C file of native/src is in it."""
+    """setup.py and CMake read native/sources.cmake: every C file of native/src is in it,
+    and every C++ file of native/aotriton_api/src and native/torch."""
     text = (NATIVE_SRC / "sources.cmake").read_text()
     listed = re.search(r"set\(AOTR_CORE_SOURCES\s+([^)]*)\)", text).group(1).split()
     assert sorted(listed) == sorted(f"src/{Path(p).name}" for p in CORE)
     api = re.search(r"set\(AOTR_API_SOURCES\s+([^)]*)\)", text).group(1).split()
     assert sorted(api) == sorted(f"src/{p.name}" for p in (NATIVE_SRC / "aotriton_api" / "src").glob("*.cpp"))
+    torch = re.search(r"set\(AOTR_TORCH_SOURCES\s+([^)]*)\)", text).group(1).split()
+    assert sorted(torch) == sorted(p.name for p in (NATIVE_SRC / "torch").glob("*.cpp"))
