@@ -592,7 +592,6 @@ def test_kvcache_operator_launches_what_the_python_route_launches(ours_route, nu
     assert_same_launches(_take(stub), native_l, records, ignore=("O_PART", "LSE_PART", "LSE"))
 
 
-
 def test_refusals_keep_their_reason_through_the_cpp_route(ours_route):
     """A call the C++ kernel hands to the Python route, which refuses it:
     the caller gets the refusal (ValueError and its reason), not the
@@ -606,4 +605,8 @@ def test_refusals_keep_their_reason_through_the_cpp_route(ours_route):
     with pytest.raises(ValueError, match="alibi_slopes"):
         aotriton_rocm.flash_attn_with_kvcache(q[:, :1], cache, cache, cache_seqlens=5,
                                               alibi_slopes=torch.ones(3))
-    assert torch_native.fallback_count() == 2
+    # the range of num_splits is the library's rule, on either route
+    with pytest.raises(ValueError, match="num_splits = -1 is outside"):
+        aotriton_rocm.flash_attn_with_kvcache(q[:, :1], cache, cache, cache_seqlens=5,
+                                              num_splits=-1)
+    assert torch_native.fallback_count() == 3

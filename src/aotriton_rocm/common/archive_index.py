@@ -1,5 +1,5 @@
 """The index of a kernel archive (:mod:`.archive`) under the rules of the
-runtime's C reader (native/src/json.c, archive.c): strict RFC 8259 JSON,
+runtime's C reader (native/src/json.c, archive_index.c): strict RFC 8259 JSON,
 nesting up to 64, the same field types and ranges for the kernel records.
 Standard library only.
 """
@@ -44,7 +44,7 @@ MANIFEST_KEYS = (
 
 MAX_JSON_DEPTH = 64                # json.c MAX_DEPTH
 MAX_INDEX_SIZE = 256 << 20         # archive.c MAX_INDEX_SIZE
-MAX_CODE_SIZE = 1 << 30            # archive.c MAX_CODE_SIZE
+MAX_CODE_SIZE = 1 << 30            # archive_index.c MAX_CODE_SIZE
 _I64 = 1 << 63
 _U32 = (1 << 32) - 1
 _I32 = (1 << 31) - 1
@@ -167,7 +167,7 @@ def _nonempty_str(v: Any) -> bool:
 
 
 def _record_problem(d: Any, i: int, blob_size: int) -> Optional[str]:
-    """Why kernel record ``i`` is refused (archive.c parse_record, plus the
+    """Why kernel record ``i`` is refused (archive_index.c parse_record, plus the
     fields only this reader uses), or None."""
     if not isinstance(d, dict):
         return f"kernel record {i} is not an object (it is {_json_type(d)})"
@@ -231,7 +231,7 @@ def _json_type(v: Any) -> str:
 
 
 def _index_problem(index: Any, version: int, blob_size: int) -> Optional[str]:
-    """Why a parsed index is refused (archive.c open_archive), or None."""
+    """Why a parsed index is refused (archive_index.c aotr_archive_parse_index), or None."""
     if not isinstance(index, dict):
         return f"the index is {_json_type(index)}, not an object"
     m, kernels = index.get("manifest"), index.get("kernels")
