@@ -302,6 +302,28 @@ def test_a_refused_append_leaves_the_caches_alone():
     assert not kc.any() and not vc.any()
 
 
+def test_an_append_to_caches_laid_out_apart_is_checked_as_the_forward_runs():
+    """Caches whose rows are not 16-element aligned (a view of a wider
+    buffer): the forward runs on copies, so the library's check before the
+    append must accept them too; the same refusal comes twice (its verdict
+    is remembered)."""
+    gen = _gen(5)
+    wide_k = torch.randn(2, 32, 2, 72, generator=gen).half()
+    wide_v = torch.randn(2, 32, 2, 72, generator=gen).half()
+    kc, vc = wide_k[..., :64], wide_v[..., :64]
+    q = torch.randn(2, 1, 4, 64, generator=gen).half()
+    new = torch.randn(2, 1, 2, 64, generator=gen).half()
+    out = aotriton_rocm.flash_attn_with_kvcache(q, kc, vc, new, new, cache_seqlens=5)
+    assert torch.equal(kc[:, 5], new[:, 0]) and torch.equal(vc[:, 5], new[:, 0])
+    want, _ = ref.attention(q, kc, vc, torch.tensor([6, 6]))
+    assert (out.double() - want).abs().max() <= 2e-3
+    before = kc.clone()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="query heads \\(3\\) must be a multiple"):
+            aotriton_rocm.flash_attn_with_kvcache(q[:, :, :3], kc, vc, new, new, cache_seqlens=7)
+    assert torch.equal(kc, before)
+
+
 # torch's _flash_attention_forward with seqused_k / block_table / num_splits
 # (the op function its CUDA-key override runs; CPU tensors here).
 

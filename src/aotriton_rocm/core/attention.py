@@ -171,13 +171,15 @@ def prepared(t: torch.Tensor) -> torch.Tensor:
     return dense if meets_assumptions(dense) else fresh_like(t).copy_(t)
 
 
-def fresh_like(t: torch.Tensor) -> torch.Tensor:
+def fresh_like(t: torch.Tensor, device=None) -> torch.Tensor:
     """An uninitialised tensor shaped like t that meets the kernels'
     assumptions: its rows are padded to a multiple of 16 elements (our own
-    allocation; the kernels never touch the padding)."""
+    allocation; the kernels never touch the padding). On t's device unless
+    ``device`` says otherwise."""
     d = t.shape[-1]
     padded = -(-d // 16) * 16
-    return torch.empty((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)[..., :d]
+    return torch.empty((*t.shape[:-1], padded), dtype=t.dtype,
+                       device=t.device if device is None else device)[..., :d]
 
 
 def _bias_prepared(mask: torch.Tensor, shape: tuple[int, int, int, int],

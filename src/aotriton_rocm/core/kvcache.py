@@ -34,7 +34,7 @@ def _batch(q: torch.Tensor, cu_seqlens_q) -> int:
     return cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else q.shape[0]
 
 
-def _lse_like(q: torch.Tensor, cu_seqlens_q, max_seqlen_q: int) -> torch.Tensor:
+def _lse_like(q: torch.Tensor, cu_seqlens_q, max_seqlen_q: int, device=None) -> torch.Tensor:
     """The fp32 logsumexp of a call: (B, H, Sq), or (H, total_q) packed. Of any
     q (the C core judges q's rank, so a wrong one gets an empty tensor)."""
     if q.dim() != (3 if cu_seqlens_q is not None else 4):
@@ -43,7 +43,15 @@ def _lse_like(q: torch.Tensor, cu_seqlens_q, max_seqlen_q: int) -> torch.Tensor:
         shape = (q.shape[1], q.shape[0])
     else:
         shape = (q.shape[0], q.shape[2], q.shape[1])
-    return torch.empty(shape, dtype=torch.float32, device=q.device)
+    return torch.empty(shape, dtype=torch.float32, device=q.device if device is None else device)
+
+
+_TENSOR_ARGS = ("k_start", "cache_batch_idx", "block_table", "alibi_slopes", "cu_seqlens_q")
+# libaotriton_rocm's verdicts on requests, by all they depend on (the
+# tensors' dtypes, shapes and strides, the scalars, the backend): a decode
+# loop asks the library once.
+_verdicts: dict = {}
+_VERDICTS_KEPT = 256
 
 
 def check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end: torch.Tensor,
@@ -51,8 +59,34 @@ def check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_end: 
     """Raises NativeError where libaotriton_rocm refuses :func:`forward`'s call
     with these arguments (its rules; nothing is read or launched), so that a
     caller can refuse before it changes anything (the append of new keys)."""
-    lse = _lse_like(q, kw.get("cu_seqlens_q"), kw.get("max_seqlen_q", 0))
-    _call(_backend(q).kvcache_splits, q, k_cache, v_cache, q, lse, k_end, shapes_only=True, **kw)
+    backend = _backend(q)
+    tensors = (q, k_cache, v_cache, k_end, *(kw.get(name) for name in _TENSOR_ARGS))
+    key = (backend, tuple(None if t is None else (t.dtype, t.shape, t.stride()) for t in tensors),
+           tuple(sorted((name, value) for name, value in kw.items() if name not in _TENSOR_ARGS)))
+    try:
+        verdict = _verdicts[key]
+    except KeyError:
+        verdict = _verdicts[key] = _ask(backend, q, k_cache, v_cache, k_end, kw)
+        if len(_verdicts) > _VERDICTS_KEPT:
+            _verdicts.pop(next(iter(_verdicts)))
+    except TypeError:  # a scalar that is not hashable (a list for a pair)
+        verdict = _ask(backend, q, k_cache, v_cache, k_end, kw)
+    if verdict is not None:
+        raise NativeError(*verdict)
+
+
+def _ask(backend, q, k_cache, v_cache, k_end, kw) -> tuple | None:
+    """The library's verdict, on stand-ins laid out as :func:`forward` would
+    pass the tensors (copies where theirs do not meet the kernels'
+    assumptions)."""
+    q, k_cache, v_cache = (t if meets_assumptions(t) else fresh_like(t, "meta")
+                           for t in (q, k_cache, v_cache))
+    lse = _lse_like(q, kw.get("cu_seqlens_q"), kw.get("max_seqlen_q", 0), "meta")
+    try:
+        _call(backend.kvcache_splits, q, k_cache, v_cache, q, lse, k_end, shapes_only=True, **kw)
+    except NativeError as exc:
+        return exc.status, exc.name, exc.message
+    return None
 
 
 def _call(run, q, k_cache, v_cache, out, lse, k_end, *, k_start=None, cache_batch_idx=None,

@@ -42,6 +42,7 @@ class NativeError(RuntimeError):
     def __init__(self, status: int, name: str, message: str):
         super().__init__(f"{name}: {message}" if message else name)
         self.status = status
+        self.name = name
         self.message = message
 
 
