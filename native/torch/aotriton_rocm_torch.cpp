@@ -42,6 +42,15 @@ std::vector<Owned> State::aux_outputs(const Info &like, int32_t dtype)
     return out;
 }
 
+Owned State::empty_output(const Info &like, int32_t dtype)
+{
+    std::lock_guard<std::mutex> lock(aux_mu);
+    Owned &t = empties[{like.device_type, like.device_index, dtype}];
+    if (!t)
+        t = empty_strided({0}, {1}, dtype, like);
+    return share(t.get());
+}
+
 } // namespace aotr_torch
 
 namespace

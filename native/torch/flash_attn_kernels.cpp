@@ -47,8 +47,9 @@ bool op_fwd(const State &s, const Args &a)
     Outputs o;
     o.tensor(std::move(out));
     o.tensor(std::move(lse));
-    o.tensor(empty_strided({0}, {1}, s.dt.i64, q)); // no Philox state without dropout
-    o.tensor(empty_strided({0}, {1}, q.dtype, q));  // no debug mask
+    State &state = const_cast<State &>(s);
+    o.tensor(state.empty_output(q, s.dt.i64)); // no Philox state without dropout
+    o.tensor(state.empty_output(q, q.dtype));  // no debug mask
     o.write(a);
     return true;
 }

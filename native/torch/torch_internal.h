@@ -123,11 +123,13 @@ struct State {
     // dtype serves every call (as in the Python route).
     std::mutex aux_mu;
     std::map<std::tuple<int32_t, int32_t, int32_t>, std::vector<Owned>> aux;
+    std::map<std::tuple<int32_t, int32_t, int32_t>, Owned> empties;
 
     ~State()
     {
         unregister();
         aux.clear(); // runtimes are kept: see runtime_for()
+        empties.clear();
     }
 
     void unregister()
@@ -141,6 +143,10 @@ struct State {
     // New handles of the (seed, offset, debug mask) of the flash ops, or of
     // the efficient op's unused int64 scalar (dtype < 0).
     std::vector<Owned> aux_outputs(const Info &like, int32_t dtype);
+    // A new handle of the one (0,) tensor of `dtype` on like's device that
+    // every call shares (our flash-attn operators' Philox state and debug
+    // mask without dropout: nothing reads or writes them).
+    Owned empty_output(const Info &like, int32_t dtype);
 };
 
 // ------------------------------------------------------------ the stack
