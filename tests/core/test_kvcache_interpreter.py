@@ -275,6 +275,7 @@ def _base(**kw):
     (dict(alibi_slopes=torch.zeros(3)), "alibi_slopes"),
     (dict(cache_seqlens=torch.zeros(2, dtype=torch.int64)), "int32"),
     (dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), "(batch,)"),
+    (dict(cache_leftpad=torch.zeros(2, dtype=torch.int64)), "cache_leftpad must be a contiguous int32"),
     (dict(v_cache=torch.zeros(4, 16, 2, 64).half()), "one shape"),
     (dict(k=torch.zeros(2, 5, 2, 64).half(), v=torch.zeros(2, 5, 2, 64).half(), cache_seqlens=30),
      "past the cache"),

@@ -20,6 +20,7 @@ q, k, v are flash-attn's: (batch, seqlen, heads, head_dim), or packed
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -61,12 +62,19 @@ def fail(api: str, reason: str):
     raise ValueError(f"aotriton_rocm.{api}: {reason} (supported: {supported})")
 
 
+# flash_attn_with_kvcache's names of what the library calls k_end and k_start
+_KVCACHE_NAMES = {"k_end": "cache_seqlens", "k_start": "cache_leftpad"}
+
+
 def refuse(api: str, exc: NativeError):
     """libaotriton_rocm's refusal of a call as the API's error (its reason,
-    in the library's words); any other failure as it came."""
+    in the library's words, with the API's argument names); any other failure
+    as it came."""
     reason = refusal(exc)
     if reason is None:
         raise exc
+    if api == "flash_attn_with_kvcache":
+        reason = re.sub(r"\b(k_end|k_start)\b", lambda m: _KVCACHE_NAMES[m.group(1)], reason)
     fail(api, reason)
 
 
