@@ -12,6 +12,8 @@ set(AOTR_CORE_SOURCES
   src/archive_index.c
   src/find.c
   src/driver.c
+  src/driver_open.c
+  src/driver_memory.c
   src/driver_cuda.c
   src/driver_hip.c
   src/driver_host.c

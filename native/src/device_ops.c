@@ -1,6 +1,6 @@
 /* Stream-ordered copies, fills and allocations for callers that stage
  * tensors themselves (the public aotr_copy_2d & co.): argument checks over
- * the driver's own functions (driver.c). */
+ * the driver's own functions (driver_memory.c; the compute units driver.c). */
 #include <stdint.h>
 
 #include "internal.h"

@@ -197,7 +197,7 @@ struct aotr_driver {
     size_t num_contexts; /* entries of both */
 };
 
-/* driver.c */
+/* driver.c (the errors and module list; opened in driver_open.c) */
 AOTR_HIDDEN extern const char aotr_cuda_no_driver_hint[];
 AOTR_HIDDEN extern const char aotr_hip_no_runtime_hint[];
 AOTR_HIDDEN extern const char aotr_not_in_image_hint[];

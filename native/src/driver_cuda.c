@@ -1,5 +1,5 @@
-/* The CUDA driver's side of driver.c: its error hints, primary contexts,
- * module loads and the scratch pool. */
+/* The CUDA driver's side of driver.c and driver_memory.c: its error hints,
+ * primary contexts, module loads and the scratch pool. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

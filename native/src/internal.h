@@ -152,7 +152,7 @@ AOTR_HIDDEN aotr_status aotr_archive_from_index(const char *name, const char *js
 AOTR_HIDDEN aotr_status aotr_archive_code_object(aotr_archive *a, size_t index,
                                                  const uint8_t **code, size_t *size);
 
-/* ----------------------------------------------------------- driver.c */
+/* -------------------------- driver.c, driver_open.c, driver_memory.c */
 typedef struct aotr_driver aotr_driver;
 
 /* Open the HIP runtime (AOTR_BACKEND_HIP) or CUDA driver (AOTR_BACKEND_CUDA):

@@ -1,6 +1,7 @@
-/* driver.c against the stub driver (AOTR_STUB_DRIVER): opening, device
- * arch, loads and launches, error messages, the CUDA context handling, and
- * concurrent loads and launches; for both backends. */
+/* driver.c, driver_open.c and driver_memory.c against the stub driver
+ * (AOTR_STUB_DRIVER): opening, device arch, loads and launches, error
+ * messages, the CUDA context handling, and concurrent loads and launches;
+ * for both backends. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
