@@ -273,7 +273,7 @@ float softmax_scale(std::optional<double> scale, int64_t head_dim)
 
 int32_t window_side(std::optional<int64_t> w)
 {
-    return static_cast<int32_t>(std::clamp<int64_t>(w.value_or(-1), -1, INT32_MAX));
+    return static_cast<int32_t>(std::clamp<int64_t>(w.value_or(-1), INT32_MIN, INT32_MAX));
 }
 
 Problem::Problem(const State &s, const Info &q, const Info &k, const Info &v, const int *perm)

@@ -231,7 +231,7 @@ struct Target {
 bool target(const State &s, const Info &q, Target *out);
 float softmax_scale(std::optional<double> scale, int64_t head_dim);
 // A window side as libaotriton_rocm takes it (aotr_attn_window applies
-// flash-attn's rule): None is -1, sizes past int32 are unbounded anyway.
+// flash-attn's rule): None is -1, saturated to int32 (unbounded either way).
 int32_t window_side(std::optional<int64_t> w);
 
 struct Problem {

@@ -34,3 +34,15 @@ def test_python_routes_take_the_library_rule():
     # the interpreter's launch arguments: (bottom_right, left, right)
     assert attention.mask_args(True, 300, 64, "bottom_right", (63, 9)) == (1, 63, 0)
     assert attention.mask_args(False, 300, 64, "top_left", (64, 9)) == (0, -1, 9)
+
+
+def test_the_sides_the_structs_carry_keep_the_rule():
+    """window_sides saturates flash-attn's sides to the structs' int32 and
+    leaves the rule to the library: the rule on what it passes is the rule on
+    the sides as given."""
+    for left, right, causal, seqlen_k in itertools.product(
+            SIDES + [-2**40], SIDES + [-2**40], (False, True), (64, 4096)):
+        passed = native.window_sides((left, right))
+        assert all(-2**31 <= w < 2**31 for w in passed)
+        assert native.attn_window(*passed, causal, seqlen_k) == _flash_attn_rule(
+            left, right, causal, seqlen_k), (left, right, causal, seqlen_k)

@@ -166,8 +166,8 @@ aotr_status map_mask(int8_t causal_type, int32_t left, int32_t right, aotr_attn_
   } else if (left == br || left == tl || right == br || right == tl) {
     return fail(AOTR_UNSUPPORTED, "window_left/right mix an alignment value with a window");
   } else {
-    p->window_left = left < 0 ? -1 : left;
-    p->window_right = right < 0 ? -1 : right;
+    p->window_left = left; /* aotr_attn_window: a side < 0 is unbounded */
+    p->window_right = right;
   }
   return AOTR_OK;
 }

@@ -348,7 +348,8 @@ def make_problem(q, k, v, *, scale: float, causal: bool = False, bottom_right: b
 
 def window_sides(window) -> tuple[int, int]:
     """flash-attn's window sides as the C structs take them: as given (None:
-    unbounded, -1), in int32 (a side that large is unbounded anyway);
+    -1), saturated to int32 (sides that large either way are unbounded);
     ``aotr_attn_window`` applies the rule."""
-    left, right = (-1 if w is None else max(-1, min(int(w), INT32_MAX)) for w in window)
+    left, right = (-1 if w is None else max(-INT32_MAX - 1, min(int(w), INT32_MAX))
+                   for w in window)
     return left, right
