@@ -28,6 +28,7 @@ set(AOTR_CORE_SOURCES
   src/stage.c
   src/kvcache.c
   src/varlen.c
+  src/varlen_rows.c
   src/device_ops.c
 )
 set(AOTR_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes

@@ -69,7 +69,16 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
     return launch(s, slots, [&] { return aotr_attn_bwd(s.runtime, &p); });
 }
 
-// flash-attn's variable-length batch: cu_seqlens and max seqlens.
+// (B, H, S, D) sizes laid out as (B, S, H, D) in memory, as torch's
+// efficient-attention meta kernels allocate their outputs.
+Owned bshd_empty(const Info &like, int64_t last)
+{
+    int64_t b = like.size(0), h = like.size(1), sq = like.size(2);
+    return empty_strided({b, h, sq, last}, {sq * h * last, last, h * last, 1}, like.dtype, like);
+}
+
+} // namespace
+
 bool varlen(const State &s, AtenTensorHandle cu_q, AtenTensorHandle cu_k, int64_t max_q,
             int64_t max_k, Problem &pr)
 {
@@ -81,16 +90,6 @@ bool varlen(const State &s, AtenTensorHandle cu_q, AtenTensorHandle cu_k, int64_
     pr.p.max_seqlen_k = static_cast<int32_t>(max_k);
     return max_q >= 0 && max_k >= 0 && max_q <= INT32_MAX && max_k <= INT32_MAX;
 }
-
-// (B, H, S, D) sizes laid out as (B, S, H, D) in memory, as torch's
-// efficient-attention meta kernels allocate their outputs.
-Owned bshd_empty(const Info &like, int64_t last)
-{
-    int64_t b = like.size(0), h = like.size(1), sq = like.size(2);
-    return empty_strided({b, h, sq, last}, {sq * h * last, last, h * last, 1}, like.dtype, like);
-}
-
-} // namespace
 
 // aten::_scaled_dot_product_flash_attention (B, H, S, D)
 bool flash_fwd(const State &s, const Args &a)

@@ -4,6 +4,7 @@
 #include "torch_internal.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace aotr_torch
 {
@@ -11,38 +12,60 @@ namespace aotr_torch
 namespace
 {
 
-// The problem of a dense (B, S, H, D) call of our operators, whose
-// (softmax_scale, causal, window_left, window_right) arguments sit together
-// from argument `at` (operator_schemas.py).
-Problem dense_problem(const State &s, const Args &a, const Info &q, const Info &k, const Info &v,
-                      size_t at)
+// The problem of a call of our operators: (B, S, H, D) q/k/v, or packed
+// (total, H, D) ones with cu_seqlens (`cu` the index of cu_seqlens_q, the
+// schema's cu_seqlens_k and max seqlens after it) whose offsets cover every
+// packed row. (softmax_scale, causal, window_left, window_right) sit together
+// from argument `at` (operator_schemas.py); `perm` is set to the views' dim
+// order. None: the Python route takes the call, which pads the outputs past
+// the last offset or raises the library's refusal of the offsets.
+std::optional<Problem> flash_problem(const State &s, const Args &a, const Info &q, const Info &k,
+                                     const Info &v, size_t cu, size_t at, const int **perm)
 {
-    Problem pr(s, q, k, v, kBSHD);
+    AtenTensorHandle cu_q = a.opt_tensor(cu), cu_k = a.opt_tensor(cu + 1);
+    const bool packed = cu_q || cu_k;
+    const int64_t rank = packed ? 3 : 4;
+    if (q.dim != rank || k.dim != rank || v.dim != rank)
+        return std::nullopt;
+    *perm = packed ? nullptr : kBSHD;
+    std::optional<Problem> out(std::in_place, s, q, k, v, *perm);
+    Problem &pr = *out;
+    if (packed && !varlen(s, cu_q, cu_k, a.i64(cu + 2), a.i64(cu + 3), pr))
+        return std::nullopt;
     pr.p.scale = softmax_scale(a.opt_f64(at), q.size(-1));
     pr.p.causal = a.boolean(at + 1);
     pr.p.causal_alignment = AOTR_CAUSAL_BOTTOM_RIGHT;
     pr.p.window_left = window_side(a.i64(at + 2));
     pr.p.window_right = window_side(a.i64(at + 3));
-    return pr;
+    if (!pr.ok)
+        return std::nullopt;
+    if (!packed)
+        return out;
+    // checked on the host by the library (nothing is read during a capture: -1)
+    Target tg;
+    int64_t rows_q = -1, rows_k = -1;
+    if (!target(s, q, &tg) ||
+        aotr_varlen_rows(s.runtime, tg.device, tg.stream, &pr.p, &rows_q, &rows_k) != AOTR_OK ||
+        (rows_q >= 0 && (rows_q != q.size(0) || rows_k != k.size(0))))
+        return std::nullopt;
+    return out;
 }
 
 } // namespace
 
-// aotriton_rocm::flash_attn_forward (flash_attn_ops.py): flash-attn's dense
-// (B, S, H, D) call without dropout or a debug mask; softcap and ALiBi run on
-// the kernels. A packed batch goes to the Python route, which checks its
-// offsets on the host first.
+// aotriton_rocm::flash_attn_forward (flash_attn_ops.py): flash-attn's call
+// without dropout or a debug mask, dense or packed; softcap and ALiBi run on
+// the kernels.
 bool op_fwd(const State &s, const Args &a)
 {
-    if (a.opt_tensor(3) || a.opt_tensor(4) || a.f64(7) != 0.0 || a.boolean(14))
+    if (a.f64(7) != 0.0 || a.boolean(14))
         return false;
     Info q = info(a.tensor(0)), k = info(a.tensor(1)), v = info(a.tensor(2));
-    if (q.dim != 4 || k.dim != 4 || v.dim != 4)
-        return false;
-    Problem pr = dense_problem(s, a, q, k, v, 8);
+    const int *perm = nullptr;
+    std::optional<Problem> pr = flash_problem(s, a, q, k, v, 3, 8, &perm);
     Owned out, lse;
-    if (!flash_layout_fwd(s, q, k, v, kBSHD, pr, a.opt_tensor(13), static_cast<float>(a.f64(12)),
-                          &out, &lse))
+    if (!pr || !flash_layout_fwd(s, q, k, v, perm, *pr, a.opt_tensor(13),
+                                 static_cast<float>(a.f64(12)), &out, &lse))
         return false;
     Outputs o;
     o.tensor(std::move(out));
@@ -54,19 +77,20 @@ bool op_fwd(const State &s, const Args &a)
     return true;
 }
 
-// aotriton_rocm::flash_attn_backward: the dense (B, S, H, D) backward without
-// dropout; softcap, ALiBi and `deterministic` (the split kernels) run here.
+// aotriton_rocm::flash_attn_backward: the backward without dropout, dense or
+// packed; softcap, ALiBi and `deterministic` (the split kernels) run here.
 bool op_bwd(const State &s, const Args &a)
 {
-    if (a.opt_tensor(7) || a.opt_tensor(8) || a.f64(11) != 0.0)
+    if (a.f64(11) != 0.0)
         return false;
     Info go = info(a.tensor(0)), q = info(a.tensor(1)), k = info(a.tensor(2)),
          v = info(a.tensor(3)), out = info(a.tensor(4)), lse = info(a.tensor(5));
-    if (q.dim != 4 || k.dim != 4 || v.dim != 4)
+    const int *perm = nullptr;
+    std::optional<Problem> pr = flash_problem(s, a, q, k, v, 7, 12, &perm);
+    if (!pr)
         return false;
-    Problem pr = dense_problem(s, a, q, k, v, 12);
     BwdMods mods{static_cast<float>(a.f64(16)), a.opt_tensor(17), a.boolean(18)};
-    return backward_outputs(s, a, go, q, k, v, out, lse, kBSHD, pr, mods);
+    return backward_outputs(s, a, go, q, k, v, out, lse, perm, *pr, mods);
 }
 
 // aotriton_rocm::flash_attn_kvcache: queries (B, Sq, H, D), or packed with

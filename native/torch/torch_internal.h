@@ -240,6 +240,11 @@ struct Problem {
     Problem(const State &s, const Info &q, const Info &k, const Info &v, const int *perm);
 };
 
+// flash-attn's variable-length batch into the problem: cu_seqlens and max
+// seqlens (false: absent, or out of int32).
+bool varlen(const State &s, AtenTensorHandle cu_q, AtenTensorHandle cu_k, int64_t max_q,
+            int64_t max_k, Problem &pr);
+
 // An additive attn_bias of q's dtype as the (B, H, Sq, Sk) view the kernels
 // read: broadcast dims get stride 0 (never materialised). False when it does
 // not broadcast; a layout the kernels cannot read surfaces as

@@ -552,16 +552,54 @@ def test_flash_attn_operators_launch_what_the_python_route_launches(ours_route, 
     assert_same_launches(_take(stub), native_l, records)
 
 
-def test_flash_attn_operators_hand_dropout_and_packed_batches_to_python(ours_route):
+def test_flash_attn_operators_hand_dropout_and_padded_batches_to_python(ours_route):
+    """Dropout, and a packed batch with rows past its last offset (the Python
+    route pads the outputs there), go to the Python route."""
     stub, _ = ours_route
     q, k, v = _qkv(1, 2, 2, 32, 32, 64, bshd=True)
     torch.ops.aotriton_rocm.flash_attn_forward(q, k, v, None, None, 32, 32, 0.1, None, False, -1,
                                                -1, 0.0, None, False, False)
-    cu = torch.tensor([0, 32], dtype=torch.int32)
+    cu = torch.tensor([0, 30], dtype=torch.int32)
     torch.ops.aotriton_rocm.flash_attn_forward(q[0], k[0], v[0], cu, cu, 32, 32, 0.0, None,
                                                False, -1, -1, 0.0, None, False, False)
     assert torch_native.fallback_calls["flash_attn_forward"] == 2
     assert torch_native.fallback_count() == 2
+
+
+def test_flash_attn_operators_run_packed_batches_in_cpp(ours_route):
+    """flash_attn_varlen_func's operators on a packed batch (GQA, a window,
+    softcap): forward and backward in C++, the launches the Python route
+    makes, with the offsets checked by the library on the host."""
+    stub, records = ours_route
+    h, hk, d = 4, 2, 64
+    cu_q = torch.tensor([0, 17, 80, 130], dtype=torch.int32)
+    cu_k = torch.tensor([0, 40, 41, 200], dtype=torch.int32)
+    q = torch.empty(130, h, d, dtype=torch.float16)
+    k, v = (torch.empty(200, hk, d, dtype=torch.float16) for _ in range(2))
+    args = (cu_q, cu_k, 63, 159, 0.0, 0.5, True, 30, -1, 4.0, None)
+    out, lse, state, _ = torch.ops.aotriton_rocm.flash_attn_forward(q, k, v, *args, False, False)
+    assert (out.shape, lse.shape) == (q.shape, (h, 130))
+    do = torch.empty_like(out)
+    grads = torch.ops.aotriton_rocm.flash_attn_backward(do, q, k, v, out, lse, state, *args, True)
+    native_l = _take(stub)
+    assert len(native_l) == 4 and torch_native.fallback_count() == 0
+    varlen = attention.Varlen(cu_q, cu_k, 63, 159)
+    mods = dict(is_causal=True, scale=0.5, varlen=varlen, softcap=4.0,
+                window_size=attention.flash_attn_window(30, -1, 159))
+    attention.forward(q, k, v, out=out, lse=lse, **mods)
+    attention.backward(do, q, k, v, out, lse, grads=grads, deterministic=True, **mods)
+    assert_same_launches(_take(stub), native_l, records)
+
+
+def test_offsets_the_library_refuses_keep_their_reason_through_the_cpp_route(ours_route):
+    q = torch.empty(130, 4, 64, dtype=torch.float16)
+    k = v = torch.empty(200, 2, 64, dtype=torch.float16)
+    cu_q = torch.tensor([0, 17, 80, 130], dtype=torch.int32)
+    for cu_k, match in ((torch.tensor([0, 40, 30, 200], dtype=torch.int32), "non-decreasing"),
+                        (torch.tensor([0, 40, 41, 201], dtype=torch.int32), "beyond the 200")):
+        with pytest.raises(ValueError, match=match):
+            flash_attn_ops.forward(q, k, v, cu_q, cu_k, 63, 200, 0.0, None, False, -1, -1, 0.0,
+                                   None, False, False)
 
 
 @pytest.mark.parametrize("num_splits", [1, 0, 4])

@@ -344,6 +344,17 @@ AOTR_API aotr_status aotr_attn_supported(aotr_runtime *runtime, int32_t device,
 AOTR_API aotr_status aotr_attn_fwd(aotr_runtime *runtime, const aotr_attn_fwd_params *params);
 AOTR_API aotr_status aotr_attn_bwd(aotr_runtime *runtime, const aotr_attn_bwd_params *params);
 
+/* The packed rows a variable-length problem's cu_seqlens_q and cu_seqlens_k
+ * cover (their last entries), after checking them as flash-attn's callers
+ * must give them: starting at 0, non-decreasing, within q's and k's packed
+ * rows, no sequence longer than max_seqlen_q/k (AOTR_INVALID_ARGUMENT names
+ * the broken rule). Reads both vectors back on the host and synchronises
+ * `stream`. While `stream` is being captured nothing is read: AOTR_OK with
+ * both counts -1 (the caller answers for the offsets). */
+AOTR_API aotr_status aotr_varlen_rows(aotr_runtime *runtime, int32_t device, void *stream,
+                                      const aotr_attn_problem *problem, int64_t *rows_q,
+                                      int64_t *rows_k);
+
 /* ------------------------------------------------------ attention, KV cache */
 
 /* The most splits of the keys one call may use. */

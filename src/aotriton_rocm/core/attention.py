@@ -147,6 +147,16 @@ def _varlen_reason(varlen: Varlen, q: torch.Tensor, k: torch.Tensor) -> str | No
     return None
 
 
+def varlen_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                varlen: Varlen) -> tuple[int, int] | None:
+    """The packed rows of q and k that ``varlen``'s offsets cover, checked
+    on the host by libaotriton_rocm (NativeError names a broken rule: start
+    at 0, non-decreasing, within the rows, no longer than max_seqlen); None
+    during a graph capture, where nothing is read. A request
+    :func:`unsupported_reason` passed."""
+    return backend_for(q).varlen_rows(q, k, v, varlen)
+
+
 def meets_assumptions(t: torch.Tensor) -> bool:
     """Unit last-dim stride, 16-byte-aligned base, other strides divisible by 16."""
     *outer, last = t.stride()

@@ -199,6 +199,13 @@ class NativeBackend(Backend):
         _placement(params, varlen)
         self._check(self.runtime.fwd(params))
 
+    def varlen_rows(self, q, k, v, varlen) -> tuple[int, int] | None:
+        """The packed rows of q and k that ``varlen``'s offsets cover, after
+        libaotriton_rocm checked them on the host (NativeError names a broken
+        rule); None during a graph capture, where nothing is read."""
+        p = _native_problem(q, k, v, None, None, varlen, False, True, (-1, -1), 1.0, 0.0)
+        return self.runtime.varlen_rows(self.device_index, self._stream(), p)
+
     def kvcache_splits(self, q, k_cache, v_cache, out, lse, *, k_end, k_start, cache_batch_idx,
                        block_table, alibi_slopes, cu_seqlens_q, max_seqlen_q, scale, window,
                        causal, softcap, num_splits, shapes_only=False) -> int:

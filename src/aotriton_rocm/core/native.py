@@ -147,6 +147,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_attn_supported", c_int32, c_void_p, c_int32, POINTER(Problem), c_uint32)
     f("aotr_attn_fwd", c_int32, c_void_p, POINTER(FwdParams))
     f("aotr_attn_bwd", c_int32, c_void_p, POINTER(BwdParams))
+    f("aotr_varlen_rows", c_int32, c_void_p, c_int32, c_void_p, POINTER(Problem),
+      POINTER(c_int64), POINTER(c_int64))
     f("aotr_attn_fwd_kvcache_splits", c_int32, c_void_p, POINTER(KvcacheParams), POINTER(c_int32))
     f("aotr_attn_fwd_kvcache", c_int32, c_void_p, POINTER(KvcacheParams))
     if hasattr(lib, "aotr_dropout_uniform"):  # absent from older builds
@@ -307,6 +309,15 @@ class Runtime:
         params.struct_size = ctypes.sizeof(BwdParams)
         return self._lib.aotr_attn_bwd(self.handle, ctypes.byref(params))
 
+    def varlen_rows(self, device: int, stream: int, problem: Problem) -> tuple[int, int] | None:
+        """The packed rows (q, k) a variable-length problem's offsets cover,
+        checked (``aotr_varlen_rows``: NativeError names a broken rule); None
+        while ``stream`` is being captured (nothing is read then)."""
+        rows_q, rows_k = c_int64(), c_int64()
+        check(self._lib.aotr_varlen_rows(self.handle, device, stream, ctypes.byref(problem),
+                                         ctypes.byref(rows_q), ctypes.byref(rows_k)))
+        return None if rows_q.value < 0 else (rows_q.value, rows_k.value)
+
     def kvcache_splits(self, params: KvcacheParams) -> int:
         """The split count aotr_attn_fwd_kvcache will use (NativeError if refused)."""
         params.struct_size = ctypes.sizeof(KvcacheParams)
@@ -318,6 +329,7 @@ class Runtime:
     def fwd_kvcache(self, params: KvcacheParams) -> int:
         params.struct_size = ctypes.sizeof(KvcacheParams)
         return self._lib.aotr_attn_fwd_kvcache(self.handle, ctypes.byref(params))
+
     def dropout_uniform(self, params: DropoutUniformParams) -> int:
         params.struct_size = ctypes.sizeof(DropoutUniformParams)
         return self._lib.aotr_dropout_uniform(self.handle, ctypes.byref(params))

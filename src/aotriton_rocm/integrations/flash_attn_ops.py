@@ -30,7 +30,7 @@ from torch import Tensor
 from ..common.operator_schemas import FLASH_ATTN_BACKWARD, FLASH_ATTN_FORWARD, FLASH_ATTN_KVCACHE
 from ..core.attention import MAX_HEAD_DIM, Varlen, new_rng_state, problem_dims
 from ..core.attention import backward as attention_backward, forward as attention_forward
-from ..core.attention import unsupported_reason as attention_unsupported_reason
+from ..core.attention import unsupported_reason as attention_unsupported_reason, varlen_rows
 from ..core.kvcache import forward as kvcache_forward
 from ..core.native import NativeError, refusal
 from ..core.philox_state import efficient_dims
@@ -112,30 +112,6 @@ def forward_state(q: Tensor, k: Tensor, varlen: Varlen | None, dropout_p: float,
     return state, debug
 
 
-def varlen_bounds(api, cu_q, cu_k, total_q, total_k, max_q, max_k) -> tuple[int, int] | None:
-    """Checks the offsets on the host (one small copy; skipped while a CUDA
-    graph is being captured, where the caller answers for them, as with
-    flash-attn) and returns the packed rows they cover, (last_q, last_k)."""
-    if cu_q.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    ends = []
-    for name, cu, total, longest in (("cu_seqlens_q", cu_q, total_q, max_q),
-                                     ("cu_seqlens_k", cu_k, total_k, max_k)):
-        host = cu.to("cpu", torch.int64)
-        lens = host.diff()
-        if host.numel() and host[0] != 0:
-            fail(api, f"{name} must start at 0, got {int(host[0])}")
-        if (lens < 0).any():
-            fail(api, f"{name} must be non-decreasing")
-        if host.numel() and host[-1] > total:
-            fail(api, f"{name} ends at {int(host[-1])}, beyond the {total} packed rows")
-        if lens.numel() and lens.max() > longest:
-            fail(api, f"a sequence of {int(lens.max())} rows exceeds "
-                      f"max_seqlen_{name[-1]}={longest}")
-        ends.append(int(host[-1]) if host.numel() else 0)
-    return ends[0], ends[1]
-
-
 @dataclass
 class _Call:
     """One call in the kernels' terms: q, k, v as (B, H, S, D) views or the
@@ -170,7 +146,10 @@ class _Call:
             return_debug_mask=return_debug_mask)
         if reason:
             fail(api, reason)
-        ends = varlen_bounds(api, cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k)
+        try:
+            ends = varlen_rows(q, k, v, varlen)
+        except NativeError as exc:
+            refuse(api, exc)
         total_q, total_k = q.shape[0], k.shape[0]
         if ends is not None:
             # Rows past the last offset belong to no sequence: the kernels
