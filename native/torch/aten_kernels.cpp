@@ -17,7 +17,8 @@ bool backward(const State &s, const Info &go, const Info &q, const Info &k, cons
               std::vector<Owned> &grads, const BwdMods &mods = {})
 {
     Target tg;
-    if (!pr.ok || !target(s, q, &tg))
+    if (!pr.ok || !same_device(q, go) || !same_device(q, out) || !same_device(q, lse_in) ||
+        !target(s, q, &tg))
         return false;
     Owned lse_copy;
     Info lse = lse_in;
@@ -79,13 +80,14 @@ Owned bshd_empty(const Info &like, int64_t last)
 
 } // namespace
 
-bool varlen(const State &s, AtenTensorHandle cu_q, AtenTensorHandle cu_k, int64_t max_q,
-            int64_t max_k, Problem &pr)
+bool varlen(const State &s, const Info &q, AtenTensorHandle cu_q, AtenTensorHandle cu_k,
+            int64_t max_q, int64_t max_k, Problem &pr)
 {
     if (!cu_q || !cu_k)
         return false;
-    pr.ok = pr.ok && view(s, info(cu_q), nullptr, &pr.p.cu_seqlens_q) &&
-            view(s, info(cu_k), nullptr, &pr.p.cu_seqlens_k);
+    Info cq = info(cu_q), ck = info(cu_k);
+    pr.ok = pr.ok && same_device(q, cq) && same_device(q, ck) &&
+            view(s, cq, nullptr, &pr.p.cu_seqlens_q) && view(s, ck, nullptr, &pr.p.cu_seqlens_k);
     pr.p.max_seqlen_q = static_cast<int32_t>(max_q);
     pr.p.max_seqlen_k = static_cast<int32_t>(max_k);
     return max_q >= 0 && max_k >= 0 && max_q <= INT32_MAX && max_k <= INT32_MAX;
@@ -215,7 +217,7 @@ bool fa_fwd(const State &s, const Args &a)
         return false;
     const int *perm = packed ? nullptr : kBSHD;
     Problem pr(s, q, k, v, perm);
-    if (packed && !varlen(s, cu_q, cu_k, a.i64(5), a.i64(6), pr))
+    if (packed && !varlen(s, q, cu_q, cu_k, a.i64(5), a.i64(6), pr))
         return false;
     pr.p.scale = softmax_scale(a.opt_f64(10), q.size(-1));
     pr.p.causal = a.boolean(8);
@@ -248,7 +250,7 @@ bool fa_bwd(const State &s, const Args &a)
         return false;
     const int *perm = packed ? nullptr : kBSHD;
     Problem pr(s, q, k, v, perm);
-    if (packed && !varlen(s, cu_q, cu_k, a.i64(8), a.i64(9), pr))
+    if (packed && !varlen(s, q, cu_q, cu_k, a.i64(8), a.i64(9), pr))
         return false;
     pr.p.scale = softmax_scale(a.opt_f64(14), q.size(-1));
     pr.p.causal = a.boolean(11);

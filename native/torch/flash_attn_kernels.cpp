@@ -30,7 +30,7 @@ std::optional<Problem> flash_problem(const State &s, const Args &a, const Info &
     *perm = packed ? nullptr : kBSHD;
     std::optional<Problem> out(std::in_place, s, q, k, v, *perm);
     Problem &pr = *out;
-    if (packed && !varlen(s, cu_q, cu_k, a.i64(cu + 2), a.i64(cu + 3), pr))
+    if (packed && !varlen(s, q, cu_q, cu_k, a.i64(cu + 2), a.i64(cu + 3), pr))
         return std::nullopt;
     pr.p.scale = softmax_scale(a.opt_f64(at), q.size(-1));
     pr.p.causal = a.boolean(at + 1);
@@ -101,7 +101,8 @@ bool op_kvcache(const State &s, const Args &a)
     Info q = info(a.tensor(0)), kc = info(a.tensor(1)), vc = info(a.tensor(2));
     AtenTensorHandle cu_q = a.opt_tensor(14);
     Target tg;
-    if (q.dim != (cu_q ? 3 : 4) || q.numel() == 0 || !target(s, q, &tg))
+    if (q.dim != (cu_q ? 3 : 4) || q.numel() == 0 || !same_device(q, kc) || !same_device(q, vc) ||
+        !target(s, q, &tg))
         return false;
     aotr_attn_kvcache_params p{};
     p.struct_size = sizeof p;
@@ -110,11 +111,13 @@ bool op_kvcache(const State &s, const Args &a)
     const std::pair<int, aotr_tensor *> optional[] = {
         {4, &p.k_start}, {5, &p.cache_batch_idx}, {6, &p.block_table}, {14, &p.cu_seqlens_q}};
     for (const auto &[i, slot] : optional)
-        if (AtenTensorHandle h = a.opt_tensor(i); h && !view(s, info(h), nullptr, slot))
-            return false;
+        if (AtenTensorHandle h = a.opt_tensor(i))
+            if (Info t = info(h); !same_device(q, t) || !view(s, t, nullptr, slot))
+                return false;
     AtenTensorHandle alibi = a.opt_tensor(7);
-    if (!view(s, q, nullptr, &p.q) || !view(s, kc, nullptr, &p.k_cache) ||
-        !view(s, vc, nullptr, &p.v_cache) || !view(s, info(a.tensor(3)), nullptr, &p.k_end) ||
+    Info k_end = info(a.tensor(3));
+    if (!same_device(q, k_end) || !view(s, q, nullptr, &p.q) || !view(s, kc, nullptr, &p.k_cache) ||
+        !view(s, vc, nullptr, &p.v_cache) || !view(s, k_end, nullptr, &p.k_end) ||
         (alibi && !alibi_view(s, alibi, q, &p.alibi_slopes)))
         return false;
     int64_t heads = q.size(-2), batch = cu_q ? info(cu_q).size(0) - 1 : q.size(0);

@@ -278,7 +278,8 @@ int32_t window_side(std::optional<int64_t> w)
 
 Problem::Problem(const State &s, const Info &q, const Info &k, const Info &v, const int *perm)
 {
-    ok = view(s, q, perm, &p.q) && view(s, k, perm, &p.k) && view(s, v, perm, &p.v);
+    ok = same_device(q, k) && same_device(q, v) && view(s, q, perm, &p.q) &&
+         view(s, k, perm, &p.k) && view(s, v, perm, &p.v);
     p.window_left = p.window_right = -1;
 }
 
@@ -286,7 +287,7 @@ bool bias_view(const State &s, AtenTensorHandle h, const Info &q, const Info &k,
 {
     Info b = info(h);
     const int64_t full[4] = {q.size(0), q.size(1), q.size(2), k.size(2)};
-    if (b.dim > 4 || b.dtype != q.dtype || !view(s, b, nullptr, out))
+    if (b.dim > 4 || b.dtype != q.dtype || !same_device(b, q) || !view(s, b, nullptr, out))
         return false;
     for (int i = 0; i < 4; ++i) {
         int64_t j = i - (4 - b.dim);
@@ -303,8 +304,7 @@ bool bias_view(const State &s, AtenTensorHandle h, const Info &q, const Info &k,
 bool alibi_view(const State &s, AtenTensorHandle h, const Info &q, aotr_tensor *out)
 {
     Info a = info(h);
-    return a.dtype == s.dt.f32 && a.device_type == q.device_type &&
-           a.device_index == q.device_index && view(s, a, nullptr, out);
+    return a.dtype == s.dt.f32 && same_device(a, q) && view(s, a, nullptr, out);
 }
 
 } // namespace aotr_torch

@@ -91,6 +91,12 @@ struct Info {
 };
 
 Info info(AtenTensorHandle h);
+// On one device: the kernels read every tensor of a call on q's device (a
+// tensor elsewhere goes to the Python route, which names it).
+inline bool same_device(const Info &a, const Info &b)
+{
+    return a.device_type == b.device_type && a.device_index == b.device_index;
+}
 bool defined(AtenTensorHandle h);
 Owned empty_strided(const std::vector<int64_t> &sizes, const std::vector<int64_t> &strides,
                     int32_t dtype, const Info &like);
@@ -242,8 +248,8 @@ struct Problem {
 
 // flash-attn's variable-length batch into the problem: cu_seqlens and max
 // seqlens (false: absent, or out of int32).
-bool varlen(const State &s, AtenTensorHandle cu_q, AtenTensorHandle cu_k, int64_t max_q,
-            int64_t max_k, Problem &pr);
+bool varlen(const State &s, const Info &q, AtenTensorHandle cu_q, AtenTensorHandle cu_k,
+            int64_t max_q, int64_t max_k, Problem &pr);
 
 // An additive attn_bias of q's dtype as the (B, H, Sq, Sk) view the kernels
 // read: broadcast dims get stride 0 (never materialised). False when it does

@@ -215,6 +215,25 @@ def test_cpp_route_serves_packed_batches():
                       seq(q, rq), seq(k, rk), seq(v, rk), seq(do, rq), **mask)
 
 
+def test_operators_called_with_a_tensor_elsewhere_say_which():
+    """Our operators called directly (past flash_attn_func's checks) with a
+    tensor on another device: the C++ kernel hands the call on and the
+    caller gets the Python route's refusal, not a fault."""
+    from aotriton_rocm.integrations import flash_attn_ops
+    q = _rand(1, 16, 2, 64, seed=51)
+    aotriton_rocm.flash_attn_func(q, q, q)  # activates the C++ route
+    for k, v in ((q.cpu(), q), (q, q.cpu())):
+        with pytest.raises(ValueError, match="on one device"):
+            flash_attn_ops.forward(q, k, v, None, None, 16, 16, 0.0, None, False, -1, -1, 0.0,
+                                   None, False, False)
+    cache = _rand(1, 32, 2, 64, seed=52)
+    with pytest.raises(ValueError, match="cache_seqlens must be on"):
+        flash_attn_ops.refusal_kept(
+            flash_attn_ops.flash_attn_kvcache, q, cache, cache,
+            torch.tensor([20], dtype=torch.int32), None, None, None, None, None, False, -1, -1,
+            0.0, 1, None, 0, "flash_attn_with_kvcache")
+
+
 def _per_call(fn):
     """Host microseconds per call: the median of 200, after warm-up."""
     for _ in range(20):
