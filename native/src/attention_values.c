@@ -18,6 +18,24 @@ void aotr_attn_window(int64_t left, int64_t right, int32_t causal, int64_t seqle
         out[1] = 0;
 }
 
+double aotr_attn_default_scale(int64_t head_dim)
+{
+    if (head_dim <= 0)
+        return 1.0;
+    /* Newton's method for the root from above (it falls until it stops),
+     * since the core links no libm: within an ulp of sqrt in double, so its
+     * float (what the kernels take) is the correctly rounded 1/sqrt. */
+    const double d = (double)head_dim;
+    double root = d;
+    for (;;) {
+        const double next = 0.5 * (root + d / root);
+        if (next >= root)
+            break;
+        root = next;
+    }
+    return 1.0 / root;
+}
+
 aotr_status aotr_set_i32(aotr_arg_value *v, int slot, int64_t x)
 {
     if (x > INT32_LIMIT || x < -INT32_LIMIT - 1)

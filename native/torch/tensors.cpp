@@ -5,7 +5,6 @@
 #include "torch_internal.h"
 
 #include <algorithm>
-#include <cmath>
 
 namespace aotr_torch
 {
@@ -268,7 +267,7 @@ bool target(const State &s, const Info &q, Target *out)
 
 float softmax_scale(std::optional<double> scale, int64_t head_dim)
 {
-    return static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)));
+    return static_cast<float>(scale ? *scale : aotr_attn_default_scale(head_dim));
 }
 
 int32_t window_side(std::optional<int64_t> w)

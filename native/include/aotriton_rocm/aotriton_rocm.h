@@ -304,6 +304,11 @@ AOTR_API aotr_status aotr_attn_check(const aotr_attn_problem *problem);
 AOTR_API void aotr_attn_window(int64_t window_left, int64_t window_right, int32_t causal,
                                int64_t seqlen_k, int32_t *out /* [2]: left, right */);
 
+/* The softmax scale of a call that gives none (the one place of the rule):
+ * 1/sqrt(head_dim), torch's and flash-attn's default; 1 for head_dim <= 0.
+ * The calls themselves take `scale` as given. */
+AOTR_API double aotr_attn_default_scale(int64_t head_dim);
+
 enum {
     AOTR_NEED_BACKWARD = 1,   /* the backward kernels must be there too */
     AOTR_NEED_DEBUG_MASK = 2, /* the forward writes a debug mask */

@@ -19,13 +19,12 @@ the same kernels).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from .backends import Backend, backend_for
-from .native import OK as NATIVE_OK, attn_window, dtype_code, error as native_error
+from .native import OK as NATIVE_OK, attn_window, default_scale, dtype_code, error as native_error
 from .native import library as native_library, make_problem
 from .philox_state import next_state
 
@@ -229,10 +228,6 @@ def new_rng_state(device: torch.device, dims: tuple[int, int, int, int] = (1, 1,
     CUDA-graph capture every replay gets the replay's state.
     """
     return next_state(device, dims)
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
 
 
 def _bottom_right(causal_alignment: str) -> bool:

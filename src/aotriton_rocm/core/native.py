@@ -12,7 +12,7 @@ import ctypes
 import os
 import re
 import threading
-from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int32, c_int64, c_size_t, c_uint32, c_uint64, c_void_p
 from pathlib import Path
 
 from ..common.paths import install_root
@@ -144,6 +144,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     f("aotr_runtime_launch_count", c_uint64, c_void_p, c_char_p)
     f("aotr_attn_check", c_int32, POINTER(Problem))
     f("aotr_attn_window", None, c_int64, c_int64, c_int32, c_int64, POINTER(c_int32))
+    f("aotr_attn_default_scale", c_double, c_int64)
     f("aotr_attn_supported", c_int32, c_void_p, c_int32, POINTER(Problem), c_uint32)
     f("aotr_attn_fwd", c_int32, c_void_p, POINTER(FwdParams))
     f("aotr_attn_bwd", c_int32, c_void_p, POINTER(BwdParams))
@@ -173,6 +174,15 @@ def attn_window(left: int | None, right: int | None, causal: bool,
 # rather than breaking the graph at the ctypes call.
 attn_window._dynamo_marked_constant = True
 _INT64_MAX = 2**63 - 1
+
+
+def default_scale(head_dim: int) -> float:
+    """The softmax scale of a call that gives none, from libaotriton_rocm's
+    ``aotr_attn_default_scale`` (1/sqrt(head_dim), in that one place)."""
+    return library().aotr_attn_default_scale(max(-1, min(int(head_dim), _INT64_MAX)))
+
+
+default_scale._dynamo_marked_constant = True  # as attn_window's
 
 
 def library() -> ctypes.CDLL:
