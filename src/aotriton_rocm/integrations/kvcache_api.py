@@ -118,11 +118,28 @@ def _append(k_cache, v_cache, k, v, slots) -> None:
     block, pos = slots
     rows = None
     for cache, new in ((k_cache, k), (v_cache, v)):
-        if cache.stride(0) != cache.shape[1] * cache.stride(1):
+        if not _flat(cache):
             cache.index_put_(slots, new)
             continue
         if rows is None:
             rows = (block * cache.shape[1] + pos).flatten()
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, rows, new.reshape(-1, *new.shape[2:]))
+
+
+def _flat(cache) -> bool:
+    """Whether the cache's (row or page, position) dims merge into one."""
+    return cache.stride(0) == cache.shape[1] * cache.stride(1)
+
+
+def _append_dense(k_cache, v_cache, k, v, seqlens) -> None:
+    """:func:`_append` for dense caches whose batch b uses row b, laid out
+    so that rows and positions merge: the flat indices come from two small
+    ops rather than the general path's eight (the usual decode step)."""
+    batch, seqlen_new, capacity = k.shape[0], k.shape[1], k_cache.shape[1]
+    rows = torch.arange(0, batch * capacity, capacity, device=k.device) + seqlens
+    if seqlen_new > 1:
+        rows = (rows[:, None] + torch.arange(seqlen_new, device=k.device)).flatten()
+    for cache, new in ((k_cache, k), (v_cache, v)):
         cache.view(-1, *cache.shape[2:]).index_copy_(0, rows, new.reshape(-1, *new.shape[2:]))
 
 
@@ -156,6 +173,11 @@ def _append_new(q, k, v, k_cache, v_cache, seqlens, k_end, rotary_cos, rotary_si
             refuse(API, exc)
     batch, seqlen_new, page = q.shape[0], k.shape[1], k_cache.shape[1]
     capacity = block_table.shape[1] * page if block_table is not None else page
+    dense = (rotary_cos is None and block_table is None and cache_batch_idx is None
+             and _flat(k_cache) and _flat(v_cache))
+    if dense and q.device.type != "cpu":  # on a GPU the caller answers for the room
+        _append_dense(k_cache, v_cache, k, v, seqlens)
+        return q
     positions = seqlens.long()[:, None]
     if seqlen_new > 1:
         positions = positions + torch.arange(seqlen_new, device=q.device)
@@ -169,7 +191,10 @@ def _append_new(q, k, v, k_cache, v_cache, seqlens, k_end, rotary_cos, rotary_si
                          rotary_interleaved)
     slots = _cache_slots(positions, cache_batch_idx, block_table, batch, page)
     _check_room(positions, slots, k_cache, block_table, capacity)
-    _append(k_cache, v_cache, k, v, slots)
+    if dense:  # the GPU's path, on the CPU after the room check
+        _append_dense(k_cache, v_cache, k, v, seqlens)
+    else:
+        _append(k_cache, v_cache, k, v, slots)
     return q
 
 
