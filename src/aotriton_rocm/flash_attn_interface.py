@@ -33,7 +33,8 @@ from .core.attention import (Varlen, default_scale, mask_args, new_bias_grad,
                              problem_dims)
 from .core.attention import backward as attention_backward, forward as attention_forward
 from .core.dropout_masks import flash_attn_s_dmask
-from .integrations.flash_attn_ops import check_operands, fail as _fail, forward as flash_attn_forward, forward_state
+from .integrations.flash_attn_ops import (check_operands, fail as _fail, forward as flash_attn_forward,
+                                          forward_state, schema_refused)
 # flash-attn's module also holds the KV-cache entry point.
 from .integrations.kvcache_api import flash_attn_with_kvcache, varlen_paged_forward
 
@@ -210,9 +211,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
             return flash_attn_forward(q, k, v, None, None, 0, 0, dropout_p, softmax_scale, causal,
                                       *window_size, softcap, alibi_slopes, False, deterministic)[0]
         except (TypeError, RuntimeError) as exc:
-            # a scalar the operator's schema does not take as it is: the
-            # conversions and checks below take it or name it
-            if not isinstance(exc, TypeError) and "Expected a value of type" not in str(exc):
+            if not schema_refused(exc):  # else the conversions and checks below
                 raise
     api = "flash_attn_func"
     dropout_p, window, softcap = _check_common(api, q, k, v, dropout_p, window_size, softcap)

@@ -39,6 +39,7 @@ from ..core.torch_native import (activate as activate_torch_native, is_active as
                                  wanted as torch_native_wanted)
 
 __all__ = ["KVCACHE_SUPPORTED", "PYTHON_ROUTES", "SUPPORTED", "check_operands", "fail", "refuse",
+           "schema_refused",
            "flash_attn_backward", "flash_attn_forward", "flash_attn_kvcache", "forward",
            "forward_state", "refusal_kept"]
 
@@ -76,6 +77,12 @@ def refuse(api: str, exc: NativeError):
     if api == "flash_attn_with_kvcache":
         reason = re.sub(r"\b(k_end|k_start)\b", lambda m: _KVCACHE_NAMES[m.group(1)], reason)
     fail(api, reason)
+
+
+def schema_refused(exc: Exception) -> bool:
+    """Whether an operator call failed only because its schema does not take
+    a scalar as it was given (the front ends then convert and check it)."""
+    return isinstance(exc, TypeError) or "Expected a value of type" in str(exc)
 
 
 def check_operands(api: str, q: Tensor, **tensors) -> None:

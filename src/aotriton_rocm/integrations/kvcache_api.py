@@ -15,7 +15,8 @@ import torch
 from ..core.attention import flash_attn_window
 from ..core.kvcache import check as kvcache_check
 from ..core.native import NativeError
-from .flash_attn_ops import check_operands, fail, flash_attn_kvcache, refusal_kept, refuse
+from .flash_attn_ops import (check_operands, fail, flash_attn_kvcache, refusal_kept, refuse,
+                             schema_refused)
 
 __all__ = ["flash_attn_with_kvcache", "apply_rotary", "varlen_paged_forward"]
 
@@ -275,9 +276,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                     softcap, num_splits, None, 0, API)
             return (out, lse) if return_softmax_lse else out
         except (TypeError, RuntimeError) as exc:
-            # a scalar the operator's schema does not take as it is: the
-            # conversions and checks below take it or name it
-            if not isinstance(exc, TypeError) and "Expected a value of type" not in str(exc):
+            if not schema_refused(exc):  # else the conversions and checks below
                 raise
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
